@@ -30,9 +30,8 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     if cfg.stage.init_from:
         checkpoint.load_weights(cfg.stage.init_from, model)
     loss_net = build_objective(cfg.objective, model)
-    params = ms.ParameterTuple(model.trainable_params())
-    optimizer = build_optimizer(params, cfg.optim, t.max_steps)
-    forward_backward = ForwardBackward(loss_net, params)
+    optimizer = build_optimizer(model.trainable_params(), cfg.optim, t.max_steps)
+    forward_backward = ForwardBackward(loss_net, optimizer.parameters)  # gradients in the optimizer's order
     apply_update = ApplyUpdate(optimizer, forward_backward.grad_buffers, cfg.optim.clip_grad_norm)
     p = cfg.precision
     scaler = DynamicLossScale(p.init_scale, p.growth_interval, p.growth_factor, p.backoff_factor) \

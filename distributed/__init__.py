@@ -1,0 +1,1 @@
+"""Parallel layout and memory planning, pure Python (no MindSpore): used by the dry run."""

@@ -1,0 +1,161 @@
+"""Per-device memory plan for training a Llama-style decoder under a dp x tp x pp layout.
+
+Conventions (bytes per device):
+  * Parameters on a device: its pipeline stage's L/pp layers with every matmul weight split over tp
+    (norm weights replicated), plus the vocab-parallel embedding (first stage) and lm head and final norm
+    (last stage), each / tp. A tied head is a second copy on the last stage when pp > 1. Every stage is
+    planned and the one with the largest total is reported. conf/validate.py checks that tp divides the
+    heads, KV heads, ffn width and vocabulary, so every shard is exact.
+  * Weights: fp32 master weights, 4 B/param (mindlab keeps fp32 params and casts to the compute dtype
+    inside the matmuls). Never sharded over dp, even with optimizer_shard; kept simple on purpose.
+  * Grads: accumulated in fp32, 4 B/param.
+  * Optimizer: AdamW m and v in fp32, 8 B/param, divided by dp when optimizer_shard (ZeRO-1).
+  * Activations: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+    Models", section 4, adapted to this decoder rather than taken as an estimate: its 34*s*b*h +
+    5*a*s^2*b bytes per layer describe a GPT block (GeLU MLP, dropout). Without dropout (no 1-byte
+    masks, no dropout outputs) a layer keeps, in elements per s*b*h,
+        4              both norm inputs, the attention input and the MLP input (the norm outputs)
+        2 + 2*kv/a     Q, K, V (K and V narrower under GQA) and the attention output
+        4*f/h          SwiGLU gate, up, silu(gate) and their product (the down-projection input)
+        a*s/h          the softmax output, a x s x s per sample
+    (GPT in the same units: 5 + 4 + 8 with masks at half an element, and 2.5*a*s/h; Llama-2 7B has
+    4 + 4 + 10.75.) Bytes = elements x the compute dtype's size, assuming every kept tensor has that
+    width; with no 1-byte masks, fp32 is then exactly x2 of bf16 (if the residual stream and norms stay
+    fp32 under bf16 compute, the 4 norm-side elements cost 4 B each and this undercounts).
+    With tp = t the attention and MLP terms are / t while the 4 stay replicated; sequence parallelism
+    splits those too, so everything is / t. Selective recompute and flash attention drop the a*s/h term
+    (flash's per-row logsumexp is ignored). Full recompute keeps only each layer's input (1 element,
+    / t under sequence parallelism) plus, in the backward, one layer's activations being recomputed.
+    This is what a layer has to keep; an eager implementation keeps more. models/llama.py, under bf16,
+    keeps its residual stream and RMSNorm in fp32, the softmax in fp32 plus its bf16 copy, and K, V
+    repeated to all heads under GQA: read the activations as a lower bound for it.
+  * Pipeline (1F1B): stage i holds min(pp - i, micro_batches) micro-batches in flight, so the first
+    stage holds the most.
+  * Logits: the last stage holds one micro-batch of fp32 logits, s*b*V/t*4 bytes (vocab-parallel).
+Not counted: framework workspace, communication buffers, allocator fragmentation, the embedding output.
+"""
+from dataclasses import dataclass
+from typing import Any, Dict, List
+
+from models.accounting import parameter_count
+
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+RECOMPUTE_MODES = ("none", "selective", "full")
+MIB, GIB = 2 ** 20, 2 ** 30
+
+
+@dataclass
+class MemoryPlan:
+    """Bytes on one device of the fullest pipeline stage."""
+    stage: int  # that stage
+    num_stages: int
+    params: int  # parameters held by the device
+    weights: float  # fp32 master weights
+    grads: float  # fp32 gradients
+    optimizer_states: float  # AdamW m, v as configured (sharded over dp when optimizer_shard)
+    optimizer_states_unsharded: float
+    optimizer_states_sharded: float
+    dp: int
+    optimizer_shard: bool
+    recompute: str
+    activations: float  # with `recompute`, all micro-batches in flight
+    activations_by_recompute: Dict[str, float]  # the same for each of RECOMPUTE_MODES
+    logits: float  # fp32 logits, last stage only
+    total: float
+
+
+def stage_parameters(m: Any, p: Any) -> List[int]:
+    """Parameters held by one device of each pipeline stage."""
+    counts, norms = parameter_count(m), 2 * m.hidden_size
+    layer = (counts["per_layer"] - norms) // p.tp + norms
+    params = [m.num_layers // p.pp * layer] * p.pp
+    params[0] += counts["embedding"] // p.tp
+    if not m.tie_embeddings or p.pp > 1:
+        params[-1] += m.vocab_size * m.hidden_size // p.tp
+    params[-1] += counts["final_norm"]
+    return params
+
+
+def layer_activation_bytes(m: Any, p: Any, seq_len: int, micro_batch_size: int, compute_dtype: str,
+                           recompute: str, flash_attention: bool) -> float:
+    """Activations one decoder layer keeps for its backward, for one micro-batch (see module docstring)."""
+    s, b, h, a, t = seq_len, micro_batch_size, m.hidden_size, m.num_heads, p.tp
+    sbh = s * b * h * DTYPE_BYTES[compute_dtype]
+    if recompute == "full":
+        return sbh / t if p.sequence_parallel else sbh
+    replicated = 4.0  # both norm inputs, the attention and MLP inputs
+    sharded = 2 + 2 * m.num_kv_heads / a + 4 * m.intermediate_size / h  # Q, K, V, attention out; SwiGLU
+    if recompute == "none" and not flash_attention:
+        sharded += a * s / h  # softmax output
+    if p.sequence_parallel:
+        return sbh * (replicated + sharded) / t
+    return sbh * (replicated + sharded / t)
+
+
+def _stage_activations(p: Any, stage: int, layers: int, per_layer: Dict[str, float]) -> Dict[str, float]:
+    """Activations of a stage for each recompute mode: its layers times its micro-batches in flight (1F1B)."""
+    in_flight = min(p.pp - stage, p.micro_batches)
+    activations = {mode: in_flight * layers * per_layer[mode] for mode in RECOMPUTE_MODES}
+    activations["full"] += per_layer["none"]  # the layer being recomputed in the backward, one micro-batch
+    return activations
+
+
+def _stage_plan(p: Any, stage: int, params: int, activations: Dict[str, float], recompute: str,
+                logits: float) -> MemoryPlan:
+    optimizer_unsharded = 8.0 * params
+    optimizer_sharded = optimizer_unsharded / p.dp
+    optimizer = optimizer_sharded if p.optimizer_shard else optimizer_unsharded
+    weights = grads = 4.0 * params
+    return MemoryPlan(
+        stage=stage, num_stages=p.pp, params=params, weights=weights, grads=grads,
+        optimizer_states=optimizer, optimizer_states_unsharded=optimizer_unsharded,
+        optimizer_states_sharded=optimizer_sharded, dp=p.dp, optimizer_shard=p.optimizer_shard,
+        recompute=recompute, activations=activations[recompute], activations_by_recompute=activations,
+        logits=logits, total=weights + grads + optimizer + activations[recompute] + logits,
+    )
+
+
+def memory_plan(model_cfg: Any, parallel_cfg: Any, seq_len: int, micro_batch_size: int,
+                compute_dtype: str, recompute: str, flash_attention: bool) -> MemoryPlan:
+    """The memory plan of the pipeline stage that needs the most memory per device.
+
+    micro_batch_size: sequences per pipeline micro-batch, i.e. trainer.micro_batch_size / micro_batches
+    when pp > 1 (MindSpore splits each step's per-device batch into `micro_batches`).
+    """
+    if recompute not in RECOMPUTE_MODES:
+        raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
+    m, p = model_cfg, parallel_cfg
+    per_layer = {mode: layer_activation_bytes(m, p, seq_len, micro_batch_size, compute_dtype, mode,
+                                              flash_attention)
+                 for mode in RECOMPUTE_MODES}
+    logits = 4.0 * seq_len * micro_batch_size * m.vocab_size / p.tp
+    plans = [_stage_plan(p, stage, params, _stage_activations(p, stage, m.num_layers // p.pp, per_layer),
+                         recompute, logits if stage == p.pp - 1 else 0.0)
+             for stage, params in enumerate(stage_parameters(m, p))]
+    return max(plans, key=lambda plan: plan.total)
+
+
+def format_plan(plan: MemoryPlan, device_memory_gb: float) -> str:
+    """A table of the plan in GiB (MiB for small models) and whether it fits `device_memory_gb` GiB."""
+    unit, scale = ("GiB", GIB) if plan.total >= GIB else ("MiB", MIB)
+
+    def size(n: float) -> str:
+        return f"{n / scale:.2f}"
+
+    shard = "sharded" if plan.optimizer_shard else "replicated"
+    optimizer_note = (f"{shard} over dp={plan.dp} (unsharded {size(plan.optimizer_states_unsharded)}, "
+                      f"sharded {size(plan.optimizer_states_sharded)})")
+    by_mode = ", ".join(f"{mode} {size(plan.activations_by_recompute[mode])}" for mode in RECOMPUTE_MODES)
+    fraction = plan.total / (device_memory_gb * GIB)
+    verdict = f"of {device_memory_gb:g} GiB ({fraction:.0%}): {'fits' if fraction <= 1 else 'DOES NOT FIT'}"
+    rows = [
+        ("weights (fp32)", plan.weights, ""),
+        ("grads (fp32)", plan.grads, ""),
+        ("AdamW m, v (fp32)", plan.optimizer_states, optimizer_note),
+        ("activations", plan.activations, f"recompute={plan.recompute} ({by_mode})"),
+        ("logits (fp32)", plan.logits, "last stage" if plan.logits else ""),
+        ("total", plan.total, verdict),
+    ]
+    header = (f"memory per device, {unit}: pipeline stage {plan.stage} of {plan.num_stages} (the fullest), "
+              f"{plan.params:,} params")
+    return "\n".join([header] + [f"  {name:<18}{size(n):>8}  {note}".rstrip() for name, n, note in rows])

@@ -1,0 +1,177 @@
+"""Rank layout (distributed/layout.py), memory plan (distributed/memory.py) and the dry-run report."""
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from conf.schema import ModelConfig, ParallelConfig, register
+from distributed.layout import Coords, Layout
+from distributed.memory import GIB, format_plan, layer_activation_bytes, memory_plan
+from trainer.dry_run import dry_run_report, flash_attention_enabled
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def load(group: str, name: str, schema, **overrides):
+    preset = OmegaConf.load(CONF / group / f"{name}.yaml")
+    preset.pop("defaults")
+    return OmegaConf.merge(OmegaConf.structured(schema), preset, overrides)
+
+
+def model(name: str, **overrides):
+    return load("model", name, ModelConfig, **overrides)
+
+
+def parallel(name: str, **overrides):
+    return load("parallel", name, ParallelConfig, **overrides)
+
+
+# --- layout -------------------------------------------------------------------------------------------
+
+# tp4pp2dp2: rank -> (pp, dp, tp), tp fastest, then dp, then pp
+TP4PP2DP2 = [
+    (0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 0, 3), (0, 1, 0), (0, 1, 1), (0, 1, 2), (0, 1, 3),
+    (1, 0, 0), (1, 0, 1), (1, 0, 2), (1, 0, 3), (1, 1, 0), (1, 1, 1), (1, 1, 2), (1, 1, 3),
+]
+
+
+@pytest.fixture
+def layout():
+    return Layout.from_config(parallel("tp4pp2dp2"), num_layers=40)
+
+
+def test_coords(layout):
+    assert layout.world_size == 16
+    assert [tuple(layout.coords(r)) for r in range(16)] == TP4PP2DP2
+    assert all(layout.rank(*layout.coords(r)) == r for r in range(16))
+    assert layout.coords(13) == Coords(pp=1, dp=1, tp=1)
+
+
+def test_groups(layout):
+    assert layout.tp_groups() == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    assert layout.dp_groups() == [[0, 4], [1, 5], [2, 6], [3, 7], [8, 12], [9, 13], [10, 14], [11, 15]]
+    assert layout.pp_groups() == [[0, 8], [1, 9], [2, 10], [3, 11], [4, 12], [5, 13], [6, 14], [7, 15]]
+
+
+def test_stages(layout):
+    assert layout.layers_of_stage(0) == range(0, 20)
+    assert layout.layers_of_stage(1) == range(20, 40)
+    assert layout.ranks_of_stage(1) == range(8, 16)
+
+
+def test_describe(layout):
+    text = layout.describe(max_groups=4)
+    assert "world 16 = dp 2 x tp 4 x pp 2" in text
+    assert "stage 0: ranks 0-7  layers 0-19 (20) + embedding" in text
+    assert "stage 1: ranks 8-15  layers 20-39 (20) + final norm + lm head" in text
+    assert "tp groups (4 x 4 ranks): [0 1 2 3] [4 5 6 7] [8 9 10 11] [12 13 14 15]" in text
+    assert "dp groups (8 x 2 ranks): [0 4] [1 5] [2 6] … [11 15]" in text
+    assert "…" not in layout.describe(max_groups=8)
+
+
+def test_describe_elides_long_groups():
+    text = Layout(dp=64, tp=1, pp=1, num_layers=2).describe(max_groups=4)
+    assert "dp groups (1 x 64 ranks): [0 1 2 3 4 5 6 … 63]" in text
+
+
+# --- memory -------------------------------------------------------------------------------------------
+
+def plan_for(model_name: str, parallel_name: str, seq_len: int = 4096, micro_batch_size: int = 1,
+             dtype: str = "bf16", recompute: str = "none", flash: bool = False, **parallel_overrides):
+    return memory_plan(model(model_name), parallel(parallel_name, **parallel_overrides), seq_len,
+                       micro_batch_size, dtype, recompute, flash)
+
+
+def test_optimizer_sharding_divides_by_dp():
+    sharded = plan_for("7b", "dp8")  # optimizer_shard: true
+    assert sharded.params == 6_738_415_616
+    assert sharded.optimizer_states_unsharded == 8 * 6_738_415_616
+    assert sharded.optimizer_states == sharded.optimizer_states_sharded == 6_738_415_616  # 8 B / 8
+    assert sharded.weights == sharded.grads == 4 * 6_738_415_616  # never sharded over dp
+    replicated = plan_for("7b", "dp8", optimizer_shard=False)
+    assert replicated.optimizer_states == 8 * 6_738_415_616
+    assert replicated.total - sharded.total == 7 * 6_738_415_616
+
+
+def test_activations_7b_by_hand():
+    # s=4096 b=1 h=4096 bf16: s*b*h*2 B = 33,554,432 B per element per s*b*h.
+    # kept per layer: 4 + 2 + 2*32/32 + 4*11008/4096 = 18.75 elements, plus a*s/h = 32 for the softmax.
+    sbh = 4096 * 4096 * 2
+    plan = plan_for("7b", "single")
+    assert plan.activations_by_recompute == {
+        "none": 32 * 50.75 * sbh,  # 54,492,397,568
+        "selective": 32 * 18.75 * sbh,
+        "full": 32 * sbh + 50.75 * sbh,  # each layer's input + one layer being recomputed
+    }
+    assert plan.activations == 54_492_397_568
+    full = plan_for("7b", "single", recompute="full")
+    assert full.activations == 2_776_629_248 < plan.activations
+    assert plan_for("7b", "single", flash=True).activations == 32 * 18.75 * sbh
+    assert plan_for("7b", "single", dtype="fp32").activations == 2 * plan.activations
+
+
+def test_activations_tensor_and_sequence_parallel():
+    m, sbh = model("7b"), 4096 * 4096 * 2
+    tp8 = parallel("single", tp=8)
+    # without sequence parallelism the 4 norm-side elements stay replicated: 4 + 46.75 / 8
+    assert layer_activation_bytes(m, tp8, 4096, 1, "bf16", "none", False) == 9.84375 * sbh
+    tp8.sequence_parallel = True
+    assert layer_activation_bytes(m, tp8, 4096, 1, "bf16", "none", False) == 50.75 / 8 * sbh
+    assert layer_activation_bytes(m, tp8, 4096, 1, "bf16", "full", False) == sbh / 8
+
+
+def test_tensor_parallel_divides_weights():
+    single, tp8 = plan_for("7b", "single"), plan_for("7b", "single", tp=8)
+    # matmul weights and the vocab-parallel embedding/head / 8; the 2*h norm weights per layer replicated
+    assert tp8.params == 32 * ((202_383_360 - 8192) // 8 + 8192) + 2 * 32000 * 4096 // 8 + 4096 == 842_534_912
+    assert tp8.weights == 4 * 842_534_912
+    assert tp8.weights == pytest.approx(single.weights / 8, rel=1e-3)
+
+
+def test_first_pipeline_stage_holds_pp_micro_batches():
+    m, p = model("70b"), parallel("tp8pp4")  # micro_batches 16
+    plan = memory_plan(m, p, 4096, 1, "bf16", "none", True)
+    assert plan.stage == 0
+    assert plan.activations == 4 * 20 * layer_activation_bytes(m, p, 4096, 1, "bf16", "none", True)
+
+
+def test_13b_tp8pp2_plan():
+    plan = plan_for("13b", "tp8pp2", flash=True)
+    # stage 0: 20 layers of (317,194,240 matmul weights / 8 + 10,240 norm weights) + embedding / 8
+    assert plan.stage == 0
+    assert plan.params == 20 * (317_194_240 // 8 + 10_240) + 32000 * 5120 // 8 == 813_670_400
+    assert plan.weights == pytest.approx(13.0e9 / 16 * 4, rel=0.01)
+    # 16 B/param + 2 micro-batches x 20 layers x 4096*5120*2 B x (4 + 2 + 2 + 4*13824/5120) / 8
+    assert plan.total == 16 * 813_670_400 + 2 * 20 * 4096 * 5120 * 2 * 2.35 == 16_961_372_160
+    assert 15 < plan.total / GIB < 16.5
+    assert "fits" in format_plan(plan, 80)
+    assert "DOES NOT FIT" in format_plan(plan, 8)
+
+
+# --- dry run ------------------------------------------------------------------------------------------
+
+def compose_config(*overrides: str):
+    register()
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        return compose("config", overrides=list(overrides))
+
+
+def test_dry_run_report():
+    cfg = compose_config("model=13b", "parallel=tp8pp2", "device=h100", "precision=bf16", "data.seq_len=4096",
+                         "trainer.micro_batch_size=8")
+    text = dry_run_report(cfg)
+    assert "13,015,864,320" in text
+    assert "micro_batch_size 8 (8 pipeline micro-batches of 1)" in text
+    assert "flash attention off" in text  # auto: the fused kernel is Ascend-only
+    assert "tokens per step: 32,768" in text  # 8 x dp 1 x grad_accum 1 x 4096
+    assert "stage 1: ranks 8-15  layers 20-39 (20)" in text
+    # 16 B x 813,670,400 params + 2 micro-batches x 20 layers x 4096*5120*2 B x (18.8 + 32) / 8
+    assert "22.05  of 80 GiB (28%): fits" in text
+
+
+def test_dry_run_flash_auto_on_ascend():
+    cfg = compose_config("model=13b", "parallel=tp8pp2", "device=ascend910b", "precision=bf16",
+                         "data.seq_len=4096", "trainer.micro_batch_size=8")
+    assert flash_attention_enabled(cfg)
+    assert "15.80  of 64 GiB (25%): fits" in dry_run_report(cfg)  # test_13b_tp8pp2_plan's total

@@ -1,0 +1,87 @@
+"""`dry_run=true`: what a run would be (layout, size, FLOPs, memory per device), without building weights.
+
+Pure Python, so it answers for a 70B model on 64 devices from a laptop.
+"""
+import textwrap
+from typing import Any
+
+from distributed.layout import Layout
+from distributed.memory import format_plan, memory_plan
+from models.accounting import flops_per_token, matmul_parameter_count, parameter_count
+
+
+def flash_attention_enabled(cfg: Any) -> bool:
+    """As models.use_flash_attention decides (without importing MindSpore): 'auto' is on only on Ascend,
+    the one target with the fused kernel."""
+    setting = cfg.model.flash_attention
+    return cfg.device.target == "Ascend" if setting == "auto" else setting == "true"
+
+
+def sequences_per_step(cfg: Any) -> int:
+    """micro_batch_size per device x dp x grad_accum (conf/validate.py holds global_batch_size to it)."""
+    return cfg.trainer.micro_batch_size * cfg.parallel.dp * cfg.trainer.grad_accum
+
+
+def pipeline_micro_batch_size(cfg: Any) -> int:
+    """Sequences in one pipeline micro-batch: under pp each micro_batch_size is split into micro_batches."""
+    p = cfg.parallel
+    return cfg.trainer.micro_batch_size // p.micro_batches if p.pp > 1 else cfg.trainer.micro_batch_size
+
+
+def _count(n: float) -> str:
+    for unit, scale in (("P", 1e15), ("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return f"{n:.0f}"
+
+
+def _model_section(m: Any) -> str:
+    c = parameter_count(m)
+    head = "tied to the embedding" if m.tie_embeddings else _count(c["lm_head"])
+    return "\n".join([
+        f"model {m.name}: {_count(c['total'])} parameters ({c['total']:,})",
+        f"  vocab {m.vocab_size}, hidden {m.hidden_size}, {m.num_layers} layers, {m.num_heads} heads "
+        f"({m.num_kv_heads} kv, head dim {m.hidden_size // m.num_heads}), ffn {m.intermediate_size}",
+        f"  embedding   {_count(c['embedding'])}",
+        f"  layers      {_count(c['layers'])} = {m.num_layers} x {_count(c['per_layer'])}",
+        f"  final norm  {_count(c['final_norm'])}",
+        f"  lm head     {head}",
+    ])
+
+
+def _compute_section(cfg: Any, world: int) -> str:
+    m, seq_len = cfg.model, cfg.data.seq_len
+    flops = flops_per_token(m, seq_len)
+    dense = 6 * matmul_parameter_count(m)
+    tokens = sequences_per_step(cfg) * seq_len
+    ideal_step = flops * tokens / (world * cfg.device.peak_tflops * 1e12)
+    return "\n".join([
+        f"FLOPs per token (training, seq_len {seq_len}): {_count(flops)} = 6N {_count(dense)} "
+        f"+ attention {_count(flops - dense)}",
+        f"tokens per step: {tokens:,} ({sequences_per_step(cfg)} sequences x {seq_len}); "
+        f"{flops * tokens:.3g} FLOP per step",
+        f"step time at 100% MFU on {world} x {cfg.device.name} ({cfg.device.peak_tflops:g} TFLOP/s): "
+        f"{ideal_step:.3g} s",
+    ])
+
+
+def dry_run_report(cfg: Any) -> str:
+    """The full dry-run text for a composed Config."""
+    m, p = cfg.model, cfg.parallel
+    flash = flash_attention_enabled(cfg)
+    layout = Layout.from_config(p, m.num_layers)
+    b = pipeline_micro_batch_size(cfg)
+    plan = memory_plan(m, p, cfg.data.seq_len, b, cfg.precision.compute_dtype, m.recompute, flash)
+    pipeline = f" ({p.micro_batches} pipeline micro-batches of {b})" if p.pp > 1 else ""
+    return "\n\n".join([
+        f"dry run: model {m.name} x parallel {p.name} on {layout.world_size} x {cfg.device.name}\n"
+        f"  batch: micro_batch_size {cfg.trainer.micro_batch_size}{pipeline} x dp {p.dp} x grad_accum "
+        f"{cfg.trainer.grad_accum}, seq_len {cfg.data.seq_len}\n"
+        f"  compute {cfg.precision.compute_dtype}, recompute {m.recompute}, flash attention "
+        f"{'on' if flash else 'off'}, optimizer_shard {p.optimizer_shard}, sequence_parallel "
+        f"{p.sequence_parallel}",
+        _model_section(m),
+        _compute_section(cfg, layout.world_size),
+        "layout\n" + textwrap.indent(layout.describe(), "  "),
+        format_plan(plan, cfg.device.memory_gb),
+    ])
