@@ -33,7 +33,7 @@ class ModelConfig:
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
     init_std: float = 0.02
-    flash_attention: str = "auto"  # auto (on where the device has the kernel) | true | false
+    flash_attention: Optional[bool] = None  # null: on where the device has the kernel (Ascend); true | false
     recompute: str = "none"  # none | full (whole decoder layer) | selective (attention core only)
 
 
@@ -43,7 +43,7 @@ class ParallelConfig:
     dp: int = 1  # data parallel
     tp: int = 1  # tensor (model) parallel
     pp: int = 1  # pipeline stages
-    micro_batches: int = 1  # pipeline micro-batches per step (pp > 1)
+    micro_batches: int = 1  # pp > 1: micro-batches of trainer.micro_batch_size fed through the pipeline per step
     optimizer_shard: bool = False  # ZeRO-1 style: optimizer states sharded over dp
     sequence_parallel: bool = False  # norms/dropout sharded over tp along the sequence
 
@@ -130,9 +130,9 @@ class LoggerConfig:
 @dataclass
 class TrainerConfig:
     max_steps: int = 1000
-    micro_batch_size: int = 8
+    micro_batch_size: int = 8  # sequences per forward/backward on one device
     grad_accum: int = 1
-    global_batch_size: Optional[int] = None  # None: micro_batch_size * dp * grad_accum
+    global_batch_size: Optional[int] = None  # None: micro_batch_size * dp * micro_batches (pp) * grad_accum
     mode: str = "graph"  # graph | pynative
     seed: int = 1234
     log_every: int = 10
@@ -154,6 +154,16 @@ class Config:
     logger: LoggerConfig = MISSING
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     dry_run: bool = False  # print layout, parameter count and memory plan, then exit
+
+
+def pipeline_micro_batches(cfg) -> int:
+    """Micro-batches a pipeline step feeds through its stages (MindFormers' micro_batch_num); 1 without pp."""
+    return cfg.parallel.micro_batches if cfg.parallel.pp > 1 else 1
+
+
+def global_batch_size(cfg) -> int:
+    """Sequences per optimizer step: micro_batch_size x dp x pipeline micro-batches x grad_accum."""
+    return cfg.trainer.micro_batch_size * cfg.parallel.dp * pipeline_micro_batches(cfg) * cfg.trainer.grad_accum
 
 
 def register() -> None:

@@ -9,11 +9,10 @@ import typing
 
 from omegaconf import DictConfig
 
-from conf.schema import Config
+from conf.schema import Config, global_batch_size
 
 CHOICES = {
     "model.impl": ("native", "mindformers"),
-    "model.flash_attention": ("auto", "true", "false"),
     "model.recompute": ("none", "full", "selective"),
     "model.rope_scaling.type": ("none", "linear", "ntk"),
     "objective.name": ("clm",),
@@ -121,12 +120,11 @@ def _check_batch(cfg: DictConfig) -> None:
     _require(t.micro_batch_size >= 1, "trainer.micro_batch_size", f"must be >= 1, got {t.micro_batch_size}")
     _require(t.grad_accum >= 1, "trainer.grad_accum", f"must be >= 1, got {t.grad_accum}")
     _require(t.max_steps >= 1, "trainer.max_steps", f"must be >= 1, got {t.max_steps}")
-    _require(p.pp == 1 or t.micro_batch_size % p.micro_batches == 0, "trainer.micro_batch_size",
-             f"{t.micro_batch_size} is not divisible by parallel.micro_batches={p.micro_batches}")
-    derived = t.micro_batch_size * p.dp * t.grad_accum
+    derived = global_batch_size(cfg)
+    pipeline = f" x parallel.micro_batches ({p.micro_batches})" if p.pp > 1 else ""
     _require(t.global_batch_size is None or t.global_batch_size == derived, "trainer.global_batch_size",
-             f"{t.global_batch_size} != micro_batch_size ({t.micro_batch_size}) x dp ({p.dp}) x grad_accum "
-             f"({t.grad_accum}) = {derived}; fix one of them or leave global_batch_size unset")
+             f"{t.global_batch_size} != micro_batch_size ({t.micro_batch_size}) x dp ({p.dp}){pipeline} x "
+             f"grad_accum ({t.grad_accum}) = {derived}; fix one of them or leave global_batch_size unset")
 
 
 def _check_optim(cfg: DictConfig) -> None:
@@ -151,8 +149,8 @@ def _check_machine(cfg: DictConfig, world_size: int) -> None:
                           "Ascend/GPU. Add dry_run=true to see its layout and memory plan here.")
     _require(cfg.precision.compute_dtype != "bf16" or target != "CPU", "precision",
              "bf16 needs Ascend/GPU: MindSpore's CPU kernels have no bf16 matmul; use precision=fp32 or fp16")
-    _require(cfg.model.flash_attention != "true" or target == "Ascend", "model.flash_attention",
-             f"ops.flash_attention_score has no {target} kernel; set model.flash_attention=auto or false")
+    _require(not cfg.model.flash_attention or target == "Ascend", "model.flash_attention",
+             f"ops.flash_attention_score has no {target} kernel; set model.flash_attention=null (auto) or false")
     _require(devices == world_size, "parallel",
              f"parallel={p.name} needs dp x tp x pp = {devices} processes but {world_size} were launched; "
              f"start it with msrun --worker_num={devices} --local_worker_num={devices} --join=True train.py ...")

@@ -119,8 +119,8 @@ def memory_plan(model_cfg: Any, parallel_cfg: Any, seq_len: int, micro_batch_siz
                 compute_dtype: str, recompute: str, flash_attention: bool) -> MemoryPlan:
     """The memory plan of the pipeline stage that needs the most memory per device.
 
-    micro_batch_size: sequences per pipeline micro-batch, i.e. trainer.micro_batch_size / micro_batches
-    when pp > 1 (MindSpore splits each step's per-device batch into `micro_batches`).
+    micro_batch_size: sequences per micro-batch (trainer.micro_batch_size); under pp a step feeds
+    `parallel.micro_batches` of them through the pipeline.
     """
     if recompute not in RECOMPUTE_MODES:
         raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")

@@ -1,17 +1,15 @@
 """Model zoo: `build_model` turns `cfg.model` into a MindSpore cell mapping tokens [B, S] to fp32 logits."""
-from mindspore import nn
-
 from conf.schema import ModelConfig
 
 
 def use_flash_attention(cfg: ModelConfig, device_target: str) -> bool:
-    """`auto` picks the fused kernel where it exists (Ascend); validation refuses `true` elsewhere."""
-    if cfg.flash_attention == "auto":
+    """null (auto) picks the fused kernel where it exists (Ascend); validation refuses `true` elsewhere."""
+    if cfg.flash_attention is None:
         return device_target == "Ascend"
-    return cfg.flash_attention == "true"
+    return cfg.flash_attention
 
 
-def apply_recompute(model: nn.Cell, mode: str) -> None:
+def apply_recompute(model, mode: str) -> None:
     """full: recompute each decoder layer in backward; selective: only the attention core (scores/softmax)."""
     if mode == "none":
         return
@@ -22,7 +20,7 @@ def apply_recompute(model: nn.Cell, mode: str) -> None:
             layer.attention.core.recompute()
 
 
-def _decoder_layers(model: nn.Cell):
+def _decoder_layers(model):
     from models.mindformers_llama import MindFormersLlama
 
     if isinstance(model, MindFormersLlama):
@@ -30,7 +28,7 @@ def _decoder_layers(model: nn.Cell):
     return model.model.layers
 
 
-def build_model(cfg: ModelConfig, seq_len: int, compute_dtype: str, device_target: str, seed: int) -> nn.Cell:
+def build_model(cfg: ModelConfig, seq_len: int, compute_dtype: str, device_target: str, seed: int):
     flash = use_flash_attention(cfg, device_target)
     if cfg.impl == "mindformers":
         from models.mindformers_llama import MindFormersLlama

@@ -8,7 +8,8 @@ from omegaconf import OmegaConf
 from conf.schema import ModelConfig, ParallelConfig, register
 from distributed.layout import Coords, Layout
 from distributed.memory import GIB, format_plan, layer_activation_bytes, memory_plan
-from trainer.dry_run import dry_run_report, flash_attention_enabled
+from models import use_flash_attention
+from trainer.dry_run import dry_run_report
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -159,12 +160,12 @@ def compose_config(*overrides: str):
 
 def test_dry_run_report():
     cfg = compose_config("model=13b", "parallel=tp8pp2", "device=h100", "precision=bf16", "data.seq_len=4096",
-                         "trainer.micro_batch_size=8")
+                         "trainer.micro_batch_size=1")
     text = dry_run_report(cfg)
     assert "13,015,864,320" in text
-    assert "micro_batch_size 8 (8 pipeline micro-batches of 1)" in text
+    assert "micro_batch_size 1 x 8 pipeline micro-batches" in text
     assert "flash attention off" in text  # auto: the fused kernel is Ascend-only
-    assert "tokens per step: 32,768" in text  # 8 x dp 1 x grad_accum 1 x 4096
+    assert "tokens per step: 32,768" in text  # 1 x 8 micro-batches x dp 1 x grad_accum 1 x 4096
     assert "stage 1: ranks 8-15  layers 20-39 (20)" in text
     # 16 B x 813,670,400 params + 2 micro-batches x 20 layers x 4096*5120*2 B x (18.8 + 32) / 8
     assert "22.05  of 80 GiB (28%): fits" in text
@@ -172,6 +173,6 @@ def test_dry_run_report():
 
 def test_dry_run_flash_auto_on_ascend():
     cfg = compose_config("model=13b", "parallel=tp8pp2", "device=ascend910b", "precision=bf16",
-                         "data.seq_len=4096", "trainer.micro_batch_size=8")
-    assert flash_attention_enabled(cfg)
+                         "data.seq_len=4096", "trainer.micro_batch_size=1")
+    assert use_flash_attention(cfg.model, cfg.device.target)
     assert "15.80  of 64 GiB (25%): fits" in dry_run_report(cfg)  # test_13b_tp8pp2_plan's total

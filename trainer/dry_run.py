@@ -7,25 +7,9 @@ from typing import Any
 
 from distributed.layout import Layout
 from distributed.memory import format_plan, memory_plan
+from conf.schema import global_batch_size, pipeline_micro_batches
+from models import use_flash_attention
 from models.accounting import flops_per_token, matmul_parameter_count, parameter_count
-
-
-def flash_attention_enabled(cfg: Any) -> bool:
-    """As models.use_flash_attention decides (without importing MindSpore): 'auto' is on only on Ascend,
-    the one target with the fused kernel."""
-    setting = cfg.model.flash_attention
-    return cfg.device.target == "Ascend" if setting == "auto" else setting == "true"
-
-
-def sequences_per_step(cfg: Any) -> int:
-    """micro_batch_size per device x dp x grad_accum (conf/validate.py holds global_batch_size to it)."""
-    return cfg.trainer.micro_batch_size * cfg.parallel.dp * cfg.trainer.grad_accum
-
-
-def pipeline_micro_batch_size(cfg: Any) -> int:
-    """Sequences in one pipeline micro-batch: under pp each micro_batch_size is split into micro_batches."""
-    p = cfg.parallel
-    return cfg.trainer.micro_batch_size // p.micro_batches if p.pp > 1 else cfg.trainer.micro_batch_size
 
 
 def _count(n: float) -> str:
@@ -53,12 +37,12 @@ def _compute_section(cfg: Any, world: int) -> str:
     m, seq_len = cfg.model, cfg.data.seq_len
     flops = flops_per_token(m, seq_len)
     dense = 6 * matmul_parameter_count(m)
-    tokens = sequences_per_step(cfg) * seq_len
+    tokens = global_batch_size(cfg) * seq_len
     ideal_step = flops * tokens / (world * cfg.device.peak_tflops * 1e12)
     return "\n".join([
         f"FLOPs per token (training, seq_len {seq_len}): {_count(flops)} = 6N {_count(dense)} "
         f"+ attention {_count(flops - dense)}",
-        f"tokens per step: {tokens:,} ({sequences_per_step(cfg)} sequences x {seq_len}); "
+        f"tokens per step: {tokens:,} ({global_batch_size(cfg)} sequences x {seq_len}); "
         f"{flops * tokens:.3g} FLOP per step",
         f"step time at 100% MFU on {world} x {cfg.device.name} ({cfg.device.peak_tflops:g} TFLOP/s): "
         f"{ideal_step:.3g} s",
@@ -68,11 +52,11 @@ def _compute_section(cfg: Any, world: int) -> str:
 def dry_run_report(cfg: Any) -> str:
     """The full dry-run text for a composed Config."""
     m, p = cfg.model, cfg.parallel
-    flash = flash_attention_enabled(cfg)
+    flash = use_flash_attention(m, cfg.device.target)
     layout = Layout.from_config(p, m.num_layers)
-    b = pipeline_micro_batch_size(cfg)
-    plan = memory_plan(m, p, cfg.data.seq_len, b, cfg.precision.compute_dtype, m.recompute, flash)
-    pipeline = f" ({p.micro_batches} pipeline micro-batches of {b})" if p.pp > 1 else ""
+    plan = memory_plan(m, p, cfg.data.seq_len, cfg.trainer.micro_batch_size, cfg.precision.compute_dtype,
+                       m.recompute, flash)
+    pipeline = f" x {pipeline_micro_batches(cfg)} pipeline micro-batches" if p.pp > 1 else ""
     return "\n\n".join([
         f"dry run: model {m.name} x parallel {p.name} on {layout.world_size} x {cfg.device.name}\n"
         f"  batch: micro_batch_size {cfg.trainer.micro_batch_size}{pipeline} x dp {p.dp} x grad_accum "

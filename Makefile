@@ -1,0 +1,8 @@
+# The two set-up commands of the README. Each creates (once) the pinned venv outside the clone.
+.PHONY: train test
+
+train:  ## pretrain model=tiny on the default real data (CPython stdlib + Shakespeare) on CPU
+	scripts/venv.sh python train.py experiment=tiny_pretrain
+
+test:  ## the test suite (what .ci/run calls)
+	scripts/venv.sh python -m pytest -q

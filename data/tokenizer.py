@@ -1,0 +1,135 @@
+"""SentencePiece tokenizer: a thin wrapper, and training one from the data sources.
+
+Trained models use LLaMA-style settings: byte fallback (no text is ever <unk>), digits split, identity
+normalization and whitespace kept as is, so `decode(encode(text)) == text` for any text without the
+character U+2581 (sentencepiece's own space marker, decoded as a space).
+Special ids: pad 0, unk 1, bos 2, eos 3.
+"""
+from __future__ import annotations
+
+import io
+import os
+import shutil
+from pathlib import Path
+from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
+
+import numpy as np
+import sentencepiece as spm
+
+from conf.schema import TokenizerConfig
+from data.errors import DataError
+
+MAX_LINE_CHARS = 4096  # longer training lines are cut
+
+
+class Tokenizer:
+    """A sentencepiece model loaded from a `.model` file."""
+
+    def __init__(self, path: Union[str, Path]):
+        self.path = Path(path)
+        self.sp = spm.SentencePieceProcessor(model_file=str(self.path))
+
+    @property
+    def vocab_size(self) -> int:
+        return self.sp.get_piece_size()
+
+    @property
+    def pad_id(self) -> int:
+        return self.sp.pad_id()
+
+    @property
+    def unk_id(self) -> int:
+        return self.sp.unk_id()
+
+    @property
+    def bos_id(self) -> int:
+        return self.sp.bos_id()
+
+    @property
+    def eos_id(self) -> int:
+        return self.sp.eos_id()
+
+    def encode(self, text: str) -> List[int]:
+        return self.sp.encode(text)
+
+    def encode_batch(self, texts: Sequence[str]) -> List[List[int]]:
+        return self.sp.encode(list(texts), num_threads=os.cpu_count() or 1)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.sp.decode(np.asarray(ids, dtype=np.int64).tolist())
+
+
+def build_tokenizer(cfg: TokenizerConfig, docs_by_source: Mapping[str, Sequence[str]],
+                    out_path: Union[str, Path]) -> Tokenizer:
+    """Copy the model at `cfg.path` to `out_path` after checking it, or train one from the documents."""
+    path = pretrained_path(cfg)
+    if path is None:
+        return train_tokenizer(docs_by_source, cfg, out_path)
+    tokenizer = Tokenizer(path)
+    if tokenizer.vocab_size != cfg.vocab_size:
+        raise DataError(f"data.tokenizer.path={cfg.path} has {tokenizer.vocab_size} pieces but "
+                        f"model.vocab_size={cfg.vocab_size}; set model.vocab_size={tokenizer.vocab_size}")
+    if tokenizer.eos_id < 0:
+        raise DataError(f"data.tokenizer.path={cfg.path} has no eos piece, needed between packed documents")
+    shutil.copyfile(path, out_path)
+    return Tokenizer(out_path)
+
+
+def pretrained_path(cfg: TokenizerConfig) -> Optional[Path]:
+    """`cfg.path` as a Path after checking it exists; None when a tokenizer is to be trained."""
+    if cfg.path is None:
+        return None
+    if not Path(cfg.path).is_file():
+        raise DataError(f"data.tokenizer.path={cfg.path}: file not found; fix the path, or unset it to train one")
+    return Path(cfg.path)
+
+
+def train_tokenizer(docs_by_source: Mapping[str, Sequence[str]], cfg: TokenizerConfig,
+                    out_path: Union[str, Path]) -> Tokenizer:
+    """Train on `cfg.sample_chars` characters drawn evenly across sources; write the model to `out_path`."""
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=sample_lines(docs_by_source, cfg.sample_chars), model_writer=model,
+            model_type=cfg.model_type, vocab_size=cfg.vocab_size, character_coverage=0.9995,
+            byte_fallback=True, split_digits=True, allow_whitespace_only_pieces=True,
+            normalization_rule_name="identity", remove_extra_whitespaces=False,
+            max_sentence_length=4 * MAX_LINE_CHARS,  # in bytes
+            pad_id=0, unk_id=1, bos_id=2, eos_id=3, num_threads=2, minloglevel=2)
+    except RuntimeError as e:
+        raise DataError(f"sentencepiece could not train a {cfg.model_type} tokenizer with "
+                        f"model.vocab_size={cfg.vocab_size}: {e}. Raise model.vocab_size (byte fallback alone "
+                        f"takes 260 ids) or lower data.tokenizer.sample_chars") from e
+    Path(out_path).write_bytes(model.getvalue())
+    return Tokenizer(out_path)
+
+
+def sample_lines(docs_by_source: Mapping[str, Sequence[str]], sample_chars: int) -> Iterator[str]:
+    """Non-empty lines (cut to MAX_LINE_CHARS) totalling about `sample_chars`, split evenly over sources.
+
+    A source smaller than its share gives all of it and the rest goes to the others. Within a source,
+    documents are visited in a fixed pseudo-random order so the sample spans the whole source.
+    """
+    sizes = {name: sum(map(len, docs)) for name, docs in docs_by_source.items()}
+    for name, budget in _even_shares(sizes, sample_chars).items():
+        yield from _source_lines(docs_by_source[name], budget)
+
+
+def _source_lines(docs: Sequence[str], budget: int) -> Iterator[str]:
+    for i in np.random.default_rng(0).permutation(len(docs)):
+        for line in docs[i].split("\n"):
+            if budget <= 0:
+                return
+            if line:
+                line = line[:MAX_LINE_CHARS]
+                budget -= len(line)
+                yield line
+
+
+def _even_shares(sizes: Dict[str, int], total: int) -> Dict[str, int]:
+    """Split `total` evenly over sources, capped by their sizes (water-filling, smallest first)."""
+    shares, left = {}, total
+    for i, (name, size) in enumerate(sorted(sizes.items(), key=lambda kv: kv[1])):
+        shares[name] = min(size, left // (len(sizes) - i))
+        left -= shares[name]
+    return {name: shares[name] for name in sizes}

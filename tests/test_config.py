@@ -1,0 +1,101 @@
+"""Every cross-field rule refuses a bad value with a message naming the key; presets compose and validate."""
+import os
+import subprocess
+import sys
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from conf.schema import register
+from conf.validate import ConfigError, validate
+from conftest import ROOT
+
+register()
+
+
+def compose_cfg(*overrides):
+    with initialize_config_dir(config_dir=os.path.join(ROOT, "conf"), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+BAD = [
+    (["model.num_heads=3"], "model.num_heads", "not divisible"),
+    (["model.num_kv_heads=3"], "model.num_kv_heads", "not a multiple"),
+    (["model=13b", "parallel=tp8pp2", "model.num_heads=36", "model.num_kv_heads=36", "model.hidden_size=5184",
+      "dry_run=true"], "parallel.tp", "num_heads"),
+    (["model=70b", "parallel=tp8pp4", "model.num_kv_heads=4", "model.num_heads=64", "dry_run=true"],
+     "parallel.tp", "num_kv_heads"),
+    (["model=13b", "parallel=tp8pp4", "model.num_layers=42", "dry_run=true"], "parallel.pp", "num_layers"),
+    (["model=7b", "parallel=tp8pp2", "model.vocab_size=32001", "data.tokenizer.vocab_size=32001", "dry_run=true"],
+     "parallel.tp", "vocab_size"),
+    (["trainer.global_batch_size=100"], "trainer.global_batch_size", "micro_batch_size"),
+    (["data.seq_len=4096"], "data.seq_len", "max_position_embeddings"),
+    (["parallel=tp8pp2", "model=13b"], "parallel", "16 Ascend/GPU devices, found CPU"),
+    (["parallel=dp2"], "parallel", "2 processes but 1 were launched"),
+    (["+model.hiden_size=3"], "model.hiden_size", "did you mean model.hidden_size"),
+    (["+trainer.max_step=3"], "trainer.max_step", "did you mean trainer.max_steps"),
+    (["optim.lr=0"], "optim.lr", "(0, 1]"),
+    (["optim.lr=2.0"], "optim.lr", "(0, 1]"),
+    (["optim.warmup_steps=5000"], "optim.warmup_steps", "max_steps"),
+    (["optim.min_lr=1.0"], "optim.min_lr", "optim.lr"),
+    (["precision=bf16"], "precision", "bf16"),
+    (["model.flash_attention=true"], "model.flash_attention", "has no CPU kernel"),
+    (["model.recompute=some"], "model.recompute", "none, full, selective"),
+    (["data.tokenizer.vocab_size=1000"], "data.tokenizer.vocab_size", "model.vocab_size"),
+    (["parallel=tp8pp2", "model=13b", "parallel.micro_batches=1", "dry_run=true"],
+     "parallel.micro_batches", "fill"),
+    (["parallel=tp8pp2", "model=13b", "trainer.global_batch_size=8", "dry_run=true"],
+     "trainer.global_batch_size", "parallel.micro_batches (8)"),
+]
+
+
+@pytest.mark.parametrize("overrides,key,words", BAD, ids=[b[1] + ":" + b[0][-1] for b in BAD])
+def test_bad_value_is_refused_naming_the_key(overrides, key, words):
+    with pytest.raises(ConfigError) as err:
+        validate(compose_cfg(*overrides))
+    assert err.value.key == key
+    assert words in str(err.value)
+
+
+@pytest.mark.parametrize("model", ["tiny", "small", "125m", "350m", "1b", "7b", "13b", "70b"])
+@pytest.mark.parametrize("parallel", ["single", "dp2", "dp8", "tp8pp2", "tp8pp4", "tp4pp2dp2", "tp8dp4"])
+def test_layout_presets_against_model_presets(model, parallel):
+    """Legal pairs pass (in dry-run, where no devices are needed); illegal ones name the rule they break."""
+    cfg = compose_cfg(f"model={model}", f"parallel={parallel}", "dry_run=true", "trainer.micro_batch_size=16")
+    p, m = cfg.parallel, cfg.model
+    legal = m.num_heads % p.tp == 0 and m.num_kv_heads % p.tp == 0 and m.num_layers % p.pp == 0 \
+        and m.vocab_size % p.tp == 0 and m.intermediate_size % p.tp == 0
+    if legal:
+        validate(cfg)
+    else:
+        with pytest.raises(ConfigError, match="does not divide"):
+            validate(cfg)
+
+
+def run_train(cwd, *overrides, timeout=120):
+    """train.py in a subprocess, started from `cwd` so that Hydra's run dirs land there."""
+    return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *overrides], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_cli_refuses_tensor_parallel_on_cpu_with_one_clear_message(tmp_path):
+    proc = run_train(tmp_path, "model=13b", "parallel=tp8pp2", "stage=pretrain")
+    assert proc.returncode == 2
+    assert "config error: parallel: parallel=tp8pp2 (dp=1 x tp=8 x pp=2) needs 16 Ascend/GPU devices, found CPU" \
+        in proc.stderr
+
+
+@pytest.mark.parametrize("model,parallel,params", [("13b", "tp8pp2", 13_015_864_320),
+                                                   ("70b", "tp8pp4", 68_976_648_192)])
+def test_dry_run_prints_the_plan(tmp_path, model, parallel, params):
+    proc = run_train(tmp_path, f"model={model}", f"parallel={parallel}", "stage=pretrain", "dry_run=true")
+    assert proc.returncode == 0, proc.stderr
+    assert f"({params:,})" in proc.stdout
+    for section in ("layout", "memory per device", "FLOPs per token", "tp groups"):
+        assert section in proc.stdout
+
+
+def test_cfg_job_prints_the_composed_config(tmp_path):
+    proc = run_train(tmp_path, "--cfg", "job", "model=7b")
+    assert proc.returncode == 0
+    assert "hidden_size: 4096" in proc.stdout and "parallel:" in proc.stdout
