@@ -20,7 +20,7 @@ def _extend_method(cfg: ModelConfig) -> str:
 class MindFormersLlama(nn.Cell):
     def __init__(self, cfg: ModelConfig, seq_len: int, compute_dtype: str = "fp32", use_flash: bool = False,
                  seed: int = 0):
-        super().__init__()
+        super().__init__(auto_prefix=False)  # keep the model's parameter names
         from mindformers.models.llama import LlamaConfig, LlamaForCausalLM  # heavy import, only when chosen
 
         ms.set_seed(seed)  # MindFormers initialises its weights from MindSpore's global RNG

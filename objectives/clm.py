@@ -10,7 +10,7 @@ from mindspore import nn, ops
 
 class CausalLMLoss(nn.Cell):
     def __init__(self, model: nn.Cell, ignore_index: int = -100):
-        super().__init__()
+        super().__init__(auto_prefix=False)  # keep the model's parameter names
         self.model = model
         self.ignore_index = ignore_index
 

@@ -38,6 +38,12 @@ def load_weights(path: str, model: nn.Cell) -> None:
     if not os.path.isfile(file):
         raise FileNotFoundError(f"stage.init_from: no checkpoint at {file}")
     params = ms.load_checkpoint(file, format="safetensors")
-    missing, _ = ms.load_param_into_net(model, params, strict_load=True)
+    own = model.parameters_dict()
+    missing = [name for name in own if name not in params]
     if missing:
         raise ValueError(f"stage.init_from: {file} lacks {len(missing)} parameters of this model, e.g. {missing[0]}")
+    for name, param in own.items():
+        if tuple(params[name].shape) != tuple(param.shape):
+            raise ValueError(f"stage.init_from: {file} holds {name} with shape {tuple(params[name].shape)}, this "
+                             f"model needs {tuple(param.shape)}: the checkpoint is of another model size")
+    ms.load_param_into_net(model, params, strict_load=True)

@@ -14,7 +14,7 @@ from mindspore import Tensor, nn, ops
 
 class ForwardBackward(nn.Cell):
     def __init__(self, loss_net: nn.Cell, params: ms.ParameterTuple):
-        super().__init__()
+        super().__init__(auto_prefix=False)  # keep the model's parameter names
         self.loss_net = loss_net
         self.params = params
         self.grad_buffers = params.clone(prefix="grad_buffer", init="zeros")
@@ -32,7 +32,7 @@ class ForwardBackward(nn.Cell):
 
 class ApplyUpdate(nn.Cell):
     def __init__(self, optimizer: nn.Optimizer, grad_buffers: ms.ParameterTuple, clip_grad_norm: float):
-        super().__init__()
+        super().__init__(auto_prefix=False)  # keep the model's parameter names
         self.optimizer = optimizer
         self.grad_buffers = grad_buffers
         self.clip_grad_norm = clip_grad_norm

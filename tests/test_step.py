@@ -1,0 +1,141 @@
+"""The optimizer step: gradient accumulation, overflow skipping, clipping, schedules, checkpoints."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+import mindspore as ms
+from mindspore import Tensor
+from omegaconf import OmegaConf
+
+from conf.schema import OptimConfig
+from conftest import load_preset
+from models import build_model
+from objectives.clm import CausalLMLoss
+from trainer import checkpoint
+from trainer.optimizer import build_optimizer, build_schedule, param_groups
+from trainer.step import ApplyUpdate, DynamicLossScale, ForwardBackward
+
+ONE = Tensor(1.0, ms.float32)
+
+
+def optim_cfg(**overrides):
+    return OmegaConf.merge(OmegaConf.structured(OptimConfig), {"name": "adamw", "warmup_steps": 0, **overrides})
+
+
+def setup(seed=0, clip=1.0):
+    model = build_model(load_preset("model", "tiny"), 32, "fp32", "CPU", seed=seed)
+    # eps well above tiny gradients keeps Adam's first step smooth in g (not sign-like), so sums compare
+    optimizer = build_optimizer(model.trainable_params(), optim_cfg(lr=1e-2, eps=1e-4, schedule="constant"), 100)
+    forward_backward = ForwardBackward(CausalLMLoss(model), optimizer.parameters)
+    return model, optimizer, forward_backward, ApplyUpdate(optimizer, forward_backward.grad_buffers, clip)
+
+
+def weights(model):
+    return {p.name: p.asnumpy().copy() for p in model.trainable_params()}
+
+
+def batch(rows=8, seed=0):
+    return Tensor(np.random.default_rng(seed).integers(0, 4096, (rows, 33)).astype(np.int32))
+
+
+def test_two_accumulated_micro_batches_equal_one_big_batch():
+    x = batch(8)
+    model_a, _, fb_a, update_a = setup()
+    fb_a(x, x, ONE)
+    update_a(ONE, ONE)
+    model_b, _, fb_b, update_b = setup()
+    for half in (x[:4], x[4:]):
+        fb_b(half, half, ONE)
+    update_b(ONE, Tensor(2.0, ms.float32))
+    a, b = weights(model_a), weights(model_b)
+    assert any(np.abs(a[k] - weights(setup()[0])[k]).max() > 1e-4 for k in a)  # the step did move the weights
+    for k in a:
+        np.testing.assert_allclose(a[k], b[k], atol=1e-6, err_msg=k)
+
+
+def test_reported_grad_norm_is_the_global_norm_and_buffers_are_cleared():
+    model, optimizer, fb, update = setup(clip=0.5)
+    x = batch(4)
+    grads = ms.value_and_grad(CausalLMLoss(model), None, optimizer.parameters)(x, x)[1]
+    expected = np.sqrt(sum(float((g.asnumpy().astype(np.float64) ** 2).sum()) for g in grads))
+    fb(x, x, ONE)
+    norm, finite, _ = update(ONE, ONE)
+    assert bool(finite.asnumpy())
+    assert float(norm.asnumpy()) == pytest.approx(expected, rel=1e-4)
+    assert all(not buf.asnumpy().any() for buf in fb.grad_buffers)
+
+
+def test_overflowing_step_is_skipped_and_the_loss_scale_backs_off():
+    model, optimizer, fb, update = setup()
+    before = weights(model)
+    huge = Tensor(3e38, ms.float32)  # the scaled gradients overflow fp32
+    x = batch(4)
+    fb(x, x, huge)
+    _, finite, _ = update(huge, ONE)
+    assert not bool(finite.asnumpy())
+    for k, v in weights(model).items():
+        np.testing.assert_array_equal(v, before[k], err_msg=k)
+    assert int(optimizer.global_step.asnumpy()) == 0  # a skipped step does not advance the schedule
+    scaler = DynamicLossScale(2.0 ** 16, growth_interval=2, growth_factor=2.0, backoff_factor=0.5)
+    scaler.update(False)
+    assert scaler.scale == 2.0 ** 15
+    scaler.update(True)
+    scaler.update(True)
+    assert scaler.scale == 2.0 ** 16
+
+
+def lr_at(schedule, step):
+    return float(schedule(Tensor(step, ms.int32)).asnumpy())
+
+
+def test_cosine_schedule_with_warmup():
+    s = build_schedule(optim_cfg(lr=1e-3, min_lr=1e-4, warmup_steps=10, schedule="cosine"), 110)
+    assert lr_at(s, 5) == pytest.approx(5e-4)
+    assert lr_at(s, 10) == pytest.approx(1e-3)
+    assert lr_at(s, 60) == pytest.approx(1e-4 + 0.5 * (1e-3 - 1e-4), rel=1e-5)  # halfway down the cosine
+    assert lr_at(s, 110) == pytest.approx(1e-4)
+
+
+def test_warmup_stable_decay_schedule():
+    s = build_schedule(optim_cfg(lr=1e-3, min_lr=0.0, warmup_steps=10, schedule="wsd", decay_fraction=0.2), 100)
+    assert lr_at(s, 5) == pytest.approx(5e-4)
+    assert lr_at(s, 50) == pytest.approx(1e-3)
+    assert lr_at(s, 80) == pytest.approx(1e-3)
+    assert lr_at(s, 90) == pytest.approx(5e-4)
+
+
+def test_weight_decay_spares_norms_and_embeddings():
+    model = build_model(load_preset("model", "tiny"), 32, "fp32", "CPU", seed=0)
+    groups = param_groups(model.trainable_params(), optim_cfg(weight_decay=0.1))
+    decayed = {p.name for g in groups if g["weight_decay"] > 0 for p in g["params"]}
+    assert "model.layers.0.attention.wq.weight" in decayed and "lm_head.weight" in decayed
+    assert not any("norm" in n or "embedding" in n for n in decayed)
+
+
+def test_checkpoint_round_trip(tmp_path):
+    model, optimizer, fb, update = setup(seed=0)
+    x = batch(4)
+    fb(x, x, ONE)
+    update(ONE, ONE)
+    path = checkpoint.save(str(tmp_path), 1, model, optimizer, {"tokens_seen": 128})
+    assert sorted(os.listdir(path)) == ["model.safetensors", "optimizer.safetensors", "state.json"]
+    assert json.load(open(os.path.join(path, "state.json"))) == {"step": 1, "tokens_seen": 128}
+    fresh, *_ = setup(seed=1)
+    checkpoint.load_weights(path, fresh)
+    for k, v in weights(fresh).items():
+        np.testing.assert_array_equal(v, weights(model)[k])
+    moments = ms.load_checkpoint(os.path.join(path, "optimizer.safetensors"), format="safetensors")
+    assert not set(moments) & set(weights(model))  # optimizer file: moments and step only
+    assert "adam_m.lm_head.weight" in moments and "adam_v.lm_head.weight" in moments
+
+
+def test_loading_a_checkpoint_of_another_shape_names_the_parameter(tmp_path):
+    model, optimizer, *_ = setup()
+    path = checkpoint.save(str(tmp_path), 1, model, optimizer, {})
+    other = build_model(OmegaConf.merge(load_preset("model", "tiny"), {"hidden_size": 64, "num_heads": 2,
+                                                                      "num_kv_heads": 2}), 32, "fp32", "CPU", 0)
+    with pytest.raises(ValueError, match=r"holds model.tok_embeddings.embedding_weight with shape \(4096, 128\), "
+                                         r"this model needs \(4096, 64\)"):
+        checkpoint.load_weights(path, other)
