@@ -4,11 +4,14 @@ Each YAML preset starts from one of these dataclasses (its `defaults: [base_<gro
 unknown keys (including `+key=` typos) and wrongly typed values while composing. Rules that span
 several fields live in conf/validate.py.
 """
+import os
 from dataclasses import dataclass, field
 from typing import List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @dataclass
@@ -167,6 +170,8 @@ def global_batch_size(cfg) -> int:
 
 
 def register() -> None:
+    """Put the schema in Hydra's ConfigStore and define `${repo:}` (this checkout's root) for paths."""
+    OmegaConf.register_new_resolver("repo", lambda: REPO_ROOT, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
     for group, node in [("model", ModelConfig), ("parallel", ParallelConfig), ("data", DataConfig),

@@ -8,6 +8,10 @@ from omegaconf import OmegaConf
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from conf.schema import register  # noqa: E402
+
+register()  # the ConfigStore schema and the ${repo:} resolver, as train.py does
 CORPORA = os.environ.get("MINDLAB_CORPORA", os.path.join(ROOT, "..", "shared", "corpora"))
 
 

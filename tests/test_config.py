@@ -6,11 +6,9 @@ import sys
 import pytest
 from hydra import compose, initialize_config_dir
 
-from conf.schema import register
 from conf.validate import ConfigError, validate
 from conftest import ROOT
 
-register()
 
 
 def compose_cfg(*overrides):

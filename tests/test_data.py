@@ -232,7 +232,6 @@ def test_build_data_bundle(corpus):
 
 
 def test_corpora_tiny_preset_round_trips(tmp_path, monkeypatch):
-    monkeypatch.chdir(REPO)
     monkeypatch.delenv("MINDLAB_CORPORA", raising=False)
     if not (REPO / "../shared/corpora/tiny").is_dir():
         pytest.skip("../shared/corpora/tiny is absent")

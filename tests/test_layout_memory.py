@@ -5,7 +5,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from conf.schema import ModelConfig, ParallelConfig, register
+from conf.schema import ModelConfig, ParallelConfig
 from distributed.layout import Coords, Layout
 from distributed.memory import GIB, format_plan, layer_activation_bytes, memory_plan
 from models import use_flash_attention
@@ -153,7 +153,6 @@ def test_13b_tp8pp2_plan():
 # --- dry run ------------------------------------------------------------------------------------------
 
 def compose_config(*overrides: str):
-    register()
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
         return compose("config", overrides=list(overrides))
 

@@ -13,7 +13,7 @@ from models import build_model
 from objectives import build_objective
 from trainer import checkpoint
 from trainer.console import ConsoleProgress
-from trainer.metrics import MetricsFile, SpeedMonitor
+from trainer.metrics import MetricsFile, SpeedMonitor, peak_rss_gb
 from trainer.optimizer import build_optimizer
 from trainer.runtime import init_runtime
 from trainer.step import ApplyUpdate, DynamicLossScale, ForwardBackward
@@ -67,7 +67,7 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
         if step % t.log_every == 0 or step == t.max_steps:
             metrics = {"step": step, "loss": float(np.mean(window)), "lr": float(lr.asnumpy()),
                        "grad_norm": float(grad_norm.asnumpy()), "tokens_seen": step * tokens_per_step,
-                       **speed.measure(), "skipped_steps": skipped}
+                       **speed.measure(), "skipped_steps": skipped, "peak_rss_gb": peak_rss_gb()}
             if scaler:
                 metrics["loss_scale"] = scaler.scale
             window = []

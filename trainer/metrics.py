@@ -1,6 +1,7 @@
 """Throughput and model-FLOPs utilisation, and metrics.jsonl: one JSON object per logged step or eval."""
 import json
 import os
+import resource
 import time
 
 from models.accounting import flops_per_token
@@ -25,6 +26,11 @@ class SpeedMonitor:
         tokens_per_sec = self.tokens / max(now - self.start, 1e-9)
         self.start, self.tokens = now, 0
         return {"tokens_per_sec": tokens_per_sec, "mfu": self.flops_per_token * tokens_per_sec / self.peak_flops}
+
+
+def peak_rss_gb() -> float:
+    """Peak resident memory of this process so far (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 class MetricsFile:

@@ -1,0 +1,61 @@
+"""`python train.py` end to end, as a user runs it: real data, real steps, files on disk."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import CORPORA, ROOT
+
+KEYS = {"step", "loss", "lr", "grad_norm", "tokens_seen", "tokens_per_sec", "mfu"}
+
+
+def train(tmp_path, *overrides, timeout=600):
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), f"hydra.run.dir={run_dir}",
+                           "logger.progress_bar=false", *overrides],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    return run_dir, [m for m in lines if "loss" in m], [m for m in lines if "val_loss" in m]
+
+
+def test_tiny_pretraining_on_the_default_data_learns(tmp_path):
+    """The README's first command, shortened: the loss falls far below its step-1 value."""
+    run_dir, steps, evals = train(tmp_path, "experiment=tiny_pretrain", "trainer.max_steps=60",
+                                  "trainer.log_every=1", "trainer.eval_every=30", "optim.warmup_steps=10")
+    assert [m["step"] for m in steps] == list(range(1, 61))
+    assert all(KEYS <= set(m) for m in steps)
+    assert steps[0]["loss"] == pytest.approx(8.32, abs=0.15)  # ln(4096): an untrained model guesses uniformly
+    assert steps[-1]["loss"] < 0.75 * steps[0]["loss"]
+    assert [m["step"] for m in evals] == [30, 60] and evals[1]["val_loss"] < evals[0]["val_loss"]
+    assert all(key in evals[0] for key in ("val_loss", "val_ppl"))
+    assert steps[-1]["tokens_seen"] == 60 * 16 * 256
+    assert 0 < steps[-1]["mfu"] < 1
+    assert os.path.isfile(run_dir / "config.yaml")
+    assert sorted(os.listdir(run_dir / "checkpoints")) == ["step_000060"]
+
+
+@pytest.mark.parametrize("impl", ["native", "mindformers"])
+def test_both_model_implementations_train_from_the_same_command_line(tmp_path, impl):
+    _, steps, _ = train(tmp_path, f"model.impl={impl}", "trainer.max_steps=12", "trainer.log_every=3",
+                        "optim.warmup_steps=2", "optim.lr=2e-3", "trainer.eval_batches=2")
+    assert steps[-1]["loss"] < steps[0]["loss"] - 0.3
+
+
+def test_fp16_with_accumulation_and_recompute_trains(tmp_path):
+    _, steps, _ = train(tmp_path, "precision=fp16", "trainer.grad_accum=2", "trainer.micro_batch_size=4",
+                        "model.recompute=full", "trainer.max_steps=12", "trainer.log_every=3",
+                        "optim.warmup_steps=2", "optim.lr=2e-3", "trainer.eval_batches=2")
+    assert steps[-1]["loss"] < steps[0]["loss"] - 0.3
+    assert steps[-1]["loss_scale"] == 65536.0 and steps[-1]["skipped_steps"] == 0
+    assert steps[-1]["tokens_seen"] == 12 * 2 * 4 * 256
+
+
+@pytest.mark.skipif(not os.path.isdir(os.path.join(CORPORA, "tiny")), reason="../shared/corpora not present")
+def test_trains_on_jsonl_corpora(tmp_path):
+    _, steps, evals = train(tmp_path, "data=corpora_tiny", "trainer.max_steps=10", "trainer.log_every=5",
+                            "optim.warmup_steps=2", f"data.cache_dir={tmp_path / 'cache'}",
+                            "trainer.eval_batches=2")
+    assert len(steps) == 2 and evals
