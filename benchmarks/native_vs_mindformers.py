@@ -1,6 +1,6 @@
 """Native mindlab Llama vs MindFormers' LlamaForCausalLM: tokens/s and peak RSS, side by side in one run.
 
-    scripts/venv.sh python benchmarks/native_vs_mindformers.py [model=small] [trainer.max_steps=40] ...
+    scripts/venv.sh python -m benchmarks.native_vs_mindformers [model=small] [trainer.max_steps=40] ...
 
 Each implementation trains in its own process (so peak RSS is its own) on the same data, batch and
 schedule. Throughput is taken after the first logging interval, which holds the graph compilation.
