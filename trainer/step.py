@@ -1,7 +1,7 @@
 """One optimizer step as two compiled graphs, so gradient accumulation is a plain Python loop:
 
     for micro_batch in step:  loss = forward_backward(micro_batch, loss_scale)   # grads += d(loss*scale)/dw
-    grad_norm, finite, lr = apply_update(loss_scale, n_micro)                     # unscale, clip, AdamW, zero
+    grad_norm, finite, lr = apply_update(loss_scale, n_micro, allow)              # unscale, clip, AdamW, zero
 
 Gradients accumulate in fp32 buffers (like Megatron's main_grad). With fp16 the loss is multiplied by a
 dynamic loss scale; a step whose gradients overflow is skipped and the scale backs off (DynamicLossScale).
@@ -37,7 +37,8 @@ class ApplyUpdate(nn.Cell):
         self.grad_buffers = grad_buffers
         self.clip_grad_norm = clip_grad_norm
 
-    def construct(self, loss_scale, n_micro):
+    def construct(self, loss_scale, n_micro, allow):
+        """`allow`=False discards the accumulated gradients (a step the host decided to skip)."""
         grads = [g / (loss_scale * n_micro) for g in self.grad_buffers]
         finite = ms.amp.all_finite(grads)
         norm = ops.sqrt(ops.addn([ops.reduce_sum(g * g) for g in grads]))
@@ -45,7 +46,7 @@ class ApplyUpdate(nn.Cell):
             factor = ops.minimum(self.clip_grad_norm / (norm + 1e-6), 1.0)
             grads = [g * factor for g in grads]
         lr = self.optimizer.get_lr()
-        if finite:
+        if ops.logical_and(finite, allow):
             self.optimizer(tuple(grads))
         for buffer in self.grad_buffers:
             ops.assign(buffer, ops.zeros_like(buffer))

