@@ -11,6 +11,7 @@ import sys
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
@@ -19,6 +20,16 @@ from conf.validate import ConfigError, validate
 from trainer.runtime import launched_world_size
 
 register()
+
+
+def swept_values(hydra_cfg) -> str:
+    """This job's values of the keys its multirun varies, e.g. `optim.lr=0.001,data.seq_len=512`."""
+    parser = OverridesParser.create()
+    sweep = OmegaConf.load(os.path.join(hydra_cfg.sweep.dir, "multirun.yaml")).hydra
+    swept = {o.key_or_group for o in parser.parse_overrides(list(sweep.overrides.task)) if o.is_sweep_override()}
+    swept |= set((sweep.sweeper.get("params") or {}).keys())
+    job = [o for o in parser.parse_overrides(list(hydra_cfg.overrides.task)) if o.key_or_group in swept]
+    return ",".join(f"{o.key_or_group}={o.get_value_element_as_str()}" for o in job)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -41,10 +52,10 @@ def main(cfg: DictConfig):
 
     hydra_cfg = HydraConfig.get()
     run_dir = hydra_cfg.runtime.output_dir
-    if hydra_cfg.mode == RunMode.MULTIRUN and cfg.logger.group is None:
-        cfg.logger.group = hydra_cfg.sweep.dir  # one group per `-m` invocation
-    if cfg.logger.run_name is None:
-        cfg.logger.run_name = hydra_cfg.job.override_dirname or os.path.basename(run_dir)
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        cfg.logger.group = cfg.logger.group or hydra_cfg.sweep.dir  # one group per `-m` invocation
+        cfg.logger.run_name = cfg.logger.run_name or swept_values(hydra_cfg)
+    cfg.logger.run_name = cfg.logger.run_name or hydra_cfg.job.override_dirname or os.path.basename(run_dir)
     save_resolved_config(cfg, run_dir)
     print(OmegaConf.to_yaml(cfg, resolve=True))
     print(f"run dir: {run_dir}")

@@ -1,0 +1,114 @@
+"""The W&B logger: what it hands to wandb (mocked at the boundary), and real offline runs on disk."""
+import glob
+import json
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+from omegaconf import OmegaConf
+
+from conftest import ROOT
+
+SMALL = ["data.seq_len=64", "trainer.micro_batch_size=4", "trainer.eval_batches=1", "trainer.log_every=2",
+         "optim.warmup_steps=1", "logger.progress_bar=false"]
+
+
+class FakeRun:
+    def __init__(self):
+        self.logged, self.summary, self.finished = [], {}, False
+
+    def log(self, values, step):
+        self.logged.append((step, values))
+
+    def finish(self):
+        self.finished = True
+
+
+@pytest.fixture
+def fake_wandb(monkeypatch):
+    calls = {}
+
+    def init(**kwargs):
+        calls.update(kwargs)
+        calls["run"] = FakeRun()
+        return calls["run"]
+
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init, Settings=lambda **kw: kw))
+    return calls
+
+
+def logger_cfg(**logger):
+    return OmegaConf.create({"logger": {"project": "p", "entity": None, "group": "multirun/x", "run_name": "optim.lr=0.1",
+                                        "tags": ["t"], "job_type": "train", "mode": "auto", **logger},
+                             "optim": {"lr": "${oc.decode:'0.1'}"}})
+
+
+def test_logger_hands_group_name_id_and_resolved_config_to_wandb(fake_wandb, monkeypatch, tmp_path):
+    from trainer.wandb_logger import WandbLogger
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    logger = WandbLogger(logger_cfg(), str(tmp_path), "run123")
+    assert {k: fake_wandb[k] for k in ("project", "group", "name", "id", "resume", "mode", "tags")} == {
+        "project": "p", "group": "multirun/x", "name": "optim.lr=0.1", "id": "run123", "resume": "allow",
+        "mode": "offline", "tags": ["t"]}
+    assert fake_wandb["config"]["optim"]["lr"] == 0.1  # resolved, not the interpolation
+    logger.log({"step": 10, "loss": 2.5, "tokens_per_sec": 100.0, "tokens_seen/code": 640})
+    logger.log({"step": 20, "loss": 2.0, "tokens_per_sec": 300.0})
+    logger.log({"step": 20, "val_loss": 2.2, "val_loss/code": 2.1})
+    logger.log({"step": 21, "skipped": "non-finite loss", "loss": None, "data_position": 84})
+    logger.close()
+    run = fake_wandb["run"]
+    assert run.logged[0] == (10, {"loss": 2.5, "tokens_per_sec": 100.0, "tokens_seen/code": 640})
+    assert run.logged[2] == (20, {"val_loss": 2.2, "val_loss/code": 2.1})
+    assert run.logged[3] == (21, {"data_position": 84, "skipped": 1})
+    assert run.summary == {"best_val_loss": 2.2, "mean_tokens_per_sec": 300.0} and run.finished
+
+
+def test_online_only_with_an_api_key(fake_wandb, monkeypatch, tmp_path):
+    from trainer.wandb_logger import WandbLogger
+
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    WandbLogger(logger_cfg(), str(tmp_path), "r")
+    assert fake_wandb["mode"] == "online"
+    WandbLogger(logger_cfg(mode="offline"), str(tmp_path), "r")
+    assert fake_wandb["mode"] == "offline"
+
+
+def run(cwd, *args):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def run_id(job_dir):
+    ckpt = open(os.path.join(job_dir, "checkpoints", "latest")).read().strip()
+    return json.load(open(os.path.join(job_dir, "checkpoints", ckpt, "state.json")))["run_id"]
+
+
+def test_multirun_offline_one_group_distinct_names_and_resume_keeps_the_id(tmp_path):
+    sweep = tmp_path / "sweep"
+    run(tmp_path, "-m", "logger=wandb", "optim.lr=1e-3,2e-3", "trainer.max_steps=4", *SMALL,
+        f"hydra.sweep.dir={sweep}")
+    jobs = [str(sweep / "0"), str(sweep / "1")]
+    assert len(jobs) == 2
+    cfgs = [OmegaConf.load(os.path.join(j, "config.yaml")) for j in jobs]
+    assert cfgs[0].logger.group == cfgs[1].logger.group == str(sweep)
+    assert [c.logger.run_name for c in cfgs] == ["optim.lr=0.001", "optim.lr=0.002"]  # only what the sweep varies
+    ids = [run_id(j) for j in jobs]
+    assert ids[0] != ids[1]
+    for job, rid in zip(jobs, ids):
+        assert glob.glob(os.path.join(job, "wandb", f"offline-run-*-{rid}", f"run-{rid}.wandb"))
+    # the same job again, longer: resumes from its checkpoint and logs to the same W&B run id
+    run(tmp_path, "logger=wandb", "optim.lr=1e-3", "trainer.max_steps=6", *SMALL, f"hydra.run.dir={jobs[0]}")
+    assert run_id(jobs[0]) == ids[0]
+    assert len(glob.glob(os.path.join(jobs[0], "wandb", f"offline-run-*-{ids[0]}"))) == 2
+
+
+def test_disabled_mode_writes_no_wandb_files(tmp_path):
+    run(tmp_path, "logger=wandb", "logger.mode=disabled", "trainer.max_steps=2", *SMALL,
+        f"hydra.run.dir={tmp_path / 'run'}")
+    assert not os.path.exists(tmp_path / "run" / "wandb")
+    assert os.path.exists(tmp_path / "run" / "metrics.jsonl")
