@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from conf.schema import register
 from conf.validate import ConfigError, validate
-from trainer.runtime import launched_world_size
+from trainer.runtime import launched_rank, launched_world_size
 
 register()
 
@@ -34,8 +34,11 @@ def swept_values(hydra_cfg) -> str:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig):
+    p = cfg.parallel
+    processes = p.dp * p.tp * p.pp
+    relaunch = launched_world_size() == 1 and processes > 1 and not cfg.dry_run  # e.g. parallel=dp2 on one box
     try:
-        validate(cfg, world_size=launched_world_size())
+        validate(cfg, world_size=processes if relaunch else launched_world_size())
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         sys.exit(2)
@@ -44,6 +47,10 @@ def main(cfg: DictConfig):
 
         print(dry_run_report(cfg))
         return None
+    if relaunch:
+        from distributed.launch import relaunch as launch
+
+        sys.exit(launch(processes, HydraConfig.get().runtime.output_dir))
     from data import DataError  # the training stack (MindFormers included) loads only when training
     from trainer.checkpoint import CheckpointError
     from trainer.guard import TrainingStopped
@@ -56,20 +63,23 @@ def main(cfg: DictConfig):
         cfg.logger.group = cfg.logger.group or hydra_cfg.sweep.dir  # one group per `-m` invocation
         cfg.logger.run_name = cfg.logger.run_name or swept_values(hydra_cfg)
     cfg.logger.run_name = cfg.logger.run_name or hydra_cfg.job.override_dirname or os.path.basename(run_dir)
-    save_resolved_config(cfg, run_dir)
-    print(OmegaConf.to_yaml(cfg, resolve=True))
-    print(f"run dir: {run_dir}")
-    write_status(run_dir, "running")
+    main_rank = launched_rank() == 0
+    status = write_status if main_rank else (lambda *args, **kwargs: None)
+    if main_rank:
+        save_resolved_config(cfg, run_dir)
+        print(OmegaConf.to_yaml(cfg, resolve=True))
+        print(f"run dir: {run_dir}")
+    status(run_dir, "running")
     try:
         metrics = train(cfg, run_dir)
     except (DataError, CheckpointError, TrainingStopped) as err:
-        write_status(run_dir, "failed", error=str(err))
+        status(run_dir, "failed", error=str(err))
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)
     except BaseException as err:
-        write_status(run_dir, "failed", error=f"{type(err).__name__}: {err}")
+        status(run_dir, "failed", error=f"{type(err).__name__}: {err}")
         raise
-    write_status(run_dir, "preempted" if metrics.get("preempted") else "finished", step=metrics.get("step"))
+    status(run_dir, "preempted" if metrics.get("preempted") else "finished", step=metrics.get("step"))
     return metrics.get("val_loss")
 
 

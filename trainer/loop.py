@@ -36,7 +36,12 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     loss_net = build_objective(cfg.objective, model)
     optimizer = build_optimizer(model.trainable_params(), cfg.optim, t.max_steps)
     forward_backward = ForwardBackward(loss_net, optimizer.parameters)  # gradients in the optimizer's order
-    apply_update = ApplyUpdate(optimizer, forward_backward.grad_buffers, cfg.optim.clip_grad_norm)
+    reducer, replica_mean = None, None
+    if rt.world_size > 1:
+        from distributed.data_parallel import ReplicaMean, gradient_reducer
+
+        reducer, replica_mean = gradient_reducer(optimizer.parameters, rt.world_size), ReplicaMean(rt.world_size)
+    apply_update = ApplyUpdate(optimizer, forward_backward.grad_buffers, cfg.optim.clip_grad_norm, reducer)
     p = cfg.precision
     scaler = DynamicLossScale(p.init_scale, p.growth_interval, p.growth_factor, p.backoff_factor) \
         if p.loss_scale == "dynamic" else None
@@ -85,6 +90,8 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
         for _ in range(t.grad_accum):
             batch = Tensor(data.train.next_batch())
             step_loss += float(forward_backward(batch, batch, scale).asnumpy()) / t.grad_accum
+        if replica_mean is not None:  # every rank decides on the same, global loss
+            step_loss = float(replica_mean(Tensor(step_loss, ms.float32)).asnumpy())
         skip = guard.check(step_loss)
         grad_norm, finite, lr = apply_update(scale, n_micro, Tensor(skip is None))
         finite = bool(finite.asnumpy())
@@ -128,6 +135,10 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
             metrics = {**metrics, "step": step, "preempted": preemption.signal}
             break
 
+    if rt.world_size > 1:
+        from distributed.data_parallel import weights_digest
+
+        print(f"[data-parallel] rank {rt.rank} weights sha256 {weights_digest(model)}", flush=True)
     for sink in sinks:
         sink.close()
     return metrics

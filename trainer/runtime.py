@@ -26,6 +26,10 @@ def launched_world_size() -> int:
     return int(os.environ.get("MS_WORKER_NUM", "1"))
 
 
+def launched_rank() -> int:
+    return int(os.environ.get("MS_NODE_ID", "0"))
+
+
 def init_runtime(cfg: DictConfig) -> Runtime:
     ms.set_context(mode=ms.GRAPH_MODE if cfg.trainer.mode == "graph" else ms.PYNATIVE_MODE)
     ms.set_device(cfg.device.target)
@@ -33,7 +37,12 @@ def init_runtime(cfg: DictConfig) -> Runtime:
     ms.set_seed(seed)
     np.random.seed(seed)
     random.seed(seed)
-    return Runtime(rank=int(os.environ.get("MS_NODE_ID", "0")), world_size=launched_world_size())
+    world_size = launched_world_size()
+    if world_size == 1:
+        return Runtime(rank=0, world_size=1)
+    from distributed.data_parallel import init_data_parallel
+
+    return Runtime(rank=init_data_parallel(world_size), world_size=world_size)
 
 
 class Preemption:

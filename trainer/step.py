@@ -7,6 +7,7 @@ Gradients accumulate in fp32 buffers (like Megatron's main_grad). With fp16 the 
 dynamic loss scale; a step whose gradients overflow is skipped and the scale backs off (DynamicLossScale).
 """
 from dataclasses import dataclass
+from typing import Optional
 
 import mindspore as ms
 from mindspore import Tensor, nn, ops
@@ -31,15 +32,23 @@ class ForwardBackward(nn.Cell):
 
 
 class ApplyUpdate(nn.Cell):
-    def __init__(self, optimizer: nn.Optimizer, grad_buffers: ms.ParameterTuple, clip_grad_norm: float):
+    """`reducer` (data parallel) averages the gradients over replicas first, so the finite check, the norm
+    and clipping all see the global gradient."""
+
+    def __init__(self, optimizer: nn.Optimizer, grad_buffers: ms.ParameterTuple, clip_grad_norm: float,
+                 reducer: Optional[nn.Cell] = None):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
         self.optimizer = optimizer
         self.grad_buffers = grad_buffers
         self.clip_grad_norm = clip_grad_norm
+        self.reducer = reducer
+        self.reduce = reducer is not None
 
     def construct(self, loss_scale, n_micro, allow):
         """`allow`=False discards the accumulated gradients (a step the host decided to skip)."""
         grads = [g / (loss_scale * n_micro) for g in self.grad_buffers]
+        if self.reduce:
+            grads = list(self.reducer(tuple(grads)))
         finite = ms.amp.all_finite(grads)
         norm = ops.sqrt(ops.addn([ops.reduce_sum(g * g) for g in grads]))
         if self.clip_grad_norm > 0:

@@ -1,0 +1,68 @@
+"""Data parallelism for real on CPU: `parallel=dp2` re-launches itself under msrun with 2 workers (mccl)."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import psutil
+
+from conftest import ROOT
+
+COMMON = ["data.seq_len=64", "trainer.max_steps=6", "trainer.log_every=1", "optim.warmup_steps=2",
+          "optim.lr=3e-3", "trainer.eval_batches=1", "logger.progress_bar=false"]
+
+
+def train(run_dir, *overrides):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *COMMON, *overrides,
+                           f"hydra.run.dir={run_dir}"], cwd=os.path.dirname(run_dir), capture_output=True,
+                          text=True, timeout=900)
+
+
+def losses(run_dir):
+    return [json.loads(line)["loss"] for line in open(os.path.join(run_dir, "metrics.jsonl")) if '"loss"' in line]
+
+
+def weights(run_dir):
+    import mindspore as ms
+
+    return ms.load_checkpoint(os.path.join(run_dir, "checkpoints", "step_000006", "model.safetensors"),
+                              format="safetensors")
+
+
+def test_dp2_matches_one_process_on_the_same_global_batch(tmp_path):
+    single, dp2 = str(tmp_path / "single"), str(tmp_path / "dp2")
+    proc = train(single, "trainer.micro_batch_size=8")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = train(dp2, "parallel=dp2", "trainer.micro_batch_size=4", "trainer.grad_accum=1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    np.testing.assert_allclose(losses(dp2), losses(single), atol=1e-5)
+    digests = set()
+    for worker in ("worker_0.log", "worker_1.log"):
+        log = open(os.path.join(dp2, "workers", worker)).read()
+        digests |= set(re.findall(r"weights sha256 ([0-9a-f]{64})", log))
+    assert len(digests) == 1  # both replicas hold bit-identical weights after 6 steps
+    a, b = weights(single), weights(dp2)
+    assert max(float(np.abs(a[k].asnumpy() - b[k].asnumpy()).max()) for k in a) < 1e-4
+
+
+def test_a_failing_worker_fails_the_launch_within_seconds(tmp_path):
+    run_dir = str(tmp_path / "run")
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *COMMON, "parallel=dp2",
+                             "trainer.micro_batch_size=4", "trainer.max_steps=100000", f"hydra.run.dir={run_dir}"],
+                            cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    deadline = time.time() + 300
+    while not (os.path.exists(metrics) and os.path.getsize(metrics) > 0) and time.time() < deadline:
+        time.sleep(0.2)
+    workers = [p for p in psutil.Process(proc.pid).children(recursive=True)
+               if "train.py" in " ".join(p.cmdline()) and p.environ().get("MS_NODE_ID") == "1"]
+    assert workers, "worker 1 not found"
+    workers[0].send_signal(signal.SIGKILL)
+    killed = time.time()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert time.time() - killed < 60
