@@ -79,6 +79,7 @@ class TokenizerConfig:
     model_type: str = "bpe"  # bpe | unigram (sentencepiece)
     vocab_size: int = "${model.vocab_size}"  # type: ignore[assignment]
     sample_chars: int = 4_000_000  # text drawn evenly across sources to train it
+    character_coverage: float = 0.9995  # of the sample's characters that get pieces; the rest use byte fallback
     path: Optional[str] = None  # an existing sentencepiece .model instead of training one
 
 
@@ -95,7 +96,7 @@ class DataConfig:
     seq_len: int = 256
     val_fraction: float = 0.02  # of each source's documents, held out before packing
     num_workers: int = 2  # processes that clean and tokenize; 0: in this process
-    shard_rows: int = 65536  # packed rows per MindRecord file
+    shard_rows: int = 65536  # packed rows per MindRecord file (when packing; rows already packed are reused)
     cache_dir: str = "${oc.env:MINDLAB_DATA_DIR,${oc.env:HOME}/.cache/mindlab/data}"
 
 

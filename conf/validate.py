@@ -153,7 +153,8 @@ def _check_data(cfg: DictConfig) -> None:
         hint = difflib.get_close_matches(key, names, n=1)
         _require(key in names, f"data.weights.{key}", f"no source named {key!r}; " + (
             f"did you mean data.weights.{hint[0]}?" if hint else f"the sources are {', '.join(names)}"))
-        _require(w > 0, f"data.weights.{key}", f"must be > 0, got {w}; to leave a source out remove it from data.sources")
+        _require(w > 0, f"data.weights.{key}", f"must be > 0, got {w}; to leave a source out, remove it from "
+                 "data.sources")
     missing = [n for n in names if n not in d.weights]
     _require(not d.weights or not missing, "data.weights", f"no weight for {', '.join(missing)}; give every source "
              "a weight, or none to sample them in proportion to their rows")

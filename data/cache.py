@@ -43,7 +43,7 @@ class PreparedData:
 
     dir: Path  # stage 1
     rows_dir: Path  # stage 2
-    meta: dict  # meta.json, plus seq_len, and each source's split entries extended by `rows` and `files`
+    meta: dict  # meta.json, plus seq_len, packing seconds, and per source and split its `rows` and `files`
     reused: bool  # True: nothing was built by this call
 
     @property
@@ -80,7 +80,7 @@ def prepare(cfg: DataConfig) -> PreparedData:
         built |= _build_once(rows_dir, lambda tmp: pack_sources(root / "tokens", tmp, list(meta["sources"]),
                                                                 meta["splits"], cfg.seq_len, cfg.shard_rows))
     index = json.loads((rows_dir / "index.json").read_text())
-    meta["seq_len"] = index["seq_len"]
+    meta["seq_len"], meta["seconds"]["pack"] = index["seq_len"], index["seconds"]
     for name, entry in index["sources"].items():
         for split, rows in entry.items():
             meta["sources"][name][split].update(rows)
@@ -105,8 +105,8 @@ def cache_key(cfg: DataConfig) -> str:
         "sources": [{"name": s.name, "kind": s.kind, "paths": list(s.paths), "text_field": s.text_field,
                      "max_chars": s.max_chars, "files": [_fingerprint(f) for f in source_files(s)]}
                     for s in cfg.sources],
-        "tokenizer": {"model_type": tok.model_type, "vocab_size": tok.vocab_size,
-                      "sample_chars": tok.sample_chars, "path": tok.path,
+        "tokenizer": {"model_type": tok.model_type, "vocab_size": tok.vocab_size, "sample_chars": tok.sample_chars,
+                      "character_coverage": tok.character_coverage, "path": tok.path,
                       "file": _fingerprint(tok_path) if tok_path else None},
     }
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
@@ -141,7 +141,7 @@ def _fingerprint(path: Path) -> List[object]:
 
 @contextmanager
 def _file_lock(path: Path) -> Iterator[None]:
-    with open(path, "w") as f:
+    with open(path, "a") as f:  # "a": taking the lock does not touch the file
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield

@@ -22,8 +22,12 @@ READ_THREADS = 2  # MindDataset num_parallel_workers
 
 
 class BlendedBatches:
-    """This rank's training batches: rank r of dp_size takes global samples r, r + dp_size, r + 2*dp_size, ...
-    of the blended order (so the ranks' samples interleave into the single-rank order)."""
+    """This rank's training batches in the blended order (data/mixing.py), read from the MindRecord rows.
+
+    Rank r of dp_size takes global samples r, r + dp_size, r + 2*dp_size, ..., so the ranks' samples
+    interleave into the single-rank order. `position` counts the samples this rank has consumed; `rows`
+    and `weights` (normalized) are per source; `schedule` lists the order's [first sample, weights] segments.
+    """
 
     def __init__(self, prepared: PreparedData, weights: Dict[str, float], micro_batch_size: int, dp_rank: int = 0,
                  dp_size: int = 1, seed: int = 0, allow_weight_change: bool = False):
@@ -34,10 +38,10 @@ class BlendedBatches:
         self.weights = mix_weights(weights, self.rows)
         self.micro_batch_size, self.dp_rank, self.dp_size, self.seed = micro_batch_size, dp_rank, dp_size, seed
         self.allow_weight_change = allow_weight_change
-        self._rows = np.array(list(self.rows.values()), np.int64)
-        self._first_id = np.cumsum(self._rows) - self._rows  # MindDataset record id of each source's row 0
+        self._row_counts = np.array(list(self.rows.values()), np.int64)
+        self._first_id = np.cumsum(self._row_counts) - self._row_counts  # MindDataset record id of each source's row 0
         self._files = [f for name in self.rows for f in prepared.shard_files(name, "train")]
-        self._chunk = min(CHUNK, int(self._rows.sum()))  # a SubsetSampler holds at most that many ids
+        self._chunk = min(CHUNK, int(self._row_counts.sum()))  # a SubsetSampler holds at most that many ids
         self._start([(0, self.weights)], position=0)
 
     @property
@@ -92,7 +96,7 @@ class BlendedBatches:
         for start in range(0, position, self._chunk):  # replay what the samples before `position` were
             src, draw, _ = self._take(start, min(start + self._chunk, position))
             self._consumed += np.bincount(src, minlength=len(self.rows))
-            np.maximum.at(self._epoch, src, draw // self._rows[src])
+            np.maximum.at(self._epoch, src, draw // self._row_counts[src])
         self._stream = self._rows_from(position)
 
     def _take(self, start: int, stop: int):
@@ -105,11 +109,11 @@ class BlendedBatches:
         upcoming = self._open(position)
         while True:
             (rows, src, draw), upcoming = upcoming, self._open(position + self._chunk)
-            for i, ((row,), s, epoch) in enumerate(zip(rows, src, draw // self._rows[src])):
+            for i, ((row,), s, epoch) in enumerate(zip(rows, src, draw // self._row_counts[src])):
                 if epoch > self._epoch[s]:
                     self._epoch[s] = epoch
                     if self.dp_rank == 0:
-                        print(f"[data] source '{self.names[s]}' has used all its {self._rows[s]:,} rows: epoch "
+                        print(f"[data] source '{self.names[s]}' has used all its {self._row_counts[s]:,} rows: epoch "
                               f"{epoch + 1} over it (reshuffled) starts at sample {position + i:,}", flush=True)
                 self._consumed[s] += 1
                 yield row
@@ -129,7 +133,7 @@ def validation_batches(prepared: PreparedData, micro_batch_size: int, n_batches:
     out = {}
     for name, rows in prepared.rows("val").items():
         if prepared.meta["sources"][name]["val"]["docs"] == 0:
-            continue  # data.val_fraction = 0
+            continue  # data.val_fraction = 0, or a one-document source: nothing was held out
         n = min(n_batches, rows // micro_batch_size)
         if n == 0:
             raise DataError(f"data source '{name}' has {rows} validation rows of data.seq_len + 1 tokens, fewer "

@@ -103,15 +103,17 @@ def train_tokenizer(docs_by_source: Mapping[str, Sequence[str]], cfg: TokenizerC
     try:
         spm.SentencePieceTrainer.train(
             sentence_iterator=sample_lines(docs_by_source, cfg.sample_chars), model_writer=model,
-            model_type=cfg.model_type, vocab_size=cfg.vocab_size, character_coverage=0.9995,
+            model_type=cfg.model_type, vocab_size=cfg.vocab_size, character_coverage=cfg.character_coverage,
             byte_fallback=True, split_digits=True, allow_whitespace_only_pieces=True,
             normalization_rule_name="identity", remove_extra_whitespaces=False,
             max_sentence_length=4 * MAX_LINE_CHARS,  # in bytes
             pad_id=0, unk_id=1, bos_id=2, eos_id=3, num_threads=2, minloglevel=2)
     except RuntimeError as e:
-        raise DataError(f"sentencepiece could not train a {cfg.model_type} tokenizer with "
-                        f"model.vocab_size={cfg.vocab_size}: {e}. Raise model.vocab_size (byte fallback alone "
-                        f"takes 260 ids) or lower data.tokenizer.sample_chars") from e
+        raise DataError(f"sentencepiece could not train a {cfg.model_type} tokenizer with model.vocab_size="
+                        f"{cfg.vocab_size}: {e}. Too small a vocabulary: byte fallback takes 260 ids and every "
+                        f"character within data.tokenizer.character_coverage one more, so raise model.vocab_size or "
+                        f"lower the coverage. Too large: the text has fewer pieces to offer, so lower "
+                        f"model.vocab_size or raise data.tokenizer.sample_chars") from e
     Path(out_path).write_bytes(model.getvalue())
     return Tokenizer(out_path)
 

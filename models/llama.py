@@ -173,9 +173,10 @@ class Embedding(nn.Cell):
     def __init__(self, vocab_size: int, dim: int, std: float, rng):
         super().__init__()
         self.embedding_weight = _init(rng, (vocab_size, dim), std)
+        self.gather = ops.Gather()
 
     def construct(self, ids):
-        return ops.gather(self.embedding_weight, ids, 0)
+        return self.gather(self.embedding_weight, ids, 0)
 
 
 class LlamaModel(nn.Cell):

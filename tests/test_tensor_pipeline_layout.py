@@ -1,0 +1,53 @@
+"""Tensor/pipeline layouts of the native Llama: the strategies and stages the layout modules assign, checked
+against hand-written tables, and applied to a model built under SEMI_AUTO_PARALLEL on CPU.
+
+What is NOT run here: the first training step. MindSpore compiles sharded and pipelined graphs only for
+Ascend/GPU ("Invalid backend: CPU"), so these layouts are built and inspected, never executed, on CPU.
+"""
+import pytest
+from omegaconf import OmegaConf
+
+import mindspore as ms
+
+from conftest import load_preset
+from distributed.pipeline_parallel import assign_stages
+from distributed.tensor_parallel import apply_tensor_parallel
+from models import build_model
+
+COL, ROW, HEADS = ((1, 1), (2, 1)), ((1, 2), (1, 2)), ((1, 2, 1, 1), (1, 2, 1, 1))
+EXPECTED_LAYER = {  # tp2, dp1: per decoder layer
+    "attention.wq.matmul": COL, "attention.wk.matmul": COL, "attention.wv.matmul": COL,
+    "attention.wo.matmul": ROW, "attention.core.qk": HEADS, "attention.core.pv": HEADS,
+    "feed_forward.w1.matmul": COL, "feed_forward.w3.matmul": COL, "feed_forward.w2.matmul": ROW,
+}
+
+
+@pytest.fixture
+def semi_auto_parallel():
+    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.SEMI_AUTO_PARALLEL, device_num=4, pipeline_stages=2)
+    yield
+    ms.reset_auto_parallel_context()
+
+
+def test_tp2_pp2_strategies_and_stages_of_tiny(semi_auto_parallel):
+    model = build_model(load_preset("model", "tiny"), 64, "fp32", "CPU", seed=0)
+    plan = apply_tensor_parallel(model, dp=1, tp=2)
+    expected = {f"model.layers.{i}.{op}": s for i in range(4) for op, s in EXPECTED_LAYER.items()}
+    expected["model.tok_embeddings.gather"] = ((2, 1), (1, 1))  # vocab-parallel embedding
+    expected["lm_head.matmul"] = COL  # vocab-parallel head
+    assert plan == expected
+    cells = dict(model.cells_and_names())
+    assert cells["model.layers.2.attention.wo"].matmul.in_strategy == ROW  # really applied to the primitive
+    assert cells["model.tok_embeddings"].gather.in_strategy == ((2, 1), (1, 1))
+
+    stages = assign_stages(model, pp=2)
+    assert stages == {"model.tok_embeddings": 0, "model.layers.0": 0, "model.layers.1": 0, "model.layers.2": 1,
+                      "model.layers.3": 1, "model.norm_out": 1, "lm_head": 1}
+    assert cells["model.layers.3"].pipeline_stage == 1 and cells["model.layers.1"].pipeline_stage == 0
+
+
+def test_tied_head_is_vocab_parallel_too(semi_auto_parallel):
+    model = build_model(OmegaConf.merge(load_preset("model", "tiny"), {"tie_embeddings": True}), 64, "fp32", "CPU", 0)
+    plan = apply_tensor_parallel(model, dp=2, tp=2)
+    assert plan["head_matmul"] == ((2, 1), (2, 1)) and plan["model.layers.0.attention.wo.matmul"] == ((2, 2), (1, 2))
+    assert "lm_head" not in assign_stages(model, pp=2)
