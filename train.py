@@ -25,7 +25,8 @@ register()
 def swept_values(hydra_cfg) -> str:
     """This job's values of the keys its multirun varies, e.g. `optim.lr=0.001,data.seq_len=512`."""
     parser = OverridesParser.create()
-    sweep = OmegaConf.load(os.path.join(hydra_cfg.sweep.dir, "multirun.yaml")).hydra
+    recorded = os.path.join(hydra_cfg.sweep.dir, "multirun.yaml")  # the basic sweeper's record of the `-m` line
+    sweep = OmegaConf.load(recorded).hydra if os.path.exists(recorded) else hydra_cfg  # e.g. Optuna: params only
     swept = {o.key_or_group for o in parser.parse_overrides(list(sweep.overrides.task)) if o.is_sweep_override()}
     swept |= set((sweep.sweeper.get("params") or {}).keys())
     job = [o for o in parser.parse_overrides(list(hydra_cfg.overrides.task)) if o.key_or_group in swept]

@@ -34,7 +34,7 @@ from data.packing import pack_sources
 from data.sources import source_files
 from data.tokenizer import Tokenizer, pretrained_path
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 
 @dataclass

@@ -18,6 +18,8 @@ def _extend_method(cfg: ModelConfig) -> str:
 
 
 class MindFormersLlama(nn.Cell):
+    """Inputs must be exactly `seq_len` tokens long: MindFormers builds its causal mask for that length."""
+
     def __init__(self, cfg: ModelConfig, seq_len: int, compute_dtype: str = "fp32", use_flash: bool = False,
                  seed: int = 0):
         super().__init__(auto_prefix=False)  # keep the model's parameter names

@@ -4,7 +4,7 @@ import time
 from html import escape
 from typing import Optional
 
-from sweeps.runs import UNSETTLED, Run
+from sweeps.runs import Run
 from sweeps.table import cell, columns
 
 CSS = """
@@ -68,11 +68,11 @@ def runs_table(runs: list, varied: list, best: Optional[Run]) -> str:
 
 def attention(runs: list) -> list:
     """Runs that did not finish, each with its status, error and how long ago it last wrote anything."""
-    unsettled = [r for r in runs if r.status in UNSETTLED]
-    if not unsettled:
+    unfinished = [r for r in runs if r.status != "finished"]
+    if not unfinished:
         return []
     items = []
-    for run in unsettled:
+    for run in unfinished:
         minutes = (time.time() - run.updated) / 60
         detail = run.error or ("no status.json: it stopped before training started (e.g. a config error; "
                                "see its train.log)" if run.status == "unknown" else "")

@@ -10,13 +10,11 @@ from omegaconf import OmegaConf
 from conf.schema import global_batch_size
 
 SKIP_DIRS = {".hydra", ".submitit", "checkpoints", "wandb"}
-UNSETTLED = ("running", "failed", "preempted", "unknown")  # statuses the report lists for attention
 
 
-@dataclass
+@dataclass(eq=False)  # a run is its job dir: compared by identity
 class Run:
     name: str  # job dir, relative to the sweep dir
-    path: str
     num: Optional[int]  # hydra.job.num
     overrides: dict  # key as written on the command line (`optim.lr`, `+sweep`, `data`) -> value string
     config: dict  # resolved config.yaml; {} if the job stopped before writing it
@@ -100,7 +98,7 @@ def load_run(path: str, name: str) -> Run:
     lines = read_metrics(os.path.join(path, "metrics.jsonl"))
     mtimes = [os.path.getmtime(p) for p in (os.path.join(path, f) for f in ("status.json", "metrics.jsonl"))
               if os.path.exists(p)]
-    return Run(name=name, path=path, num=num, overrides=overrides, config=config, status=status["status"],
+    return Run(name=name, num=num, overrides=overrides, config=config, status=status["status"],
                error=status.get("error"), updated=max(mtimes, default=os.path.getmtime(path)),
                train=[m for m in lines if "loss" in m and "skipped" not in m],
                evals=[m for m in lines if "val_loss" in m], skipped=sum("skipped" in m for m in lines))

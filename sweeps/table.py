@@ -25,6 +25,7 @@ def columns(varied: list) -> list:
             + [Column(key, lambda r, key=key: r.overrides.get(key)) for key in varied]
             + [Column("status", lambda r: r.status),
                Column("step", lambda r: r.last_step),
+               Column("skipped", lambda r: r.skipped),
                Column("tokens seen", lambda r: r.tokens_seen, lambda v: f"{v:,}"),
                Column("final loss", lambda r: r.final_loss, _num(4)),
                Column("final val loss", lambda r: r.final_val_loss, _num(4)),

@@ -96,7 +96,7 @@ def test_mindformers_export_loads_into_mindformers_llama(tmp_path, tokenizer_fil
     assert sorted(os.listdir(tmp_path / "mf")) == ["llama.ckpt", "llama_mindlab.yaml", "tokenizer.model"]
     mf = build_model(OmegaConf.merge(model_cfg, {"impl": "mindformers"}), 64, "fp32", "CPU", seed=1)
     ms.load_param_into_net(mf, ms.load_checkpoint(str(tmp_path / "mf" / "llama.ckpt")), strict_load=True)
-    x = Tensor(tokens())
+    x = Tensor(tokens(64))  # MindFormers' Llama takes exactly its configured seq_length
     np.testing.assert_allclose(mf(x).asnumpy(), model(x).asnumpy(), atol=1e-5)
     mf_yaml = OmegaConf.load(tmp_path / "mf" / "llama_mindlab.yaml")
     assert mf_yaml.model.model_config.n_kv_heads == 2 and mf_yaml.model.arch.type == "LlamaForCausalLM"

@@ -200,6 +200,7 @@ def test_report_lists_every_run_with_its_varied_values_and_the_numbers_of_its_me
             if value is None:
                 assert row[column][0] == "—"
     assert dom.rows["1"]["final val loss"][0] == "3.4500" and dom.rows["1"]["step"][0] == "30"
+    assert [dom.rows[n]["skipped"][0] for n in "012"] == ["0", "1", "0"]  # job 1 has one skipped update
     assert dom.rows["1"]["tokens/s"][1] == repr(1125.0)  # median of 1100 and 1150: the first interval is left out
     assert dom.rows["3"]["step"][0] == "10"  # the half-written line of the running job is not read
     # best = lowest final val loss among finished runs: job 2's 3.2 is lower but it crashed
@@ -296,12 +297,14 @@ def test_wandb_report_blocks_are_valid_for_the_real_reports_api(synthetic_sweep,
 # --- a real multirun ---------------------------------------------------------------------------------------
 
 def test_a_real_three_job_multirun_is_reported_with_its_lrs_and_losses(tmp_path):
+    """train.py -m over three lrs on model=tiny, then the report CLI. The run builds its own data cache
+    (~20 s), so it does not depend on what ~/.cache/mindlab/data holds."""
     sweep_dir = tmp_path / "sweep"
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "-m", "optim.lr=1e-3,2e-3,3e-3",
                            "model=tiny", "trainer.max_steps=6", "trainer.log_every=2", "trainer.eval_every=3",
                            "optim.warmup_steps=2", "data.seq_len=64", "trainer.micro_batch_size=4",
                            "trainer.eval_batches=1", "logger.progress_bar=false", f"hydra.sweep.dir={sweep_dir}",
-                           f"data.cache_dir={tmp_path / 'cache'}"],  # its own data cache: ~20 s, whatever ~/.cache holds
+                           f"data.cache_dir={tmp_path / 'cache'}"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = subprocess.run([sys.executable, "-m", "sweeps.report", str(sweep_dir), "--no-wandb"], cwd=ROOT,

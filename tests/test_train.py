@@ -34,7 +34,7 @@ def test_tiny_pretraining_on_the_default_data_learns(tmp_path):
     assert steps[-1]["tokens_seen"] == 60 * 16 * 256
     assert 0 < steps[-1]["mfu"] < 1
     assert os.path.isfile(run_dir / "config.yaml")
-    assert sorted(os.listdir(run_dir / "checkpoints")) == ["step_000060"]
+    assert sorted(os.listdir(run_dir / "checkpoints")) == ["latest", "step_000060"]
 
 
 @pytest.mark.parametrize("impl", ["native", "mindformers"])
