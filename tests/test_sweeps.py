@@ -1,5 +1,6 @@
 """Sweep presets in sweeps/ compose job by job, and `python -m sweeps.report` compares a multirun's runs."""
 import base64
+import glob
 import json
 import os
 import shutil
@@ -304,9 +305,16 @@ def test_a_real_three_job_multirun_is_reported_with_its_lrs_and_losses(tmp_path)
                            "model=tiny", "trainer.max_steps=6", "trainer.log_every=2", "trainer.eval_every=3",
                            "optim.warmup_steps=2", "data.seq_len=64", "trainer.micro_batch_size=4",
                            "trainer.eval_batches=1", "logger.progress_bar=false", f"hydra.sweep.dir={sweep_dir}",
-                           f"data.cache_dir={tmp_path / 'cache'}"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+                           f"data.cache_dir={tmp_path / 'cache'}", "logger=wandb"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("WANDB_")})
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # three offline W&B runs, one group (this sweep), named by the value the sweep varies
+    cfgs = [OmegaConf.load(sweep_dir / n / "config.yaml") for n in "012"]
+    assert {c.logger.group for c in cfgs} == {str(sweep_dir)}
+    assert [c.logger.run_name for c in cfgs] == ["optim.lr=0.001", "optim.lr=0.002", "optim.lr=0.003"]
+    wandb_runs = [glob.glob(str(sweep_dir / n / "wandb" / "offline-run-*" / "run-*.wandb")) for n in "012"]
+    assert [len(r) for r in wandb_runs] == [1, 1, 1] and len({r[0].rsplit("-", 1)[1] for r in wandb_runs}) == 3
     report = subprocess.run([sys.executable, "-m", "sweeps.report", str(sweep_dir), "--no-wandb"], cwd=ROOT,
                             capture_output=True, text=True, timeout=120)
     assert report.returncode == 0, report.stderr[-3000:]
