@@ -30,3 +30,13 @@ def graph_mode_cpu():
 
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
+
+
+@pytest.fixture
+def pynative():
+    """Eager mode for checks of a step or two, which would spend most of their time compiling graphs."""
+    import mindspore as ms
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    yield
+    ms.set_context(mode=ms.GRAPH_MODE)

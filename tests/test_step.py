@@ -17,6 +17,7 @@ from trainer import checkpoint
 from trainer.optimizer import build_optimizer, build_schedule, param_groups
 from trainer.step import ApplyUpdate, DynamicLossScale, ForwardBackward
 
+pytestmark = pytest.mark.usefixtures("pynative")
 ONE = Tensor(1.0, ms.float32)
 ALLOW = Tensor(True)
 
@@ -145,3 +146,4 @@ def test_checkpoint_round_trip_restores_weights_and_optimizer_state(tmp_path):
     assert int(fresh_optimizer.global_step.asnumpy()) == 1
     moments = ms.load_checkpoint(os.path.join(path, "optimizer.safetensors"), format="safetensors")
     assert not set(moments) & set(weights(model))  # optimizer file: moments and step only
+

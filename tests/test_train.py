@@ -38,9 +38,9 @@ def test_tiny_pretraining_on_the_default_data_learns(tmp_path):
     assert sorted(os.listdir(run_dir / "checkpoints")) == ["latest", "step_000060"]
 
 
-@pytest.mark.parametrize("impl", ["native", "mindformers"])
-def test_both_model_implementations_train_from_the_same_command_line(tmp_path, impl):
-    _, steps, _ = train(tmp_path, f"model.impl={impl}", "trainer.max_steps=12", "trainer.log_every=3",
+def test_mindformers_llama_trains_from_the_same_command_line(tmp_path):
+    """model.impl=native is the default, trained by the test above."""
+    _, steps, _ = train(tmp_path, "model.impl=mindformers", "trainer.max_steps=12", "trainer.log_every=3",
                         "optim.warmup_steps=2", "optim.lr=2e-3", "trainer.eval_batches=2")
     assert steps[-1]["loss"] < steps[0]["loss"] - 0.3
 
