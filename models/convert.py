@@ -33,7 +33,7 @@ HF_NAMES = {  # mindlab / MindFormers -> Hugging Face; {i} is the layer index
     "lm_head.weight": "lm_head.weight",
 }
 # special token ids of data/tokenizer.py's sentencepiece models
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+PAD_ID, BOS_ID, EOS_ID = 0, 2, 3  # unk is 1
 
 
 def _rename(name: str, table: Dict[str, str]) -> str:
