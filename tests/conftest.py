@@ -15,6 +15,14 @@ register()  # the ConfigStore schema and the ${repo:} resolver, as train.py does
 CORPORA = os.environ.get("MINDLAB_CORPORA", os.path.join(ROOT, "..", "shared", "corpora"))
 
 
+def compose_cfg(*overrides):
+    """The config train.py would run with these command-line overrides."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=os.path.join(ROOT, "conf"), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
 def load_preset(group: str, name: str):
     """A preset merged onto its schema, as Hydra would compose it."""
     from conf import schema

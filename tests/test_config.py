@@ -4,16 +4,11 @@ import subprocess
 import sys
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 from conf.validate import ConfigError, validate
-from conftest import ROOT
+from conftest import ROOT, compose_cfg
 
 
-
-def compose_cfg(*overrides):
-    with initialize_config_dir(config_dir=os.path.join(ROOT, "conf"), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
 
 
 BAD = [

@@ -4,10 +4,10 @@ import os
 
 import numpy as np
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from conf.validate import ConfigError, validate
+from conftest import compose_cfg
 from data import BlendedBatches, DataError, build_data, prepare
 from data.cache import cache_key
 from data.mixing import BlendedOrder, mix_weights
@@ -205,10 +205,6 @@ def test_bad_weights_raise_data_error_before_any_work(tmp_path, weights, expecte
         build_data(cfg, micro_batch_size=2)
     assert expected in str(err.value) and not (tmp_path / "cache").exists()
 
-
-def compose_cfg(*overrides):
-    with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
 
 
 @pytest.mark.parametrize("overrides,key,message", [

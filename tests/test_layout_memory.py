@@ -1,31 +1,20 @@
 """Rank layout (distributed/layout.py), memory plan (distributed/memory.py) and the dry-run report."""
-from pathlib import Path
-
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from conf.schema import ModelConfig, ParallelConfig
+from conftest import compose_cfg, load_preset
 from distributed.layout import Coords, Layout
 from distributed.memory import GIB, format_plan, layer_activation_bytes, memory_plan
 from models import use_flash_attention
 from trainer.dry_run import dry_run_report
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
-
-
-def load(group: str, name: str, schema, **overrides):
-    preset = OmegaConf.load(CONF / group / f"{name}.yaml")
-    preset.pop("defaults")
-    return OmegaConf.merge(OmegaConf.structured(schema), preset, overrides)
-
 
 def model(name: str, **overrides):
-    return load("model", name, ModelConfig, **overrides)
+    return OmegaConf.merge(load_preset("model", name), overrides)
 
 
 def parallel(name: str, **overrides):
-    return load("parallel", name, ParallelConfig, **overrides)
+    return OmegaConf.merge(load_preset("parallel", name), overrides)
 
 
 # --- layout -------------------------------------------------------------------------------------------
@@ -152,13 +141,9 @@ def test_13b_tp8pp2_plan():
 
 # --- dry run ------------------------------------------------------------------------------------------
 
-def compose_config(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        return compose("config", overrides=list(overrides))
-
 
 def test_dry_run_report():
-    cfg = compose_config("model=13b", "parallel=tp8pp2", "device=h100", "precision=bf16", "data.seq_len=4096",
+    cfg = compose_cfg("model=13b", "parallel=tp8pp2", "device=h100", "precision=bf16", "data.seq_len=4096",
                          "trainer.micro_batch_size=1")
     text = dry_run_report(cfg)
     assert "13,015,864,320" in text
@@ -171,7 +156,7 @@ def test_dry_run_report():
 
 
 def test_dry_run_flash_auto_on_ascend():
-    cfg = compose_config("model=13b", "parallel=tp8pp2", "device=ascend910b", "precision=bf16",
+    cfg = compose_cfg("model=13b", "parallel=tp8pp2", "device=ascend910b", "precision=bf16",
                          "data.seq_len=4096", "trainer.micro_batch_size=1")
     assert use_flash_attention(cfg.model, cfg.device.target)
     assert "15.80  of 64 GiB (25%): fits" in dry_run_report(cfg)  # test_13b_tp8pp2_plan's total
