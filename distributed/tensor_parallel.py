@@ -36,6 +36,15 @@ def tensor_parallel_strategies(model: LlamaForCausalLM, dp: int, tp: int) -> Dic
     return plan
 
 
+def weight_split(name: str, ndim: int, tp: int) -> Tuple[int, ...]:
+    """How tensor parallelism splits parameter `name`: the weight's tuple in its primitive's strategy above."""
+    if name.endswith(tuple(f"{cell}.weight" for cell in COLUMN)) or name.endswith("embedding_weight"):
+        return (tp, 1)  # column-parallel weights [out, in] and the vocab-parallel embedding [vocab, hidden]
+    if name.endswith(tuple(f"{cell}.weight" for cell in ROW)):
+        return (1, tp)
+    return (1,) * ndim  # norms: replicated
+
+
 def apply_tensor_parallel(model: nn.Cell, dp: int, tp: int) -> Dict[str, Tuple]:
     """Shard the model's primitives (call under SEMI_AUTO_PARALLEL); returns the plan applied."""
     cells = dict(model.cells_and_names())

@@ -51,3 +51,17 @@ def test_tied_head_is_vocab_parallel_too(semi_auto_parallel):
     plan = apply_tensor_parallel(model, dp=2, tp=2)
     assert plan["head_matmul"] == ((2, 1), (2, 1)) and plan["model.layers.0.attention.wo.matmul"] == ((2, 2), (1, 2))
     assert "lm_head" not in assign_stages(model, pp=2)
+
+
+def test_checkpoint_splits_agree_with_the_primitive_strategies(semi_auto_parallel):
+    """distributed/sharded_checkpoint.py cuts each parameter as the weight input of its sharded primitive."""
+    from distributed.tensor_parallel import tensor_parallel_strategies, weight_split
+
+    model = build_model(load_preset("model", "tiny"), 64, "fp32", "CPU", seed=0)
+    for path, strategy in tensor_parallel_strategies(model, dp=2, tp=2).items():
+        owner = path.rpartition(".")[0]
+        if path.endswith(".matmul"):
+            assert weight_split(f"{owner}.weight", 2, 2) == strategy[1], path
+        elif path.endswith(".gather"):
+            assert weight_split(f"{owner}.embedding_weight", 2, 2) == strategy[0], path
+    assert weight_split("model.layers.0.ffn_norm.weight", 1, 2) == (1,)

@@ -1,0 +1,85 @@
+"""Move a checkpoint between layouts: full <-> per-rank slices, and one sharded layout to another.
+
+    python -m distributed.reshard split  runs/a/checkpoints/step_000400 out/tp8pp2 --tp 8 --pp 2
+    python -m distributed.reshard merge  out/tp8pp2 out/full          # a plain mindlab checkpoint again
+    python -m distributed.reshard reshard out/tp8pp2 out/tp4pp4 --tp 4 --pp 4
+
+A sharded directory is described in distributed/sharded_checkpoint.py (rank_<r>/ slices + MindSpore strategy
+files); merge and reshard run MindSpore's `transform_checkpoints` on it, so they also take the slices and
+strategy file of a sharded Ascend run. state.json, config.yaml and tokenizer.model travel along, so a merged
+checkpoint resumes, converts (models.convert) and initialises runs (stage.init_from) like any other.
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+from typing import Dict
+
+import numpy as np
+
+import boot  # noqa: F401  (mindspore first)
+from distributed.sharded_checkpoint import OPTIMIZER_STATE, layout_for, load_tensors, merge_checkpoint, \
+    reshard_checkpoint, save_tensors, split_checkpoint
+from trainer.checkpoint import CONFIG, OPTIMIZER, STATE, TOKENIZER, WEIGHTS
+
+METADATA = (STATE, CONFIG, TOKENIZER)
+
+
+def _copy_metadata(src: str, dst: str) -> None:
+    for name in METADATA:
+        if os.path.isfile(os.path.join(src, name)):
+            shutil.copy(os.path.join(src, name), os.path.join(dst, name))
+
+
+def split(src: str, out: str, dp: int, tp: int, pp: int) -> None:
+    tensors: Dict[str, np.ndarray] = {}
+    for name in (WEIGHTS, OPTIMIZER):
+        if os.path.isfile(os.path.join(src, name)):
+            tensors.update(load_tensors(os.path.join(src, name)))
+    if not tensors:
+        raise FileNotFoundError(f"{src}: no {WEIGHTS}; give a mindlab checkpoint directory (checkpoints/step_N)")
+    layout = layout_for(tensors, dp, tp, pp)
+    split_checkpoint(tensors, layout, out)
+    _copy_metadata(src, out)
+
+
+def merge(src: str, out: str) -> None:
+    tensors = merge_checkpoint(src, os.path.join(out, WEIGHTS))
+    optimizer = {n: a for n, a in tensors.items() if OPTIMIZER_STATE.match(n) or n == "global_step"}
+    save_tensors({n: a for n, a in tensors.items() if n not in optimizer}, os.path.join(out, WEIGHTS))
+    if optimizer:
+        save_tensors(optimizer, os.path.join(out, OPTIMIZER))
+    _copy_metadata(src, out)
+    state_file = os.path.join(out, STATE)
+    if os.path.isfile(state_file):  # the merged files differ in bytes from the originals: record their sizes
+        with open(state_file, encoding="utf-8") as f:
+            state = json.load(f)
+        state["file_sizes"] = {n: os.path.getsize(os.path.join(out, n)) for n in os.listdir(out) if n != STATE}
+        with open(state_file, "w", encoding="utf-8") as f:
+            json.dump(state, f, indent=1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["split", "merge", "reshard"])
+    parser.add_argument("source", help="a mindlab checkpoint dir (split) or a sharded dir (merge, reshard)")
+    parser.add_argument("out", help="output directory")
+    for axis in ("dp", "tp", "pp"):
+        parser.add_argument(f"--{axis}", type=int, default=1, help=f"{axis} of the target layout (split, reshard)")
+    args = parser.parse_args()
+    try:
+        if args.command == "split":
+            split(args.source, args.out, args.dp, args.tp, args.pp)
+        elif args.command == "merge":
+            merge(args.source, args.out)
+        else:
+            reshard_checkpoint(args.source, args.dp, args.tp, args.pp, args.out)
+            _copy_metadata(args.source, args.out)
+    except (FileNotFoundError, ValueError) as err:
+        sys.exit(f"reshard: {err}")
+    print(f"[reshard] {args.command}: {args.source} -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()

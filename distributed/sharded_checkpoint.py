@@ -1,0 +1,162 @@
+"""Checkpoints under tensor/pipeline layouts: one slice per rank plus MindSpore strategy files, and the way back.
+
+    <dir>/rank_<r>/checkpoint.safetensors  what rank r holds (weights and AdamW state): its stage's, split over tp
+    <dir>/strategy/stage_<s>.ckpt          MindSpore's strategy file for stage s (node_strategy.proto ParallelStrategyMap)
+    <dir>/strategy.ckpt                    the stages merged by `mindspore.parallel.merge_pipeline_strategys`
+
+A parameter's layout in the strategy file: dev_matrix [dp, tp] (the ranks of one stage, row-major, so the
+rank in the stage is dp_rank * tp + tp_rank as in distributed/layout.py) and a tensor_map naming, per tensor
+dimension, the dev-matrix axis it is split over counted from the right (0 = tp) or -1. Each stage file also
+carries one strategy item per parameter with its split and stage, as MindFormers' own strategy writer does.
+AdamW moments (`adam_m.<param>`, `adam_v.<param>`) are laid out like their parameter; the step counter is
+replicated on every stage. The optimizer-shard fields (opt_weight_shard_*) stay 0: ZeRO-sharded slices exist
+only in a compiled Ascend/GPU run, whose strategy file MindSpore writes itself (`strategy_ckpt_config`).
+
+Merging and resharding are MindSpore's `transform_checkpoints` reading these files, so what it accepts here
+it accepts from a real sharded run. `python -m distributed.reshard` is the command line.
+"""
+import os
+import re
+import tempfile
+from typing import Dict, List, Tuple
+
+import numpy as np
+
+import mindspore as ms
+from mindspore.parallel import merge_pipeline_strategys, transform_checkpoints
+from mindspore.train.node_strategy_pb2 import ParallelStrategyMap
+
+from distributed.layout import Layout
+from distributed.pipeline_parallel import stage_of
+from distributed.tensor_parallel import weight_split
+
+SLICE, STRATEGY, PREFIX = "checkpoint.safetensors", "strategy.ckpt", "model"
+OPTIMIZER_STATE = re.compile(r"^adam_[mv]\.")
+
+
+def layout_for(names, dp: int, tp: int, pp: int) -> Layout:
+    """The layout of a checkpoint with these tensor names (the layer count is read from them)."""
+    layers = 1 + max(int(n.split(".")[2]) for n in (OPTIMIZER_STATE.sub("", n) for n in names)
+                     if n.startswith("model.layers."))
+    if layers % pp:
+        raise ValueError(f"pp={pp} does not divide the checkpoint's {layers} layers")
+    return Layout(dp=dp, tp=tp, pp=pp, num_layers=layers)
+
+
+def tensor_layout(name: str, ndim: int, layout: Layout) -> Tuple[Tuple[int, ...], List[int]]:
+    """(how tp splits each dimension, the pipeline stages that hold it) for a checkpoint entry."""
+    param = OPTIMIZER_STATE.sub("", name)
+    split = weight_split(param, ndim, layout.tp) if ndim else ()
+    stage = stage_of(param, layout.num_layers, layout.pp)
+    return split, list(range(layout.pp)) if stage is None else [stage]
+
+
+def strategy_map(shapes: Dict[str, Tuple[int, ...]], layout: Layout, stage: int) -> ParallelStrategyMap:
+    """Stage `stage`'s strategy file content for tensors of the given full shapes."""
+    strategy = ParallelStrategyMap(current_stage=stage)
+    for name, shape in shapes.items():
+        split, stages = tensor_layout(name, len(shape), layout)
+        if stage not in stages:
+            continue
+        item = strategy.parallel_strategy_item.add(node_name=name)
+        item.parallel_strategys.stage = stage
+        item.parallel_strategys.parallel_strategy.add().dim.extend(split)
+        layouts = strategy.parallel_layout_item.add(param_name=name).parallel_layouts
+        layouts.dev_matrix.add().dim.extend([layout.dp, layout.tp])
+        layouts.tensor_map.add().dim.extend([0 if ways > 1 else -1 for ways in split])
+        layouts.param_split_shape.add()
+        layouts.indices_offset.add()
+        layouts.field, layouts.opt_weight_shard_step, layouts.opt_weight_shard_size = 0, 0, 0
+    return strategy
+
+
+def write_strategy(directory: str, shapes: Dict[str, Tuple[int, ...]], layout: Layout) -> str:
+    """Write one strategy file per stage and their merge; returns the merged file's path."""
+    stage_dir = os.path.join(directory, "strategy")
+    os.makedirs(stage_dir, exist_ok=True)
+    for stage in range(layout.pp):
+        with open(os.path.join(stage_dir, f"stage_{stage}.ckpt"), "wb") as f:
+            f.write(strategy_map(shapes, layout, stage).SerializeToString())
+    merged = os.path.join(directory, STRATEGY)
+    merge_pipeline_strategys(stage_dir, merged)
+    return merged
+
+
+def rank_slice(tensors: Dict[str, np.ndarray], layout: Layout, rank: int) -> Dict[str, np.ndarray]:
+    """The part of full `tensors` that `rank` holds."""
+    where = layout.coords(rank)
+    out = {}
+    for name, array in tensors.items():
+        split, stages = tensor_layout(name, array.ndim, layout)
+        if where.pp not in stages:
+            continue
+        for axis, ways in enumerate(split):
+            if array.shape[axis] % ways:
+                raise ValueError(f"{name}: dimension {axis} (size {array.shape[axis]}) does not split {ways} ways; "
+                                 f"tp must divide the heads, KV heads, ffn width and vocabulary")
+            if ways > 1:
+                array = np.split(array, ways, axis=axis)[where.tp]
+        out[name] = array
+    return out
+
+
+def save_tensors(tensors: Dict[str, np.ndarray], path: str, fmt: str = "safetensors") -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    ms.save_checkpoint([{"name": n, "data": ms.Tensor(a)} for n, a in tensors.items()], path, format=fmt)
+
+
+def load_tensors(path: str, fmt: str = "safetensors") -> Dict[str, np.ndarray]:
+    return {name: param.asnumpy() for name, param in ms.load_checkpoint(path, format=fmt).items()}
+
+
+def split_checkpoint(tensors: Dict[str, np.ndarray], layout: Layout, out_dir: str) -> None:
+    """Full tensors -> <out_dir>/rank_<r>/checkpoint.safetensors for every rank, plus the strategy files."""
+    for rank in range(layout.world_size):
+        save_tensors(rank_slice(tensors, layout, rank), os.path.join(out_dir, f"rank_{rank}", SLICE))
+    write_strategy(out_dir, {n: a.shape for n, a in tensors.items()}, layout)
+
+
+def _check_sharded(src_dir: str) -> str:
+    strategy = os.path.join(src_dir, STRATEGY)
+    if not os.path.isfile(strategy) or not any(n.startswith("rank_") for n in os.listdir(src_dir)):
+        raise FileNotFoundError(f"{src_dir}: not a sharded checkpoint (needs rank_<r>/ directories and "
+                                f"{STRATEGY}); write one with `python -m distributed.reshard split`")
+    return strategy
+
+
+def merge_checkpoint(src_dir: str, out_file: str) -> Dict[str, np.ndarray]:
+    """Per-rank slices + strategy under `src_dir` -> one full safetensors file; returns the tensors."""
+    strategy = _check_sharded(src_dir)
+    os.makedirs(os.path.dirname(os.path.abspath(out_file)), exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(out_file))) as tmp:
+        transform_checkpoints(src_dir, tmp, PREFIX, strategy, None, output_format="safetensors")
+        merged = load_tensors(os.path.join(tmp, "rank_0", f"{PREFIX}0.safetensors"))
+    save_tensors(merged, out_file)
+    return merged
+
+
+def reshard_checkpoint(src_dir: str, dp: int, tp: int, pp: int, out_dir: str) -> Layout:
+    """Per-rank slices under `src_dir` -> those of layout dp x tp x pp in `out_dir`, by transform_checkpoints.
+
+    The slices go through MindSpore's .ckpt format: in MindSpore 2.9 the safetensors path of
+    transform_checkpoints scrambles tensors split on a non-leading dimension (row-parallel wo, w2) when the
+    target is sharded too (merging to full is right; measured here); its .ckpt path is right for both.
+    """
+    strategy = _check_sharded(src_dir)
+    src_layouts = {name.split("-", 1)[1]: layouts  # merged files prefix names with "<stage>-"
+                   for name, layouts in ms.parallel.build_searched_strategy(strategy).items()}
+    layout = layout_for(src_layouts, dp, tp, pp)
+    shapes = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for rank_dir in sorted(n for n in os.listdir(src_dir) if n.startswith("rank_")):
+            tensors = load_tensors(os.path.join(src_dir, rank_dir, SLICE))
+            save_tensors(tensors, os.path.join(tmp, "src", rank_dir, f"{PREFIX}.ckpt"), "ckpt")
+            for name, array in tensors.items():  # full shape = slice shape x the source split
+                dev_matrix, tensor_map = src_layouts[name].dev_matrix[0].dim, src_layouts[name].tensor_map[0].dim
+                shapes[name] = tuple(n * (dev_matrix[-1 - m] if m >= 0 else 1) for n, m in zip(array.shape, tensor_map))
+        transform_checkpoints(os.path.join(tmp, "src"), os.path.join(tmp, "out"), PREFIX, strategy,
+                              write_strategy(out_dir, shapes, layout))
+        for rank in range(layout.world_size):  # MindSpore names its output <prefix><rank>.ckpt
+            tensors = load_tensors(os.path.join(tmp, "out", f"rank_{rank}", f"{PREFIX}{rank}.ckpt"), "ckpt")
+            save_tensors(tensors, os.path.join(out_dir, f"rank_{rank}", SLICE))
+    return layout

@@ -1,0 +1,104 @@
+"""Checkpoints under tp/pp layouts: per-rank slices, MindSpore strategy files, merge and reshard.
+
+The slices and strategy files are written by distributed/sharded_checkpoint.py from the layout (a sharded run
+on Ascend/GPU gets its strategy file from MindSpore's compiler, which CPU cannot run); merging and resharding
+are MindSpore's own transform_checkpoints reading them, so a passing merge means MindSpore reads the files
+as the slices were cut.
+"""
+import os
+
+import numpy as np
+import pytest
+
+import mindspore as ms
+
+from conftest import compose_cfg
+from distributed import reshard
+from distributed.layout import Layout
+from distributed.sharded_checkpoint import STRATEGY, SLICE, load_tensors, merge_checkpoint, rank_slice
+from models import build_model
+from trainer import checkpoint
+from trainer.optimizer import build_optimizer
+
+
+@pytest.fixture(scope="module")
+def full_checkpoint(tmp_path_factory):
+    """A mindlab checkpoint of model=tiny with non-zero AdamW moments; returns (dir, its tensors)."""
+    cfg = compose_cfg("model=tiny", "data.seq_len=64")
+    model = build_model(cfg.model, 64, "fp32", "CPU", seed=0)
+    optimizer = build_optimizer(model.trainable_params(), cfg.optim, 10)
+    rng = np.random.default_rng(1)
+    for param in optimizer.moments1 + optimizer.moments2:  # AdamWeightDecay's m and v
+        param.set_data(ms.Tensor(rng.normal(size=param.shape).astype(np.float32)))
+    path = checkpoint.save(str(tmp_path_factory.mktemp("ckpt")), 7, model, optimizer, {"run_id": "r"}, cfg)
+    tensors = {**load_tensors(os.path.join(path, checkpoint.WEIGHTS)),
+               **load_tensors(os.path.join(path, checkpoint.OPTIMIZER))}
+    return path, tensors
+
+
+def test_strategy_file_says_how_each_tensor_is_split(full_checkpoint, tmp_path):
+    path, _ = full_checkpoint
+    reshard.split(path, str(tmp_path), dp=1, tp=2, pp=2)
+    layouts = ms.parallel.build_searched_strategy(str(tmp_path / STRATEGY))
+
+    def entry(name):
+        layout = layouts[name]
+        return list(layout.dev_matrix[0].dim), list(layout.tensor_map[0].dim)
+
+    # tensor_map counts dev-matrix axes from the right: 0 = tp (dev_matrix [dp, tp]), -1 = not split
+    assert entry("0-model.layers.0.attention.wq.weight") == ([1, 2], [0, -1])  # column-parallel
+    assert entry("1-model.layers.3.feed_forward.w2.weight") == ([1, 2], [-1, 0])  # row-parallel
+    assert entry("0-adam_v.model.tok_embeddings.embedding_weight") == ([1, 2], [0, -1])  # vocab-parallel
+    assert entry("1-model.norm_out.weight") == ([1, 2], [-1])
+    assert "0-model.layers.2.attention.wq.weight" not in layouts  # layer 2 lives on stage 1
+    assert {"0-global_step", "1-global_step"} <= set(layouts)
+
+
+def test_rank_files_hold_the_slices_the_layout_assigns(full_checkpoint, tmp_path):
+    path, tensors = full_checkpoint
+    reshard.split(path, str(tmp_path), dp=1, tp=2, pp=2)  # rank = stage * 2 + tp_rank
+    rank3 = load_tensors(str(tmp_path / "rank_3" / SLICE))
+    wo = tensors["model.layers.3.attention.wo.weight"]
+    np.testing.assert_array_equal(rank3["model.layers.3.attention.wo.weight"], wo[:, wo.shape[1] // 2:])
+    head = tensors["lm_head.weight"]
+    np.testing.assert_array_equal(rank3["lm_head.weight"], head[head.shape[0] // 2:])
+    assert not any(name.startswith(("model.layers.0.", "model.tok_embeddings")) for name in rank3)
+
+
+@pytest.mark.parametrize("dp,tp,pp", [(1, 2, 1), (1, 2, 2), (2, 2, 1)])
+def test_merge_of_slices_equals_the_original_checkpoint(full_checkpoint, tmp_path, dp, tp, pp):
+    path, tensors = full_checkpoint
+    reshard.split(path, str(tmp_path / "sharded"), dp, tp, pp)
+    reshard.merge(str(tmp_path / "sharded"), str(tmp_path / "merged"))
+    merged = {**load_tensors(str(tmp_path / "merged" / checkpoint.WEIGHTS)),
+              **load_tensors(str(tmp_path / "merged" / checkpoint.OPTIMIZER))}
+    assert set(merged) == set(tensors)
+    for name, array in tensors.items():
+        np.testing.assert_array_equal(merged[name], array, err_msg=name)
+    assert checkpoint.read_state(str(tmp_path / "merged"))["step"] == 7  # a resumable checkpoint again
+
+
+def test_reshard_tp2pp2_to_tp4_equals_slicing_the_original(full_checkpoint, tmp_path):
+    path, tensors = full_checkpoint
+    reshard.split(path, str(tmp_path / "tp2pp2"), dp=1, tp=2, pp=2)
+    layout = Layout(dp=1, tp=4, pp=1, num_layers=4)
+    from distributed.sharded_checkpoint import reshard_checkpoint
+
+    assert reshard_checkpoint(str(tmp_path / "tp2pp2"), 1, 4, 1, str(tmp_path / "tp4")) == layout
+    for rank in range(4):
+        got = load_tensors(str(tmp_path / "tp4" / f"rank_{rank}" / SLICE))
+        want = rank_slice(tensors, layout, rank)
+        assert set(got) == set(want)
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=f"rank {rank} {name}")
+    assert merge_checkpoint(str(tmp_path / "tp4"), str(tmp_path / "full.safetensors")).keys() == tensors.keys()
+
+
+def test_bad_layouts_and_directories_give_one_clear_error(full_checkpoint, tmp_path):
+    path, _ = full_checkpoint
+    with pytest.raises(ValueError, match=r"lm_head.weight: dimension 0 \(size 4096\) does not split 3 ways"):
+        reshard.split(path, str(tmp_path / "a"), dp=1, tp=3, pp=1)
+    with pytest.raises(ValueError, match="pp=3 does not divide the checkpoint's 4 layers"):
+        reshard.split(path, str(tmp_path / "b"), dp=1, tp=1, pp=3)
+    with pytest.raises(FileNotFoundError, match="not a sharded checkpoint .* distributed.reshard split"):
+        reshard.merge(path, str(tmp_path / "c"))
