@@ -33,6 +33,13 @@ Conventions (bytes per device):
     stage holds the most.
   * Logits: the last stage holds one micro-batch of fp32 logits, s*b*V/t*4 bytes (vocab-parallel).
 Not counted: framework workspace, communication buffers, allocator fragmentation, the embedding output.
+
+tests/test_memory_published.py holds this plan against published figures: Korthikanti et al.'s Table 2 (all
+six rows, for their 22B/175B/530B/1T GPT shapes) less exactly the dropout tensors (2*s*b*h bytes of masks,
+3*a*s^2*b in attention), their 1F1B first-stage total (Eq. 6) and 4*s*b*V/t fp32 logits; ZeRO's 16 B/param
+(7.5B -> 120 GB), but not its P_os 31.4 GB at Nd = 64, since the fp32 weights stay replicated here (60.9 GB);
+Megatron-LM's theoretical_memory_usage.py parameter counts (equal), 18 B/param (2 more: its bf16 copy) and
+s*b*h*(18 + 4*f/h)/t bytes per layer (4*f/h + 4*kv/a - 6 fewer: GeLU width, MHA, dropout masks).
 """
 from dataclasses import dataclass
 from typing import Any, Dict, List
