@@ -81,6 +81,10 @@ def main(cfg: DictConfig):
         status(run_dir, "failed", error=f"{type(err).__name__}: {err}")
         raise
     status(run_dir, "preempted" if metrics.get("preempted") else "finished", step=metrics.get("step"))
+    if launched_world_size() > 1:
+        from distributed.launch import mark_done
+
+        mark_done(run_dir, launched_rank())
     return metrics.get("val_loss")
 
 

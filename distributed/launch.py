@@ -2,14 +2,23 @@
 
 Every worker gets the same command line plus the parent's Hydra run dir, so all ranks share one run dir;
 msrun writes one log per worker to <run dir>/workers/. The launch fails (non-zero) as soon as any worker
-fails: msrun tears the others down. Multi-node: start msrun yourself on each node (see README).
+fails: a watchdog polls the workers and, when one is gone without having marked itself done, kills the
+rest, msrun and its scheduler (msrun alone kills the workers within a second but then waits ~30 s for
+its scheduler's heartbeat timeout), and prints that worker's log tail. Multi-node: start msrun yourself
+on each node (README; scripts/slurm_msrun.sbatch).
 """
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
-from typing import List
+import time
+from typing import Dict, List, Optional
+
+import psutil
+
+POLL_SECONDS = 0.1  # msrun polls every 1 s and then kills the rest: see the first death first
 
 
 def free_port() -> int:
@@ -25,16 +34,90 @@ def msrun_command(workers: int, run_dir: str, script: str, overrides: List[str])
             f"hydra.run.dir={run_dir}"]
 
 
+def _done_marker(run_dir: str, rank: int) -> str:
+    return os.path.join(run_dir, "workers", f"done_{rank}")
+
+
+def mark_done(run_dir: str, rank: int) -> None:
+    """Called by a worker that finished normally: its exit is not a failure."""
+    os.makedirs(os.path.dirname(_done_marker(run_dir, rank)), exist_ok=True)
+    open(_done_marker(run_dir, rank), "w").close()
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _worker_rank(proc: psutil.Process) -> Optional[int]:
+    try:
+        env = proc.environ()
+    except psutil.Error:  # exited meanwhile
+        return None
+    return int(env["MS_NODE_ID"]) if env.get("MS_ROLE") == "MS_WORKER" and "MS_NODE_ID" in env else None
+
+
+def _kill_tree(msrun: subprocess.Popen, known: List[psutil.Process]) -> None:
+    """SIGKILL msrun and everything it started: workers (own sessions), scheduler, log tails."""
+    try:
+        known = known + psutil.Process(msrun.pid).children(recursive=True)
+    except psutil.Error:
+        pass
+    for proc in [psutil.Process(msrun.pid), *known]:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    msrun.wait()
+
+
+def _watch(msrun: subprocess.Popen, run_dir: str) -> List[int]:
+    """Wait for msrun; returns the ranks that died without finishing (after killing the job), else []."""
+    workers: Dict[int, psutil.Process] = {}
+    seen: List[psutil.Process] = []
+    polls = 0
+    while msrun.poll() is None:
+        polls += 1
+        try:  # new processes are looked for once a second; the known workers every poll
+            children = psutil.Process(msrun.pid).children(recursive=True) if polls % 10 == 1 else []
+        except psutil.Error:
+            children = []
+        for child in children:
+            if child not in seen:
+                seen.append(child)
+                rank = _worker_rank(child)
+                if rank is not None and child.ppid() == msrun.pid:  # not a worker's own subprocess
+                    workers[rank] = child
+        failed = [rank for rank, proc in workers.items()
+                  if not _alive(proc) and not os.path.exists(_done_marker(run_dir, rank))]
+        if failed:  # one rank, or several that died together (a peer's death can abort the collective)
+            _kill_tree(msrun, seen)
+            return failed
+        time.sleep(POLL_SECONDS)
+    return []
+
+
 def relaunch(workers: int, run_dir: str) -> int:
     """Run this script's command under msrun with `workers` local processes; returns the exit code."""
     overrides = [a for a in sys.argv[1:] if not a.startswith("hydra.run.dir=")]
     cmd = msrun_command(workers, run_dir, os.path.abspath(sys.argv[0]), overrides)
     print(f"[launch] {workers} workers: {' '.join(cmd)}", flush=True)
-    code = subprocess.call(cmd)
-    if code:
-        for name in sorted(os.listdir(os.path.join(run_dir, "workers"))):
-            with open(os.path.join(run_dir, "workers", name), errors="replace") as f:
-                tail = [line for line in f.read().splitlines() if "WARNING" not in line][-15:]
-            if any("Error" in line or "error" in line for line in tail):
-                print(f"[launch] {name}:\n" + "\n".join(tail), file=sys.stderr)
-    return code
+    for rank in range(workers):  # markers of an earlier launch into this run dir
+        if os.path.exists(_done_marker(run_dir, rank)):
+            os.remove(_done_marker(run_dir, rank))
+    msrun = subprocess.Popen(cmd)
+    failed = _watch(msrun, run_dir)
+    if not failed:
+        return msrun.returncode
+    print(f"[launch] worker {', '.join(map(str, failed))} stopped without finishing; stopped the other workers",
+          file=sys.stderr)
+    for rank in failed:
+        log = os.path.join(run_dir, "workers", f"worker_{rank}.log")
+        with open(log, errors="replace") as f:
+            tail = [line for line in f.read().splitlines() if "WARNING" not in line][-15:]
+        if not any("Error" in line or "Traceback" in line for line in tail):
+            tail.append("(no error message: the process was killed, e.g. by a signal or the out-of-memory killer)")
+        print(f"[launch] last lines of {log}:\n" + "\n".join(tail), file=sys.stderr)
+    return 1
