@@ -114,6 +114,13 @@ def _check_parallel(cfg: DictConfig) -> None:
     _require(p.pp == 1 or p.micro_batches >= p.pp, "parallel.micro_batches",
              f"{p.micro_batches} micro-batches cannot fill {p.pp} pipeline stages; use at least {p.pp}")
     _require(not p.sequence_parallel or p.tp > 1, "parallel.sequence_parallel", "needs tp > 1")
+    if p.tp > 1 or p.pp > 1:  # distributed/semi_auto.py: one compiled graph per step
+        t = cfg.trainer
+        _require(t.grad_accum == 1, "trainer.grad_accum", f"must be 1 under tp/pp, got {t.grad_accum}: the step is "
+                 "one sharded graph; accumulate with parallel.micro_batches (pp > 1) or a larger dp instead")
+        _require(t.spike_factor == 0, "trainer.spike_factor", "loss-spike skipping needs the loss before the update, "
+                 "which the one-graph sharded step does not expose; set it to 0 (non-finite steps are still skipped)")
+        _require(cfg.model.impl == "native", "model.impl", "tp/pp shard the native model; set model.impl=native")
     _require(not p.optimizer_shard or p.dp > 1, "parallel.optimizer_shard", "needs dp > 1")
 
 

@@ -4,6 +4,8 @@ SEMI_AUTO_PARALLEL, in Megatron's layout. The model's code is untouched; this mo
     column-parallel (weight split by output rows):  wq wk wv, w1 w3 (SwiGLU gate/up), lm_head (vocab)
     row-parallel    (weight split by input columns): wo, w2 — MindSpore inserts the AllReduce after them
     attention scores/values: split by head;  embedding: vocab-parallel gather
+    sequence parallel (optional): RMSNorm's primitives split the sequence over tp, so activations outside
+    attention/MLP are not replicated; MindSpore inserts the all-gather / reduce-scatter around them
 
 A strategy is one tuple per input, giving how many ways each dimension is split (dp on the batch, tp on the
 sharded dimension). MindSpore compiles sharded graphs only for Ascend/GPU: on CPU these strategies can be
@@ -13,15 +15,22 @@ from typing import Dict, Tuple
 
 from mindspore import nn
 
-from models.llama import CoreAttention, Embedding, Linear, LlamaForCausalLM
+from models.llama import CoreAttention, Embedding, Linear, LlamaForCausalLM, RMSNorm
 
 COLUMN = ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3", "lm_head")
 ROW = ("attention.wo", "feed_forward.w2")
 
 
-def tensor_parallel_strategies(model: LlamaForCausalLM, dp: int, tp: int) -> Dict[str, Tuple]:
+def tensor_parallel_strategies(model: LlamaForCausalLM, dp: int, tp: int,
+                               sequence_parallel: bool = False) -> Dict[str, Tuple]:
     """`<cell path>.<primitive>` -> strategy, for every primitive that tensor parallelism shards."""
     plan = {}
+    if sequence_parallel:
+        act = (dp, tp, 1)  # [batch, sequence, hidden]
+        for name, cell in model.cells_and_names():
+            if isinstance(cell, RMSNorm):
+                plan.update({f"{name}.square": (act,), f"{name}.mean": (act,), f"{name}.add": (act, ()),
+                             f"{name}.rsqrt": (act,), f"{name}.normalize": (act, act), f"{name}.scale": (act, (1,))})
     for name, cell in model.cells_and_names():
         if isinstance(cell, Linear) and name.endswith(COLUMN):
             plan[f"{name}.matmul"] = ((dp, 1), (tp, 1))
@@ -45,10 +54,10 @@ def weight_split(name: str, ndim: int, tp: int) -> Tuple[int, ...]:
     return (1,) * ndim  # norms: replicated
 
 
-def apply_tensor_parallel(model: nn.Cell, dp: int, tp: int) -> Dict[str, Tuple]:
+def apply_tensor_parallel(model: nn.Cell, dp: int, tp: int, sequence_parallel: bool = False) -> Dict[str, Tuple]:
     """Shard the model's primitives (call under SEMI_AUTO_PARALLEL); returns the plan applied."""
     cells = dict(model.cells_and_names())
-    plan = tensor_parallel_strategies(model, dp, tp)
+    plan = tensor_parallel_strategies(model, dp, tp, sequence_parallel)
     for path, strategy in plan.items():
         owner, _, primitive = path.rpartition(".")
         getattr(cells[owner], primitive).shard(strategy)

@@ -48,15 +48,19 @@ class Linear(nn.Cell):
 
 
 class RMSNorm(nn.Cell):
+    """x / rms(x) * weight in fp32. Written with primitives so sequence parallelism can shard each of them."""
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = Parameter(Tensor(np.ones(dim, np.float32)))
         self.eps = eps
+        self.square, self.mean, self.add, self.rsqrt = ops.Square(), ops.ReduceMean(keep_dims=True), ops.Add(), ops.Rsqrt()
+        self.normalize, self.scale = ops.Mul(), ops.Mul()
 
     def construct(self, x):
         x32 = x.astype(ms.float32)
-        x32 = x32 * ops.rsqrt(ops.mean(x32 * x32, -1, keep_dims=True) + self.eps)
-        return (x32 * self.weight).astype(x.dtype)
+        normed = self.normalize(x32, self.rsqrt(self.add(self.mean(self.square(x32), -1), self.eps)))
+        return self.scale(normed, self.weight).astype(x.dtype)
 
 
 def rope_tables(head_dim: int, max_positions: int, theta: float, scaling_type: str, factor: float):

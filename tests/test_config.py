@@ -39,6 +39,11 @@ BAD = [
      "parallel.micro_batches", "fill"),
     (["parallel=tp8pp2", "model=13b", "trainer.global_batch_size=8", "dry_run=true"],
      "trainer.global_batch_size", "parallel.micro_batches (8)"),
+    (["parallel=tp8pp2", "model=13b", "trainer.grad_accum=2", "dry_run=true"], "trainer.grad_accum",
+     "accumulate with parallel.micro_batches"),
+    (["parallel=tp8dp4", "model=13b", "trainer.spike_factor=3", "dry_run=true"], "trainer.spike_factor",
+     "one-graph sharded step"),
+    (["parallel=tp8pp2", "model=13b", "model.impl=mindformers", "dry_run=true"], "model.impl", "native"),
 ]
 
 

@@ -9,8 +9,10 @@ import mindspore as ms
 from mindspore import Tensor
 from omegaconf import DictConfig, OmegaConf
 
-from conf.schema import global_batch_size
+from conf.schema import global_batch_size, pipeline_micro_batches
 from data import build_data
+from distributed.layout import Layout
+from distributed.semi_auto import is_sharded
 from models import build_model
 from objectives import build_objective
 from trainer import checkpoint
@@ -26,8 +28,9 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     """Train as `cfg` says, writing metrics.jsonl and checkpoints to `run_dir`; returns the last metrics."""
     rt = init_runtime(cfg)
     t, dp = cfg.trainer, cfg.parallel.dp
-    data = build_data(cfg.data, t.micro_batch_size, dp_rank=rt.rank % dp, dp_size=dp, seed=t.seed,
-                      eval_batches=t.eval_batches)
+    layout = Layout.from_config(cfg.parallel, cfg.model.num_layers)  # ranks of one tp group read the same data
+    data = build_data(cfg.data, t.micro_batch_size * pipeline_micro_batches(cfg), dp_rank=layout.coords(rt.rank).dp,
+                      dp_size=dp, seed=t.seed, eval_batches=t.eval_batches)
     val = {source: [Tensor(b) for b in batches] for source, batches in data.val.items()}
 
     model = build_model(cfg.model, cfg.data.seq_len, cfg.precision.compute_dtype, cfg.device.target, t.seed)
@@ -35,13 +38,21 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
         checkpoint.load_weights(cfg.stage.init_from, model)
     loss_net = build_objective(cfg.objective, model)
     optimizer = build_optimizer(model.trainable_params(), cfg.optim, t.max_steps)
-    forward_backward = ForwardBackward(loss_net, optimizer.parameters)  # gradients in the optimizer's order
-    reducer, replica_mean = None, None
-    if rt.world_size > 1:
-        from distributed.data_parallel import ReplicaMean, gradient_reducer
+    if is_sharded(cfg):  # tp/pp (Ascend/GPU): one semi-auto-parallel graph per step
+        from distributed.semi_auto import ShardedTrainStep, parallel_step, shard_model
 
-        reducer, replica_mean = gradient_reducer(optimizer.parameters, rt.world_size), ReplicaMean(rt.world_size)
-    apply_update = ApplyUpdate(optimizer, forward_backward.grad_buffers, cfg.optim.clip_grad_norm, reducer)
+        shard_model(model, cfg)
+        sharded_step = parallel_step(ShardedTrainStep(loss_net, optimizer, cfg.optim.clip_grad_norm, cfg.parallel.pp,
+                                                      cfg.parallel.micro_batches, cfg.parallel.optimizer_shard),
+                                     cfg, run_dir, rt.rank)
+    else:
+        forward_backward = ForwardBackward(loss_net, optimizer.parameters)  # gradients in the optimizer's order
+        reducer, replica_mean = None, None
+        if rt.world_size > 1:
+            from distributed.data_parallel import ReplicaMean, gradient_reducer
+
+            reducer, replica_mean = gradient_reducer(optimizer.parameters, rt.world_size), ReplicaMean(rt.world_size)
+        apply_update = ApplyUpdate(optimizer, forward_backward.grad_buffers, cfg.optim.clip_grad_norm, reducer)
     p = cfg.precision
     scaler = DynamicLossScale(p.init_scale, p.growth_interval, p.growth_factor, p.backoff_factor) \
         if p.loss_scale == "dynamic" else None
@@ -50,6 +61,10 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     ckpt_root = os.path.join(run_dir, "checkpoints")
     state = {"step": 0, "run_id": uuid.uuid4().hex[:12], "skipped_steps": 0}
     resume_from = _resume_path(t.resume, ckpt_root)
+    if resume_from and is_sharded(cfg):
+        raise checkpoint.CheckpointError(
+            f"{resume_from}: resuming a tp/pp run from its per-rank slices is not implemented yet; merge them "
+            "(python -m distributed.reshard merge) and start from the weights with stage.init_from, trainer.resume=none")
     if resume_from:
         state = checkpoint.load(resume_from, model, optimizer)
         data.train.load_state_dict(state["data"])
@@ -65,7 +80,11 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
                 "loss_scale": [scaler.scale, scaler.clean_steps] if scaler else None}
 
     def save(step: int) -> None:
-        if rt.is_main:
+        if is_sharded(cfg):  # every rank its slices (resuming from them is not implemented yet)
+            from distributed.semi_auto import save_rank_slices
+
+            save_rank_slices(os.path.join(ckpt_root, f"step_{step:06d}"), sharded_step.network, rt.rank, run_dir)
+        elif rt.is_main:
             checkpoint.save(ckpt_root, step, model, optimizer, snapshot(step), cfg, str(data.tokenizer.path))
             checkpoint.prune(ckpt_root, t.keep_last, t.keep_every)
 
@@ -86,14 +105,19 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     for step in range(start + 1, t.max_steps + 1):
         scale = nan if step in t.inject_nan_steps else (scaler.tensor() if scaler else Tensor(1.0, ms.float32))
         position = data.train.position
-        step_loss = 0.0
-        for _ in range(t.grad_accum):
+        if is_sharded(cfg):  # the pipeline's micro-batches are this step's accumulation
             batch = Tensor(data.train.next_batch())
-            step_loss += float(forward_backward(batch, batch, scale).asnumpy()) / t.grad_accum
-        if replica_mean is not None:  # every rank decides on the same, global loss
-            step_loss = float(replica_mean(Tensor(step_loss, ms.float32)).asnumpy())
-        skip = guard.check(step_loss)
-        grad_norm, finite, lr = apply_update(scale, n_micro, Tensor(skip is None))
+            step_loss, grad_norm, finite, lr = sharded_step(batch, batch, scale)
+            step_loss, skip = float(step_loss.asnumpy()), None
+        else:
+            step_loss = 0.0
+            for _ in range(t.grad_accum):
+                batch = Tensor(data.train.next_batch())
+                step_loss += float(forward_backward(batch, batch, scale).asnumpy()) / t.grad_accum
+            if replica_mean is not None:  # every rank decides on the same, global loss
+                step_loss = float(replica_mean(Tensor(step_loss, ms.float32)).asnumpy())
+            skip = guard.check(step_loss)
+            grad_norm, finite, lr = apply_update(scale, n_micro, Tensor(skip is None))
         finite = bool(finite.asnumpy())
         if scaler:
             scaler.update(finite)  # an overflow under fp16 is routine: the scaler backs off, the guard ignores it

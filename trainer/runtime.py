@@ -40,6 +40,11 @@ def init_runtime(cfg: DictConfig) -> Runtime:
     world_size = launched_world_size()
     if world_size == 1:
         return Runtime(rank=0, world_size=1)
+    if cfg.parallel.tp > 1 or cfg.parallel.pp > 1:  # the parallel mode is set by distributed/semi_auto.py
+        from mindspore.communication import get_rank, init
+
+        init()
+        return Runtime(rank=get_rank(), world_size=world_size)
     from distributed.data_parallel import init_data_parallel
 
     return Runtime(rank=init_data_parallel(world_size), world_size=world_size)
