@@ -6,33 +6,20 @@ Each implementation trains in its own process (so peak RSS is its own) on the sa
 schedule. Throughput is taken after the first logging interval, which holds the graph compilation.
 Extra arguments are Hydra overrides passed to both runs.
 """
-import json
-import os
-import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchmarks.measure import train_and_measure
+
 DEFAULTS = ["model=small", "trainer.max_steps=40", "trainer.log_every=10", "trainer.eval_every=0",
             "trainer.eval_batches=1", "optim.warmup_steps=5", "logger.progress_bar=false"]
-
-
-def run(impl: str, overrides: list, workdir: str) -> dict:
-    run_dir = os.path.join(workdir, impl)
-    cmd = [sys.executable, os.path.join(ROOT, "train.py"), *DEFAULTS, *overrides, f"model.impl={impl}",
-           f"hydra.run.dir={run_dir}"]
-    subprocess.run(cmd, check=True, cwd=workdir, stdout=subprocess.DEVNULL)
-    logs = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl")) if '"loss"' in line]
-    steady = logs[1:] or logs
-    return {"tokens_per_sec": sum(m["tokens_per_sec"] for m in steady) / len(steady),
-            "mfu": sum(m["mfu"] for m in steady) / len(steady),
-            "peak_rss_gb": logs[-1]["peak_rss_gb"], "final_loss": logs[-1]["loss"]}
 
 
 def main() -> None:
     overrides = sys.argv[1:]
     with tempfile.TemporaryDirectory() as workdir:
-        results = {impl: run(impl, overrides, workdir) for impl in ("native", "mindformers")}
+        results = {impl: train_and_measure(impl, [*DEFAULTS, *overrides, f"model.impl={impl}"], workdir)
+                   for impl in ("native", "mindformers")}
     print(f"overrides: {' '.join(DEFAULTS + overrides)}")
     print(f"{'impl':<12} {'tokens/s':>10} {'MFU':>7} {'peak RSS GiB':>13} {'final loss':>11}")
     for impl, r in results.items():

@@ -195,6 +195,12 @@ class Config:
     dry_run: bool = False  # print layout, parameter count and memory plan, then exit
 
 
+def is_sharded(parallel) -> bool:
+    """Whether the layout needs MindSpore's semi-auto parallel (distributed/semi_auto.py): tp, pp, or
+    optimizer sharding over dp. Plain data parallelism runs without it (distributed/data_parallel.py)."""
+    return parallel.tp > 1 or parallel.pp > 1 or (parallel.optimizer_shard and parallel.dp > 1)
+
+
 def pipeline_micro_batches(cfg) -> int:
     """Micro-batches a pipeline step feeds through its stages (MindFormers' micro_batch_num); 1 without pp."""
     return cfg.parallel.micro_batches if cfg.parallel.pp > 1 else 1

@@ -9,7 +9,7 @@ import typing
 
 from omegaconf import DictConfig
 
-from conf.schema import Config, global_batch_size
+from conf.schema import Config, global_batch_size, is_sharded
 
 CHOICES = {
     "model.impl": ("native", "mindformers"),
@@ -114,9 +114,9 @@ def _check_parallel(cfg: DictConfig) -> None:
     _require(p.pp == 1 or p.micro_batches >= p.pp, "parallel.micro_batches",
              f"{p.micro_batches} micro-batches cannot fill {p.pp} pipeline stages; use at least {p.pp}")
     _require(not p.sequence_parallel or p.tp > 1, "parallel.sequence_parallel", "needs tp > 1")
-    if p.tp > 1 or p.pp > 1:  # distributed/semi_auto.py: one compiled graph per step
+    if is_sharded(p):  # distributed/semi_auto.py: one compiled graph per step
         t = cfg.trainer
-        _require(t.grad_accum == 1, "trainer.grad_accum", f"must be 1 under tp/pp, got {t.grad_accum}: the step is "
+        _require(t.grad_accum == 1, "trainer.grad_accum", f"must be 1 under tp/pp/optimizer_shard, got {t.grad_accum}: the step is "
                  "one sharded graph; accumulate with parallel.micro_batches (pp > 1) or a larger dp instead")
         _require(t.spike_factor == 0, "trainer.spike_factor", "loss-spike skipping needs the loss before the update, "
                  "which the one-graph sharded step does not expose; set it to 0 (non-finite steps are still skipped)")
@@ -183,6 +183,8 @@ def _check_machine(cfg: DictConfig, world_size: int) -> None:
         raise ConfigError("parallel", f"parallel={p.name} (dp={p.dp} x tp={p.tp} x pp={p.pp}) needs {devices} "
                           "Ascend/GPU devices, found CPU: MindSpore runs tensor and pipeline parallelism only on "
                           "Ascend/GPU. Add dry_run=true to see its layout and memory plan here.")
+    _require(target != "CPU" or not is_sharded(p), "parallel.optimizer_shard", "optimizer sharding runs in "
+             "MindSpore's semi-auto parallel mode, which needs Ascend/GPU; set parallel.optimizer_shard=false on CPU")
     _require(cfg.precision.compute_dtype != "bf16" or target != "CPU", "precision",
              "bf16 needs Ascend/GPU: MindSpore's CPU kernels have no bf16 matmul; use precision=fp32 or fp16")
     _require(not cfg.model.flash_attention or target == "Ascend", "model.flash_attention",

@@ -7,9 +7,11 @@ Conventions (bytes per device):
     planned and the one with the largest total is reported. conf/validate.py checks that tp divides the
     heads, KV heads, ffn width and vocabulary, so every shard is exact.
   * Weights: fp32 master weights, 4 B/param (mindlab keeps fp32 params and casts to the compute dtype
-    inside the matmuls). Never sharded over dp, even with optimizer_shard; kept simple on purpose.
+    inside the matmuls), divided by dp when optimizer_shard: MindSpore's optimizer parallel (semi-auto,
+    distributed/semi_auto.py) stores each parameter as its dp slice and all-gathers it in the forward
+    (the transient gathered copy is not counted).
   * Grads: accumulated in fp32, 4 B/param.
-  * Optimizer: AdamW m and v in fp32, 8 B/param, divided by dp when optimizer_shard (ZeRO-1).
+  * Optimizer: AdamW m and v in fp32, 8 B/param, divided by dp when optimizer_shard.
   * Activations: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
     Models", section 4, adapted to this decoder rather than taken as an estimate: its 34*s*b*h +
     5*a*s^2*b bytes per layer describe a GPT block (GeLU MLP, dropout). Without dropout (no 1-byte
@@ -37,7 +39,7 @@ Not counted: framework workspace, communication buffers, allocator fragmentation
 tests/test_memory_published.py holds this plan against published figures: Korthikanti et al.'s Table 2 (all
 six rows, for their 22B/175B/530B/1T GPT shapes) less exactly the dropout tensors (2*s*b*h bytes of masks,
 3*a*s^2*b in attention), their 1F1B first-stage total (Eq. 6) and 4*s*b*V/t fp32 logits; ZeRO's 16 B/param
-(7.5B -> 120 GB), but not its P_os 31.4 GB at Nd = 64, since the fp32 weights stay replicated here (60.9 GB);
+(7.5B -> 120 GB) and its P_os 31.4 GB at Nd = 64 (weights and AdamW states sharded, grads not: 4 + 12/Nd);
 Megatron-LM's theoretical_memory_usage.py parameter counts (equal), 18 B/param (2 more: its bf16 copy) and
 s*b*h*(18 + 4*f/h)/t bytes per layer (4*f/h + 4*kv/a - 6 fewer: GeLU width, MHA, dropout masks).
 """
@@ -112,7 +114,8 @@ def _stage_plan(p: Any, stage: int, params: int, activations: Dict[str, float], 
     optimizer_unsharded = 8.0 * params
     optimizer_sharded = optimizer_unsharded / p.dp
     optimizer = optimizer_sharded if p.optimizer_shard else optimizer_unsharded
-    weights = grads = 4.0 * params
+    grads = 4.0 * params
+    weights = grads / p.dp if p.optimizer_shard else grads
     return MemoryPlan(
         stage=stage, num_stages=p.pp, params=params, weights=weights, grads=grads,
         optimizer_states=optimizer, optimizer_states_unsharded=optimizer_unsharded,
@@ -156,7 +159,7 @@ def format_plan(plan: MemoryPlan, device_memory_gb: float) -> str:
     fraction = plan.total / (device_memory_gb * GIB)
     verdict = f"of {device_memory_gb:g} GiB ({fraction:.0%}): {'fits' if fraction <= 1 else 'DOES NOT FIT'}"
     rows = [
-        ("weights (fp32)", plan.weights, ""),
+        ("weights (fp32)", plan.weights, f"sharded over dp={plan.dp}" if plan.optimizer_shard else ""),
         ("grads (fp32)", plan.grads, ""),
         ("AdamW m, v (fp32)", plan.optimizer_states, optimizer_note),
         ("activations", plan.activations, f"recompute={plan.recompute} ({by_mode})"),

@@ -1,5 +1,5 @@
 """Tensor / pipeline / sequence parallelism and optimizer sharding: MindSpore's SEMI_AUTO_PARALLEL, applied to
-the plain model from outside (the model file holds no parallel code).
+the plain model from outside (the model file holds no parallel code). Used when conf.schema.is_sharded.
 
     shard_model(model, cfg)        shard() strategies from tensor_parallel.py, pipeline_stage per layer
     ShardedTrainStep               forward, backward, gradient reduction, clipping and AdamW as one graph, as the
@@ -17,17 +17,14 @@ this path under msrun on CPU up to exactly that point. The first sharded step ha
 import os
 
 import mindspore as ms
-from mindspore import nn, ops
+from mindspore import nn
 from mindspore.parallel.auto_parallel import AutoParallel
 from mindspore.parallel.nn import Pipeline, PipelineGradReducer
 from omegaconf import DictConfig
 
 from distributed.pipeline_parallel import assign_stages
 from distributed.tensor_parallel import apply_tensor_parallel
-
-
-def is_sharded(cfg: DictConfig) -> bool:
-    return cfg.parallel.tp > 1 or cfg.parallel.pp > 1
+from trainer.step import ClipAndUpdate
 
 
 def shard_model(model: nn.Cell, cfg: DictConfig) -> None:
@@ -44,11 +41,11 @@ class ShardedTrainStep(nn.Cell):
                  micro_batches: int, optimizer_shard: bool):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
         self.net = Pipeline(loss_net, micro_batches) if pp > 1 else loss_net
-        self.optimizer = optimizer
+        self.update = ClipAndUpdate(optimizer, clip_grad_norm)
         self.value_and_grad = ms.value_and_grad(self.scaled_loss, None, optimizer.parameters)
         self.pipelined = pp > 1
+        self.allow = ms.Tensor(True)
         self.reducer = PipelineGradReducer(optimizer.parameters, opt_shard=optimizer_shard) if pp > 1 else None
-        self.clip_grad_norm = clip_grad_norm
 
     def scaled_loss(self, input_ids, labels, loss_scale):
         return self.net(input_ids, labels) * loss_scale
@@ -57,15 +54,7 @@ class ShardedTrainStep(nn.Cell):
         scaled, grads = self.value_and_grad(input_ids, labels, loss_scale)
         if self.pipelined:
             grads = self.reducer(grads)
-        grads = [g / loss_scale for g in grads]
-        finite = ms.amp.all_finite(grads)
-        norm = ops.sqrt(ops.addn([ops.reduce_sum(g * g) for g in grads]))
-        if self.clip_grad_norm > 0:
-            factor = ops.minimum(self.clip_grad_norm / (norm + 1e-6), 1.0)
-            grads = [g * factor for g in grads]
-        lr = self.optimizer.get_lr()
-        if finite:
-            self.optimizer(tuple(grads))
+        norm, finite, lr = self.update([g / loss_scale for g in grads], self.allow)
         return scaled / loss_scale, norm, finite, lr
 
 
@@ -92,7 +81,7 @@ def save_rank_slices(step_dir: str, step: ShardedTrainStep, rank: int, run_dir: 
     final = os.path.join(step_dir, f"rank_{rank}")
     tmp = f"{final}.tmp-{os.getpid()}"
     os.makedirs(tmp, exist_ok=True)
-    ms.save_checkpoint(step.optimizer, os.path.join(tmp, SLICE), format="safetensors")  # params + moments
+    ms.save_checkpoint(step.update.optimizer, os.path.join(tmp, SLICE), format="safetensors")  # params + moments
     os.replace(tmp, final)
     if rank == 0:
         merge_pipeline_strategys(os.path.join(run_dir, "strategy"), os.path.join(step_dir, STRATEGY))

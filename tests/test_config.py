@@ -44,6 +44,7 @@ BAD = [
     (["parallel=tp8dp4", "model=13b", "trainer.spike_factor=3", "dry_run=true"], "trainer.spike_factor",
      "one-graph sharded step"),
     (["parallel=tp8pp2", "model=13b", "model.impl=mindformers", "dry_run=true"], "model.impl", "native"),
+    (["parallel=dp2", "parallel.optimizer_shard=true"], "parallel.optimizer_shard", "semi-auto parallel mode"),
 ]
 
 

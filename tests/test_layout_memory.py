@@ -78,10 +78,10 @@ def test_optimizer_sharding_divides_by_dp():
     assert sharded.params == 6_738_415_616
     assert sharded.optimizer_states_unsharded == 8 * 6_738_415_616
     assert sharded.optimizer_states == sharded.optimizer_states_sharded == 6_738_415_616  # 8 B / 8
-    assert sharded.weights == sharded.grads == 4 * 6_738_415_616  # never sharded over dp
+    assert sharded.grads == 4 * 6_738_415_616 and sharded.weights == 6_738_415_616 // 2  # weights: dp slices
     replicated = plan_for("7b", "dp8", optimizer_shard=False)
-    assert replicated.optimizer_states == 8 * 6_738_415_616
-    assert replicated.total - sharded.total == 7 * 6_738_415_616
+    assert replicated.optimizer_states == 8 * 6_738_415_616 and replicated.weights == 4 * 6_738_415_616
+    assert replicated.total - sharded.total == 7 * 6_738_415_616 + 3.5 * 6_738_415_616
 
 
 def test_activations_7b_by_hand():

@@ -144,18 +144,15 @@ def test_zero_16_bytes_per_param():
     assert plan.weights + plan.grads + plan.optimizer_states == (2 + 2 + 12) * 7_500_000_000 == 120e9
 
 
-def test_zero_pos_shards_less():
-    # [Z]: P_os over Nd = 64: (2 + 2) * psi + K * psi / Nd = 31.40625e9, "31.4 GB". ZeRO's K includes the fp32
-    # master copy, which it shards with m and v; the planner's fp32 weights are the weights the forward
-    # uses, replicated over dp (module docstring: never sharded over dp), and only m, v (8 B) are sharded:
-    # 8 * psi + 8 * psi / Nd = 60.94e9, exactly 4 * psi * (1 - 1/Nd) more.
+def test_zero_pos():
+    # [Z]: P_os over Nd = 64: (2 + 2) * psi + K * psi / Nd = 31.40625e9, "31.4 GB"; K = 12 is the fp32 master
+    # copy plus m and v, all sharded. The planner under optimizer_shard: fp32 grads 4 unsharded, fp32 weights
+    # (MindSpore's optimizer parallel keeps them as dp slices) and m, v sharded: 4 + 12/Nd, the same total.
     psi, nd = 7_500_000_000, 64
     plan = memory_plan(zero_7_5b(), parallel(dp=nd, optimizer_shard=True), S, 1, "bf16", "none", False)
     zero_pos = (2 + 2) * psi + 12 * psi / nd
     assert round(zero_pos / 1e9, 1) == 31.4
-    ours = plan.weights + plan.grads + plan.optimizer_states
-    assert ours == 8 * psi + 8 * psi / nd == 60_937_500_000
-    assert ours - zero_pos == 4 * psi * (1 - 1 / nd)
+    assert plan.weights + plan.grads + plan.optimizer_states == zero_pos == 31_406_250_000
 
 
 # --- [M] Megatron-LM theoretical_memory_usage.py ------------------------------------------------------
@@ -185,13 +182,13 @@ def test_megatron_most_loaded_shard():
 
 def test_megatron_bytes_per_param():
     # [M]: 18 B/param (bf16 weights 2, fp32 grads 4, fp32 master 4, Adam 8); the planner has no bf16 copy: 16.
-    # Distributed optimizer: 6 + 12/dp; the planner shards m, v only: 8 + 8/dp (equal at dp = 2).
+    # Distributed optimizer: 6 + 12/dp; the planner under optimizer_shard: 4 + 12/dp (no bf16 copy, 2 fewer).
     def per_param(parallel_name):
         plan = memory_plan(model("7b"), parallel(parallel_name), S, 1, "bf16", "none", False)
         return (plan.weights + plan.grads + plan.optimizer_states) / plan.params
 
     assert per_param("single") == 16 == 18 - 2
-    assert per_param("dp8") == 9 == (6 + 12 / 8) + 1.5  # dp8.yaml: optimizer_shard, dp 8
+    assert per_param("dp8") == 5.5 == (6 + 12 / 8) - 2  # dp8.yaml: optimizer_shard, dp 8
 
 
 @pytest.mark.parametrize("name, difference", [("7b", 8.75), ("70b", 8.5)])

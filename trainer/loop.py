@@ -9,10 +9,9 @@ import mindspore as ms
 from mindspore import Tensor
 from omegaconf import DictConfig, OmegaConf
 
-from conf.schema import global_batch_size, pipeline_micro_batches
+from conf.schema import global_batch_size, is_sharded, pipeline_micro_batches
 from data import build_data
 from distributed.layout import Layout
-from distributed.semi_auto import is_sharded
 from models import build_model
 from objectives import build_objective
 from trainer import checkpoint
@@ -38,7 +37,7 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
         checkpoint.load_weights(cfg.stage.init_from, model)
     loss_net = build_objective(cfg.objective, model)
     optimizer = build_optimizer(model.trainable_params(), cfg.optim, t.max_steps)
-    if is_sharded(cfg):  # tp/pp (Ascend/GPU): one semi-auto-parallel graph per step
+    if is_sharded(cfg.parallel):  # tp/pp (Ascend/GPU): one semi-auto-parallel graph per step
         from distributed.semi_auto import ShardedTrainStep, parallel_step, shard_model
 
         shard_model(model, cfg)
@@ -61,7 +60,7 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     ckpt_root = os.path.join(run_dir, "checkpoints")
     state = {"step": 0, "run_id": uuid.uuid4().hex[:12], "skipped_steps": 0}
     resume_from = _resume_path(t.resume, ckpt_root)
-    if resume_from and is_sharded(cfg):
+    if resume_from and is_sharded(cfg.parallel):
         raise checkpoint.CheckpointError(
             f"{resume_from}: resuming a tp/pp run from its per-rank slices is not implemented yet; merge them "
             "(python -m distributed.reshard merge) and start from the weights with stage.init_from, trainer.resume=none")
@@ -80,7 +79,7 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
                 "loss_scale": [scaler.scale, scaler.clean_steps] if scaler else None}
 
     def save(step: int) -> None:
-        if is_sharded(cfg):  # every rank its slices (resuming from them is not implemented yet)
+        if is_sharded(cfg.parallel):  # every rank its slices (resuming from them is not implemented yet)
             from distributed.semi_auto import save_rank_slices
 
             save_rank_slices(os.path.join(ckpt_root, f"step_{step:06d}"), sharded_step.network, rt.rank, run_dir)
@@ -105,7 +104,7 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     for step in range(start + 1, t.max_steps + 1):
         scale = nan if step in t.inject_nan_steps else (scaler.tensor() if scaler else Tensor(1.0, ms.float32))
         position = data.train.position
-        if is_sharded(cfg):  # the pipeline's micro-batches are this step's accumulation
+        if is_sharded(cfg.parallel):  # the pipeline's micro-batches are this step's accumulation
             batch = Tensor(data.train.next_batch())
             step_loss, grad_norm, finite, lr = sharded_step(batch, batch, scale)
             step_loss, skip = float(step_loss.asnumpy()), None

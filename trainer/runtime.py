@@ -10,6 +10,8 @@ import numpy as np
 import mindspore as ms
 from omegaconf import DictConfig
 
+from conf.schema import is_sharded
+
 
 @dataclass
 class Runtime:
@@ -40,7 +42,7 @@ def init_runtime(cfg: DictConfig) -> Runtime:
     world_size = launched_world_size()
     if world_size == 1:
         return Runtime(rank=0, world_size=1)
-    if cfg.parallel.tp > 1 or cfg.parallel.pp > 1:  # the parallel mode is set by distributed/semi_auto.py
+    if is_sharded(cfg.parallel):  # the parallel mode is set by distributed/semi_auto.py
         from mindspore.communication import get_rank, init
 
         init()

@@ -38,9 +38,8 @@ class ApplyUpdate(nn.Cell):
     def __init__(self, optimizer: nn.Optimizer, grad_buffers: ms.ParameterTuple, clip_grad_norm: float,
                  reducer: Optional[nn.Cell] = None):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
-        self.optimizer = optimizer
+        self.update = ClipAndUpdate(optimizer, clip_grad_norm)
         self.grad_buffers = grad_buffers
-        self.clip_grad_norm = clip_grad_norm
         self.reducer = reducer
         self.reduce = reducer is not None
 
@@ -49,6 +48,22 @@ class ApplyUpdate(nn.Cell):
         grads = [g / (loss_scale * n_micro) for g in self.grad_buffers]
         if self.reduce:
             grads = list(self.reducer(tuple(grads)))
+        norm, finite, lr = self.update(grads, allow)
+        for buffer in self.grad_buffers:
+            ops.assign(buffer, ops.zeros_like(buffer))
+        return norm, finite, lr
+
+
+class ClipAndUpdate(nn.Cell):
+    """(norm, finite, lr) = update(grads, allow): the global gradient norm, clipping to `clip_grad_norm`, and
+    the optimizer step, taken only when every gradient is finite and `allow` is True."""
+
+    def __init__(self, optimizer: nn.Optimizer, clip_grad_norm: float):
+        super().__init__(auto_prefix=False)
+        self.optimizer = optimizer
+        self.clip_grad_norm = clip_grad_norm
+
+    def construct(self, grads, allow):
         finite = ms.amp.all_finite(grads)
         norm = ops.sqrt(ops.addn([ops.reduce_sum(g * g) for g in grads]))
         if self.clip_grad_norm > 0:
@@ -57,8 +72,6 @@ class ApplyUpdate(nn.Cell):
         lr = self.optimizer.get_lr()
         if ops.logical_and(finite, allow):
             self.optimizer(tuple(grads))
-        for buffer in self.grad_buffers:
-            ops.assign(buffer, ops.zeros_like(buffer))
         return norm, finite, lr
 
 
