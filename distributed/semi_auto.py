@@ -72,8 +72,9 @@ def parallel_step(step: ShardedTrainStep, cfg: DictConfig, run_dir: str, rank: i
 
 def save_rank_slices(step_dir: str, step: ShardedTrainStep, rank: int, run_dir: str) -> None:
     """Write the weight and AdamW slices this rank holds to step_dir/rank_<r>/checkpoint.safetensors; rank 0 also
-    merges the per-rank strategy files of the compile into step_dir/strategy.ckpt. The result is the layout of
-    distributed/sharded_checkpoint.py: `python -m distributed.reshard merge <step_dir> OUT` makes it whole."""
+    merges the per-rank strategy files of the compile into step_dir/strategy.ckpt (then the caller adds
+    state.json). The result is the layout of distributed/sharded_checkpoint.py: `python -m distributed.reshard
+    merge <step_dir> OUT` makes it whole."""
     from mindspore.parallel import merge_pipeline_strategys
 
     from distributed.sharded_checkpoint import SLICE, STRATEGY

@@ -1,9 +1,10 @@
 """The tp/pp training path (distributed/semi_auto.py) as far as CPU can take it.
 
 MindSpore compiles sharded and pipelined graphs only for Ascend/GPU. Here two msrun workers run the real
-trainer path — communication init, shard() strategies, pipeline stages, the Pipeline/PipelineGradReducer
-step under AutoParallel — and the first step must stop exactly at MindSpore's parallel compiler with its
-CPU-backend error, i.e. everything before it was accepted. The step itself is NOT executed here.
+trainer path — communication init, shard() strategies (with recompute), pipeline stages, the
+Pipeline/PipelineGradReducer step under AutoParallel, optimizer sharding — and the first step must stop
+exactly at MindSpore's parallel compiler with its CPU-backend error, i.e. everything before it was
+accepted. The step itself is NOT executed here.
 """
 import os
 import subprocess
@@ -18,7 +19,7 @@ BACKEND_ERROR = ("probe: Invalid communication backend: CPU for semi_auto_parall
                  "support Ascend/GPU backend.")
 
 
-@pytest.mark.parametrize("layout", [["parallel.tp=2", "parallel.sequence_parallel=true"],
+@pytest.mark.parametrize("layout", [["parallel.tp=2", "parallel.sequence_parallel=true", "model.recompute=full"],
                                     ["parallel.pp=2", "parallel.micro_batches=2"],
                                     ["parallel.dp=2", "parallel.optimizer_shard=true"]], ids=["tp2-sp", "pp2", "dp2-zero"])
 def test_sharded_step_reaches_the_parallel_compiler(tmp_path, layout):

@@ -48,17 +48,30 @@ def save(root: str, step: int, model: nn.Cell, optimizer: nn.Optimizer, state: d
     ms.save_checkpoint(model, os.path.join(tmp, WEIGHTS), format="safetensors")
     ms.save_checkpoint(optimizer, os.path.join(tmp, OPTIMIZER), format="safetensors",
                        choice_func=lambda name: name not in weights)
-    OmegaConf.save(cfg, os.path.join(tmp, CONFIG), resolve=True)
-    if tokenizer_file:
-        shutil.copy(tokenizer_file, os.path.join(tmp, TOKENIZER))
-    sizes = {name: os.path.getsize(os.path.join(tmp, name)) for name in os.listdir(tmp)}
-    with open(os.path.join(tmp, STATE), "w", encoding="utf-8") as f:
-        json.dump({"step": step, **state, "file_sizes": sizes}, f, indent=1)
-    for name in os.listdir(tmp):
-        _fsync(os.path.join(tmp, name))
+    write_metadata(tmp, step, state, cfg, tokenizer_file)
     shutil.rmtree(final, ignore_errors=True)  # a same-step leftover of a run that crashed after the rename
     os.replace(tmp, final)
     _fsync(root)
+    set_latest(root, final)
+    return final
+
+
+def write_metadata(directory: str, step: int, state: dict, cfg: DictConfig, tokenizer_file: Optional[str]) -> None:
+    """config.yaml, tokenizer.model and, last, state.json with the sizes of the files written so far."""
+    OmegaConf.save(cfg, os.path.join(directory, CONFIG), resolve=True)
+    if tokenizer_file:
+        shutil.copy(tokenizer_file, os.path.join(directory, TOKENIZER))
+    sizes = {name: os.path.getsize(os.path.join(directory, name)) for name in os.listdir(directory)
+             if os.path.isfile(os.path.join(directory, name))}
+    with open(os.path.join(directory, STATE), "w", encoding="utf-8") as f:
+        json.dump({"step": step, **state, "file_sizes": sizes}, f, indent=1)
+    for name in sizes:
+        _fsync(os.path.join(directory, name))
+    _fsync(os.path.join(directory, STATE))
+
+
+def set_latest(root: str, final: str) -> None:
+    """Point `latest` at checkpoint directory `final` (atomic rename)."""
     latest_tmp = os.path.join(root, f"{LATEST}.tmp-{os.getpid()}")
     with open(latest_tmp, "w", encoding="utf-8") as f:
         f.write(os.path.basename(final) + "\n")
@@ -66,7 +79,6 @@ def save(root: str, step: int, model: nn.Cell, optimizer: nn.Optimizer, state: d
         os.fsync(f.fileno())
     os.replace(latest_tmp, os.path.join(root, LATEST))
     _fsync(root)
-    return final
 
 
 def complete_checkpoints(root: str) -> List[str]:

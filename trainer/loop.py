@@ -82,7 +82,11 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
         if is_sharded(cfg.parallel):  # every rank its slices (resuming from them is not implemented yet)
             from distributed.semi_auto import save_rank_slices
 
-            save_rank_slices(os.path.join(ckpt_root, f"step_{step:06d}"), sharded_step.network, rt.rank, run_dir)
+            step_dir = os.path.join(ckpt_root, f"step_{step:06d}")
+            save_rank_slices(step_dir, sharded_step.network, rt.rank, run_dir)
+            if rt.is_main:  # state.json and `latest`, so a resume finds it (and says what to do)
+                checkpoint.write_metadata(step_dir, step, snapshot(step), cfg, str(data.tokenizer.path))
+                checkpoint.set_latest(ckpt_root, step_dir)
         elif rt.is_main:
             checkpoint.save(ckpt_root, step, model, optimizer, snapshot(step), cfg, str(data.tokenizer.path))
             checkpoint.prune(ckpt_root, t.keep_last, t.keep_every)
