@@ -147,3 +147,23 @@ def test_checkpoint_round_trip_restores_weights_and_optimizer_state(tmp_path):
     moments = ms.load_checkpoint(os.path.join(path, "optimizer.safetensors"), format="safetensors")
     assert not set(moments) & set(weights(model))  # optimizer file: moments and step only
 
+
+
+def test_one_graph_sharded_step_equals_the_two_graph_step():
+    """distributed/semi_auto.py's ShardedTrainStep (here without a layout, as a plain cell) computes the same
+    loss, norm, clipping and update as ForwardBackward + ApplyUpdate, with a loss scale in play."""
+    from distributed.semi_auto import ShardedTrainStep
+
+    x, scale = batch(8), Tensor(128.0, ms.float32)
+    model_a, _, fb_a, update_a = setup(clip=0.05)
+    loss_a = fb_a(x, x, scale)
+    norm_a, _, _ = update_a(scale, ONE, ALLOW)
+    model_b, optimizer_b, _, _ = setup(clip=0.05)
+    step = ShardedTrainStep(CausalLMLoss(model_b), optimizer_b, 0.05, pp=1, micro_batches=1, optimizer_shard=False)
+    loss_b, norm_b, finite, _ = step(x, x, scale)
+    assert bool(finite.asnumpy()) and float(norm_a.asnumpy()) > 0.05  # clipping was active
+    np.testing.assert_allclose(loss_b.asnumpy(), loss_a.asnumpy(), rtol=1e-6)
+    np.testing.assert_allclose(norm_b.asnumpy(), norm_a.asnumpy(), rtol=1e-5)
+    a, b = weights(model_a), weights(model_b)
+    for k in a:
+        np.testing.assert_allclose(b[k], a[k], atol=1e-6, err_msg=k)
