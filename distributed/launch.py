@@ -116,8 +116,9 @@ def relaunch(workers: int, run_dir: str) -> int:
     for rank in failed:
         log = os.path.join(run_dir, "workers", f"worker_{rank}.log")
         with open(log, errors="replace") as f:
-            tail = [line for line in f.read().splitlines() if "WARNING" not in line][-15:]
-        if not any("Error" in line or "Traceback" in line for line in tail):
+            tail = [line for line in f.read().splitlines()
+                    if not line.startswith(("[INFO]", "[WARNING]")) and "WARNING" not in line][-15:]
+        if not any("error" in line.lower() or "Traceback" in line for line in tail):
             tail.append("(no error message: the process was killed, e.g. by a signal or the out-of-memory killer)")
         print(f"[launch] last lines of {log}:\n" + "\n".join(tail), file=sys.stderr)
     return 1

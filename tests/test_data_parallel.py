@@ -70,3 +70,11 @@ def test_a_failing_worker_fails_the_launch_within_seconds(tmp_path):
     assert proc.returncode == 1
     assert "stopped without finishing; stopped the other workers" in err and "worker_1.log" in err, err[-3000:]
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers_and_scheduler)
+
+
+def test_a_worker_error_is_shown_by_the_launch(tmp_path):
+    proc = train(str(tmp_path / "run"), "parallel=dp2", "trainer.micro_batch_size=4", "trainer.resume=/no/such/ckpt")
+    assert proc.returncode == 1
+    assert "stopped without finishing" in proc.stderr
+    assert "error: trainer.resume: /no/such/ckpt is not a checkpoint directory" in proc.stderr
+    assert "no error message" not in proc.stderr
