@@ -9,6 +9,7 @@ the plain model from outside (the model file holds no parallel code). Used when 
                                    validation requires trainer.grad_accum=1)
     parallel_step(step, cfg, ...)  `AutoParallel` with .pipeline(stages) and .hsdp() (optimizer sharding over dp),
                                    and the per-rank strategy file MindSpore writes when it compiles
+    save_rank_slices / load_rank_slices   checkpoints as per-rank slices + strategy (sharded_checkpoint.py)
 
 Only Ascend and GPU compile sharded graphs; on CPU MindSpore stops at its first parallel pass with
 "Invalid communication backend: CPU for semi_auto_parallel/auto_parallel mode" — tests/test_semi_auto.py runs
@@ -18,12 +19,15 @@ import os
 
 import mindspore as ms
 from mindspore import nn
+from mindspore.parallel import merge_pipeline_strategys
 from mindspore.parallel.auto_parallel import AutoParallel
 from mindspore.parallel.nn import Pipeline, PipelineGradReducer
 from omegaconf import DictConfig
 
 from distributed.pipeline_parallel import assign_stages
+from distributed.sharded_checkpoint import SLICE, STRATEGY
 from distributed.tensor_parallel import apply_tensor_parallel
+from trainer.checkpoint import CheckpointError
 from trainer.step import ClipAndUpdate
 
 
@@ -75,10 +79,6 @@ def save_rank_slices(step_dir: str, step: ShardedTrainStep, rank: int, run_dir: 
     merges the per-rank strategy files of the compile into step_dir/strategy.ckpt (then the caller adds
     state.json). The result is the layout of distributed/sharded_checkpoint.py: `python -m distributed.reshard
     merge <step_dir> OUT` makes it whole."""
-    from mindspore.parallel import merge_pipeline_strategys
-
-    from distributed.sharded_checkpoint import SLICE, STRATEGY
-
     final = os.path.join(step_dir, f"rank_{rank}")
     tmp = f"{final}.tmp-{os.getpid()}"
     os.makedirs(tmp, exist_ok=True)
@@ -86,3 +86,16 @@ def save_rank_slices(step_dir: str, step: ShardedTrainStep, rank: int, run_dir: 
     os.replace(tmp, final)
     if rank == 0:
         merge_pipeline_strategys(os.path.join(run_dir, "strategy"), os.path.join(step_dir, STRATEGY))
+
+
+def load_rank_slices(step_dir: str, compiled: AutoParallel, rank: int, example_batch: ms.Tensor) -> None:
+    """Resume a sharded run with the same layout: compile the step first (MindSpore then holds each parameter
+    as this rank's slice), then load rank_<r>/checkpoint.safetensors into it. Another layout: reshard first
+    (python -m distributed.reshard reshard)."""
+    file = os.path.join(step_dir, f"rank_{rank}", SLICE)
+    if not os.path.isfile(file):
+        raise CheckpointError(f"{file}: missing; the checkpoint is incomplete or of another layout (reshard it: "
+                              "python -m distributed.reshard reshard)")
+    compiled.compile(example_batch, example_batch, ms.Tensor(1.0, ms.float32))
+    ms.load_param_into_net(compiled.network.update.optimizer, ms.load_checkpoint(file, format="safetensors"),
+                           strict_load=True)

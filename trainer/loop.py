@@ -61,11 +61,14 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     state = {"step": 0, "run_id": uuid.uuid4().hex[:12], "skipped_steps": 0}
     resume_from = _resume_path(t.resume, ckpt_root)
     if resume_from and is_sharded(cfg.parallel):
-        raise checkpoint.CheckpointError(
-            f"{resume_from}: resuming a tp/pp run from its per-rank slices is not implemented yet; merge them "
-            "(python -m distributed.reshard merge) and start from the weights with stage.init_from, trainer.resume=none")
-    if resume_from:
+        from distributed.semi_auto import load_rank_slices
+
+        state = checkpoint.read_state(resume_from)
+        example = Tensor(np.zeros((t.micro_batch_size * pipeline_micro_batches(cfg), cfg.data.seq_len + 1), np.int32))
+        load_rank_slices(resume_from, sharded_step, rt.rank, example)
+    elif resume_from:
         state = checkpoint.load(resume_from, model, optimizer)
+    if resume_from:
         data.train.load_state_dict(state["data"])
         guard.load_state_dict(state["guard"])
         set_rng_state(state["rng"])
@@ -79,7 +82,7 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
                 "loss_scale": [scaler.scale, scaler.clean_steps] if scaler else None}
 
     def save(step: int) -> None:
-        if is_sharded(cfg.parallel):  # every rank its slices (resuming from them is not implemented yet)
+        if is_sharded(cfg.parallel):  # every rank its slices
             from distributed.semi_auto import save_rank_slices
 
             step_dir = os.path.join(ckpt_root, f"step_{step:06d}")
