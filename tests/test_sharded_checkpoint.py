@@ -102,3 +102,26 @@ def test_bad_layouts_and_directories_give_one_clear_error(full_checkpoint, tmp_p
         reshard.split(path, str(tmp_path / "b"), dp=1, tp=1, pp=3)
     with pytest.raises(FileNotFoundError, match="not a sharded checkpoint .* distributed.reshard split"):
         reshard.merge(path, str(tmp_path / "c"))
+
+
+def test_a_sharded_runs_save_merges_back(tmp_path):
+    """What distributed/semi_auto.py writes per rank (here one rank of a layout-free step, with the strategy
+    file a compile would leave in <run dir>/strategy/) is what `reshard merge` reads."""
+    from distributed.semi_auto import ShardedTrainStep, save_rank_slices
+    from distributed.sharded_checkpoint import strategy_map
+    from objectives.clm import CausalLMLoss
+
+    cfg = compose_cfg("model=tiny", "data.seq_len=64")
+    model = build_model(cfg.model, 64, "fp32", "CPU", seed=3)
+    optimizer = build_optimizer(model.trainable_params(), cfg.optim, 10)
+    step = ShardedTrainStep(CausalLMLoss(model), optimizer, 1.0, pp=1, micro_batches=1, optimizer_shard=False)
+    shapes = {name: tuple(p.shape) for name, p in optimizer.parameters_and_names()}
+    (tmp_path / "strategy").mkdir()
+    (tmp_path / "strategy" / "rank_0.ckpt").write_bytes(
+        strategy_map(shapes, Layout(dp=1, tp=1, pp=1, num_layers=4), 0).SerializeToString())
+    save_rank_slices(str(tmp_path / "step_000005"), step, 0, str(tmp_path))
+    reshard.merge(str(tmp_path / "step_000005"), str(tmp_path / "merged"))
+    merged = load_tensors(str(tmp_path / "merged" / checkpoint.WEIGHTS))
+    for name, param in model.parameters_and_names():
+        np.testing.assert_array_equal(merged[name], param.asnumpy(), err_msg=name)
+    assert "adam_m.lm_head.weight" in load_tensors(str(tmp_path / "merged" / checkpoint.OPTIMIZER))
