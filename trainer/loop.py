@@ -38,7 +38,8 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     loss_net = build_objective(cfg.objective, model)
     optimizer = build_optimizer(model.trainable_params(), cfg.optim, t.max_steps)
     if is_sharded(cfg.parallel):  # tp/pp (Ascend/GPU): one semi-auto-parallel graph per step
-        from distributed.semi_auto import ShardedTrainStep, parallel_step, shard_model
+        from distributed.semi_auto import ShardedTrainStep, load_rank_slices, parallel_step, save_rank_slices, \
+            shard_model
 
         shard_model(model, cfg)
         sharded_step = parallel_step(ShardedTrainStep(loss_net, optimizer, cfg.optim.clip_grad_norm, cfg.parallel.pp,
@@ -61,8 +62,6 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     state = {"step": 0, "run_id": uuid.uuid4().hex[:12], "skipped_steps": 0}
     resume_from = _resume_path(t.resume, ckpt_root)
     if resume_from and is_sharded(cfg.parallel):
-        from distributed.semi_auto import load_rank_slices
-
         state = checkpoint.read_state(resume_from)
         example = Tensor(np.zeros((t.micro_batch_size * pipeline_micro_batches(cfg), cfg.data.seq_len + 1), np.int32))
         load_rank_slices(resume_from, sharded_step, rt.rank, example)
@@ -83,13 +82,12 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
 
     def save(step: int) -> None:
         if is_sharded(cfg.parallel):  # every rank its slices
-            from distributed.semi_auto import save_rank_slices
-
             step_dir = os.path.join(ckpt_root, f"step_{step:06d}")
             save_rank_slices(step_dir, sharded_step.network, rt.rank, run_dir)
-            if rt.is_main:  # state.json and `latest`, so a resume finds it (and says what to do)
+            if rt.is_main:  # state.json and `latest`: what a resume looks for
                 checkpoint.write_metadata(step_dir, step, snapshot(step), cfg, str(data.tokenizer.path))
                 checkpoint.set_latest(ckpt_root, step_dir)
+                checkpoint.prune(ckpt_root, t.keep_last, t.keep_every)
         elif rt.is_main:
             checkpoint.save(ckpt_root, step, model, optimizer, snapshot(step), cfg, str(data.tokenizer.path))
             checkpoint.prune(ckpt_root, t.keep_last, t.keep_every)
