@@ -21,7 +21,7 @@ import numpy as np
 import boot  # noqa: F401  (mindspore first)
 from distributed.sharded_checkpoint import OPTIMIZER_STATE, layout_for, load_tensors, merge_checkpoint, \
     reshard_checkpoint, save_tensors, split_checkpoint
-from trainer.checkpoint import CONFIG, OPTIMIZER, STATE, TOKENIZER, WEIGHTS
+from trainer.checkpoint import CONFIG, OPTIMIZER, STATE, TOKENIZER, WEIGHTS, write_state
 
 METADATA = (STATE, CONFIG, TOKENIZER)
 
@@ -45,7 +45,7 @@ def split(src: str, out: str, dp: int, tp: int, pp: int) -> None:
 
 
 def merge(src: str, out: str) -> None:
-    tensors = merge_checkpoint(src, os.path.join(out, WEIGHTS))
+    tensors = merge_checkpoint(src)
     optimizer = {n: a for n, a in tensors.items() if OPTIMIZER_STATE.match(n) or n == "global_step"}
     save_tensors({n: a for n, a in tensors.items() if n not in optimizer}, os.path.join(out, WEIGHTS))
     if optimizer:
@@ -55,9 +55,7 @@ def merge(src: str, out: str) -> None:
     if os.path.isfile(state_file):  # the merged files differ in bytes from the originals: record their sizes
         with open(state_file, encoding="utf-8") as f:
             state = json.load(f)
-        state["file_sizes"] = {n: os.path.getsize(os.path.join(out, n)) for n in os.listdir(out) if n != STATE}
-        with open(state_file, "w", encoding="utf-8") as f:
-            json.dump(state, f, indent=1)
+        write_state(out, state)
 
 
 def main() -> None:

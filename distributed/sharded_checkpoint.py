@@ -124,15 +124,12 @@ def _check_sharded(src_dir: str) -> str:
     return strategy
 
 
-def merge_checkpoint(src_dir: str, out_file: str) -> Dict[str, np.ndarray]:
-    """Per-rank slices + strategy under `src_dir` -> one full safetensors file; returns the tensors."""
+def merge_checkpoint(src_dir: str) -> Dict[str, np.ndarray]:
+    """Per-rank slices + strategy under `src_dir` -> the full tensors."""
     strategy = _check_sharded(src_dir)
-    os.makedirs(os.path.dirname(os.path.abspath(out_file)), exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(out_file))) as tmp:
+    with tempfile.TemporaryDirectory() as tmp:
         transform_checkpoints(src_dir, tmp, PREFIX, strategy, None, output_format="safetensors")
-        merged = load_tensors(os.path.join(tmp, "rank_0", f"{PREFIX}0.safetensors"))
-    save_tensors(merged, out_file)
-    return merged
+        return load_tensors(os.path.join(tmp, "rank_0", f"{PREFIX}0.safetensors"))
 
 
 def reshard_checkpoint(src_dir: str, dp: int, tp: int, pp: int, out_dir: str) -> Layout:

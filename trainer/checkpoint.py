@@ -61,13 +61,18 @@ def write_metadata(directory: str, step: int, state: dict, cfg: DictConfig, toke
     OmegaConf.save(cfg, os.path.join(directory, CONFIG), resolve=True)
     if tokenizer_file:
         shutil.copy(tokenizer_file, os.path.join(directory, TOKENIZER))
-    sizes = {name: os.path.getsize(os.path.join(directory, name)) for name in os.listdir(directory)
-             if os.path.isfile(os.path.join(directory, name))}
-    with open(os.path.join(directory, STATE), "w", encoding="utf-8") as f:
-        json.dump({"step": step, **state, "file_sizes": sizes}, f, indent=1)
-    for name in sizes:
+    for name in write_state(directory, {"step": step, **state}):
         _fsync(os.path.join(directory, name))
     _fsync(os.path.join(directory, STATE))
+
+
+def write_state(directory: str, state: dict) -> List[str]:
+    """state.json with the sizes of the files beside it (read_state checks them); returns those files."""
+    sizes = {name: os.path.getsize(os.path.join(directory, name)) for name in os.listdir(directory)
+             if name != STATE and os.path.isfile(os.path.join(directory, name))}
+    with open(os.path.join(directory, STATE), "w", encoding="utf-8") as f:
+        json.dump({**state, "file_sizes": sizes}, f, indent=1)
+    return list(sizes)
 
 
 def set_latest(root: str, final: str) -> None:

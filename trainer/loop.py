@@ -27,9 +27,11 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     """Train as `cfg` says, writing metrics.jsonl and checkpoints to `run_dir`; returns the last metrics."""
     rt = init_runtime(cfg)
     t, dp = cfg.trainer, cfg.parallel.dp
+    sharded = is_sharded(cfg.parallel)  # tp/pp/optimizer sharding (Ascend/GPU): one semi-auto graph per step
+    rows_per_batch = t.micro_batch_size * pipeline_micro_batches(cfg)  # a pipeline step takes all its micro-batches
     layout = Layout.from_config(cfg.parallel, cfg.model.num_layers)  # ranks of one tp group read the same data
-    data = build_data(cfg.data, t.micro_batch_size * pipeline_micro_batches(cfg), dp_rank=layout.coords(rt.rank).dp,
-                      dp_size=dp, seed=t.seed, eval_batches=t.eval_batches)
+    data = build_data(cfg.data, rows_per_batch, dp_rank=layout.coords(rt.rank).dp, dp_size=dp, seed=t.seed,
+                      eval_batches=t.eval_batches)
     val = {source: [Tensor(b) for b in batches] for source, batches in data.val.items()}
 
     model = build_model(cfg.model, cfg.data.seq_len, cfg.precision.compute_dtype, cfg.device.target, t.seed)
@@ -37,7 +39,7 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
         checkpoint.load_weights(cfg.stage.init_from, model)
     loss_net = build_objective(cfg.objective, model)
     optimizer = build_optimizer(model.trainable_params(), cfg.optim, t.max_steps)
-    if is_sharded(cfg.parallel):  # tp/pp (Ascend/GPU): one semi-auto-parallel graph per step
+    if sharded:
         from distributed.semi_auto import ShardedTrainStep, load_rank_slices, parallel_step, save_rank_slices, \
             shard_model
 
@@ -61,10 +63,10 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     ckpt_root = os.path.join(run_dir, "checkpoints")
     state = {"step": 0, "run_id": uuid.uuid4().hex[:12], "skipped_steps": 0}
     resume_from = _resume_path(t.resume, ckpt_root)
-    if resume_from and is_sharded(cfg.parallel):
+    if resume_from and sharded:
         state = checkpoint.read_state(resume_from)
-        example = Tensor(np.zeros((t.micro_batch_size * pipeline_micro_batches(cfg), cfg.data.seq_len + 1), np.int32))
-        load_rank_slices(resume_from, sharded_step, rt.rank, example)
+        load_rank_slices(resume_from, sharded_step, rt.rank,
+                         Tensor(np.zeros((rows_per_batch, cfg.data.seq_len + 1), np.int32)))
     elif resume_from:
         state = checkpoint.load(resume_from, model, optimizer)
     if resume_from:
@@ -81,7 +83,7 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
                 "loss_scale": [scaler.scale, scaler.clean_steps] if scaler else None}
 
     def save(step: int) -> None:
-        if is_sharded(cfg.parallel):  # every rank its slices
+        if sharded:  # every rank its slices
             step_dir = os.path.join(ckpt_root, f"step_{step:06d}")
             save_rank_slices(step_dir, sharded_step.network, rt.rank, run_dir)
             if rt.is_main:  # state.json and `latest`: what a resume looks for
@@ -109,7 +111,7 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     for step in range(start + 1, t.max_steps + 1):
         scale = nan if step in t.inject_nan_steps else (scaler.tensor() if scaler else Tensor(1.0, ms.float32))
         position = data.train.position
-        if is_sharded(cfg.parallel):  # the pipeline's micro-batches are this step's accumulation
+        if sharded:  # the pipeline's micro-batches are this step's accumulation
             batch = Tensor(data.train.next_batch())
             step_loss, grad_norm, finite, lr = sharded_step(batch, batch, scale)
             step_loss, skip = float(step_loss.asnumpy()), None
