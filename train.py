@@ -44,7 +44,7 @@ def main(cfg: DictConfig):
         print(f"config error: {err}", file=sys.stderr)
         sys.exit(2)
     if cfg.dry_run:
-        from trainer.dry_run import dry_run_report
+        from planner.dry_run import dry_run_report
 
         print(dry_run_report(cfg))
         return None
@@ -53,7 +53,7 @@ def main(cfg: DictConfig):
 
         sys.exit(launch(processes, HydraConfig.get().runtime.output_dir))
     from data import DataError  # the training stack (MindFormers included) loads only when training
-    from trainer.checkpoint import CheckpointError
+    from checkpoint import CheckpointError
     from trainer.guard import TrainingStopped
     from trainer.loop import save_resolved_config, train
     from trainer.metrics import write_status

@@ -16,14 +16,14 @@ import time
 
 import mindspore as ms
 import numpy as np
-from mindspore import nn
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from conf.schema import REPO_ROOT, register
 from data import build_data, prepare
 from models import build_model
-from objectives import build_objective
+from objectives import objective
+from trainer.step import ForwardBackward
 
 DEFAULTS = ["data=corpora_5dom", "model=small", "data.num_workers=2"]
 
@@ -64,29 +64,20 @@ def training_consumption(cfg, n_steps: int = 5) -> float:
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device(cfg.device.target)
     model = build_model(cfg.model, cfg.data.seq_len, cfg.precision.compute_dtype, cfg.device.target, t.seed)
-    grad = _ForwardBackward(build_objective(cfg.objective, model))
+    loss_net = objective(cfg.objective.name).Objective(cfg.objective).loss_cell(model)
+    grad = ForwardBackward(loss_net, ms.ParameterTuple(loss_net.trainable_params()))
     rng = np.random.default_rng(0)
     batch = ms.Tensor(rng.integers(0, cfg.model.vocab_size, (t.micro_batch_size, cfg.data.seq_len + 1), np.int32))
+    one = ms.Tensor(1.0, ms.float32)
     for _ in range(2):  # compile
-        grad(batch, batch)[0].asnumpy()
+        grad(one, batch, batch)[0].asnumpy()
     start = time.perf_counter()
     for _ in range(n_steps):
-        grad(batch, batch)[0].asnumpy()
+        grad(one, batch, batch)[0].asnumpy()
     rate = n_steps * t.micro_batch_size * cfg.data.seq_len / (time.perf_counter() - start)
     print(f"training step (forward + backward, model={cfg.model.name}, {cfg.device.target}): "
           f"{rate / 1e3:.1f} k tokens/s")
     return rate
-
-
-class _ForwardBackward(nn.Cell):
-    """Loss and gradients in one compiled graph (what the trainer's step does before the update)."""
-
-    def __init__(self, loss_net: nn.Cell):
-        super().__init__(auto_prefix=False)
-        self.value_and_grad = ms.value_and_grad(loss_net, None, loss_net.trainable_params())
-
-    def construct(self, input_ids, labels):
-        return self.value_and_grad(input_ids, labels)
 
 
 def main() -> None:

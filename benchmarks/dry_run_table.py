@@ -1,4 +1,4 @@
-"""The per-device memory plan of `dry_run=true` (distributed/memory.py) for the 7b, 13b and 70b presets under
+"""The per-device memory plan of `dry_run=true` (planner/memory.py) for the 7b, 13b and 70b presets under
 every layout in conf/parallel/, as one markdown table. Pure Python: nothing is built.
 
     scripts/venv.sh python -m benchmarks.dry_run_table
@@ -17,8 +17,8 @@ from hydra import compose, initialize_config_dir
 
 from conf.schema import REPO_ROOT, register
 from conf.validate import ConfigError, validate
-from distributed.layout import Layout
-from distributed.memory import GIB, memory_plan
+from planner.layout import Layout
+from planner.memory import GIB, memory_plan
 from models import use_flash_attention
 
 MODELS = ("7b", "13b", "70b")

@@ -3,41 +3,19 @@
 Each YAML preset starts from one of these dataclasses (its `defaults: [base_<group>]`), so Hydra rejects
 unknown keys (including `+key=` typos) and wrongly typed values while composing. Rules that span
 several fields live in conf/validate.py.
+
+Two groups are plug-ins with one dataclass per choice: `model` (each family's Config in models/<family>/,
+presets start from `base_model_<family>`) and `objective` (each objective's Config in objectives/<name>.py,
+presets start from `base_objective_<name>`). register() finds them through the two registries.
 """
 import os
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@dataclass
-class RopeScalingConfig:
-    type: str = "none"  # none | linear (position interpolation) | ntk (NTK-aware base scaling)
-    factor: float = 1.0
-
-
-@dataclass
-class ModelConfig:
-    name: str = MISSING
-    impl: str = "native"  # native (models/llama.py) | mindformers (MindFormers 1.9 LlamaForCausalLM)
-    vocab_size: int = MISSING
-    hidden_size: int = MISSING
-    num_layers: int = MISSING
-    num_heads: int = MISSING
-    num_kv_heads: int = MISSING  # == num_heads: multi-head attention; fewer: grouped-query attention
-    intermediate_size: int = MISSING  # SwiGLU width
-    max_position_embeddings: int = 2048
-    rope_theta: float = 10000.0
-    rope_scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
-    norm_eps: float = 1e-5
-    tie_embeddings: bool = False
-    init_std: float = 0.02
-    flash_attention: Optional[bool] = None  # null: on where the device has the kernel (Ascend); true | false
-    recompute: str = "none"  # none | full (whole decoder layer) | selective (attention core only)
 
 
 @dataclass
@@ -81,6 +59,9 @@ class TokenizerConfig:
     sample_chars: int = 4_000_000  # text drawn evenly across sources to train it
     character_coverage: float = 0.9995  # of the sample's characters that get pieces; the rest use byte fallback
     path: Optional[str] = None  # an existing sentencepiece .model instead of training one
+    # Extra whole-token symbols, e.g. [CLS] [SEP] [MASK] for BERT (sentencepiece user_defined_symbols: ids 4, 5, ...
+    # right after pad/unk/bos/eos, never split, matched in text). An objective that needs some says which.
+    user_symbols: List[str] = field(default_factory=list)
 
 
 @dataclass
@@ -101,15 +82,12 @@ class DataConfig:
 
 
 @dataclass
-class ObjectiveConfig:
-    name: str = MISSING  # clm (mlm, sft, dpo come later)
-    ignore_index: int = -100
-
-
-@dataclass
 class StageConfig:
-    name: str = MISSING  # pretrain (sft, align, long_context come later)
-    init_from: Optional[str] = None  # checkpoint to start from; None: random init
+    """A stage preset (conf/stage/<name>.yaml, `@package _global_`) sets several groups at once (data, model.*,
+    optim.*, objective) and this node: where the weights come from."""
+
+    name: str = MISSING  # pretrain | mlm_pretrain (sft, align, long_context come later)
+    init_from: Optional[str] = None  # checkpoint (or .safetensors) to start from; None: random init
 
 
 @dataclass
@@ -182,10 +160,10 @@ class TrainerConfig:
 
 @dataclass
 class Config:
-    model: ModelConfig = MISSING
+    model: Any = MISSING  # a model family's Config (models/<family>/config.py)
     parallel: ParallelConfig = MISSING
     data: DataConfig = MISSING
-    objective: ObjectiveConfig = MISSING
+    objective: Any = MISSING  # an objective's Config (objectives/<name>.py)
     stage: StageConfig = MISSING
     optim: OptimConfig = MISSING
     precision: PrecisionConfig = MISSING
@@ -213,10 +191,17 @@ def global_batch_size(cfg) -> int:
 
 def register() -> None:
     """Put the schema in Hydra's ConfigStore and define `${repo:}` (this checkout's root) for paths."""
+    from models import FAMILIES, family
+    from objectives import OBJECTIVES, objective
+
     OmegaConf.register_new_resolver("repo", lambda: REPO_ROOT, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
-    for group, node in [("model", ModelConfig), ("parallel", ParallelConfig), ("data", DataConfig),
-                        ("objective", ObjectiveConfig), ("stage", StageConfig), ("optim", OptimConfig),
-                        ("precision", PrecisionConfig), ("device", DeviceConfig), ("logger", LoggerConfig)]:
+    for group, node in [("parallel", ParallelConfig), ("data", DataConfig), ("stage", StageConfig),
+                        ("optim", OptimConfig), ("precision", PrecisionConfig), ("device", DeviceConfig),
+                        ("logger", LoggerConfig)]:
         cs.store(group=group, name=f"base_{group}", node=node)
+    for name in FAMILIES:
+        cs.store(group="model", name=f"base_model_{name}", node=family(name).Config)
+    for name in OBJECTIVES:
+        cs.store(group="objective", name=f"base_objective_{name}", node=objective(name).Config)

@@ -7,16 +7,14 @@ import dataclasses
 import difflib
 import typing
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from conf.errors import ConfigError, require as _require
 from conf.schema import Config, global_batch_size, is_sharded
 
+__all__ = ["ConfigError", "validate"]
 CHOICES = {
-    "model.impl": ("native", "mindformers"),
     "model.recompute": ("none", "full", "selective"),
-    "model.rope_scaling.type": ("none", "linear", "ntk"),
-    "objective.name": ("clm",),
-    "stage.name": ("pretrain",),
     "optim.schedule": ("cosine", "wsd", "constant"),
     "precision.compute_dtype": ("fp32", "fp16", "bf16"),
     "precision.loss_scale": ("none", "dynamic"),
@@ -28,22 +26,11 @@ CHOICES = {
 }
 
 
-class ConfigError(ValueError):
-    def __init__(self, key: str, message: str):
-        super().__init__(f"{key}: {message}")
-        self.key = key
-
-
 def _get(cfg: DictConfig, key: str):
     node = cfg
     for part in key.split("."):
         node = node[part]
     return node
-
-
-def _require(ok: bool, key: str, message: str) -> None:
-    if not ok:
-        raise ConfigError(key, message)
 
 
 def validate(cfg: DictConfig, world_size: int = 1) -> None:
@@ -52,8 +39,9 @@ def validate(cfg: DictConfig, world_size: int = 1) -> None:
     for key, allowed in CHOICES.items():
         value = _get(cfg, key)
         _require(value in allowed, key, f"got {value!r}; choose one of {', '.join(map(str, allowed))}")
-    _check_model(cfg)
     _check_parallel(cfg)
+    _check_plugins(cfg)
+    _check_model(cfg)
     _check_batch(cfg)
     _check_optim(cfg)
     _check_data(cfg)
@@ -72,6 +60,8 @@ def _check_known_keys(cfg: DictConfig) -> None:
                 raise ConfigError(prefix + key, "unknown key" + (f"; did you mean {prefix}{hint[0]}?" if hint else
                                                                  f"; known keys: {', '.join(fields)}"))
             kind = fields[key]
+            if kind is typing.Any and isinstance(node[key], DictConfig):  # a plug-in group: its preset's own class
+                kind = OmegaConf.get_type(node[key])
             if dataclasses.is_dataclass(kind) and isinstance(node[key], DictConfig):
                 walk(node[key], kind, f"{prefix}{key}.")
             elif typing.get_origin(kind) is list and dataclasses.is_dataclass(typing.get_args(kind)[0]):
@@ -81,21 +71,25 @@ def _check_known_keys(cfg: DictConfig) -> None:
     walk(cfg, Config, "")
 
 
+def _check_plugins(cfg: DictConfig) -> None:
+    """The model family's and the objective's own rules (models/<family>/, objectives/<name>.py)."""
+    from models import FAMILIES, family
+    from objectives import OBJECTIVES, objective
+
+    _require(cfg.model.family in FAMILIES, "model.family", f"got {cfg.model.family!r}; choose one of "
+             f"{', '.join(FAMILIES)}")
+    _require(cfg.objective.name in OBJECTIVES, "objective.name", f"got {cfg.objective.name!r}; choose one of "
+             f"{', '.join(OBJECTIVES)}")
+    family(cfg.model.family).check(cfg)
+    objective(cfg.objective.name).check(cfg)
+
+
 def _check_model(cfg: DictConfig) -> None:
     m = cfg.model
-    for key in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
-        _require(m[key] > 0, f"model.{key}", f"must be positive, got {m[key]}")
-    _require(m.hidden_size % m.num_heads == 0, "model.num_heads",
-             f"hidden_size={m.hidden_size} is not divisible by num_heads={m.num_heads}")
-    _require((m.hidden_size // m.num_heads) % 2 == 0, "model.num_heads",
-             f"head_dim={m.hidden_size // m.num_heads} must be even for RoPE")
-    _require(m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads",
-             f"num_heads={m.num_heads} is not a multiple of num_kv_heads={m.num_kv_heads}")
     _require(cfg.data.seq_len <= m.max_position_embeddings, "data.seq_len",
              f"{cfg.data.seq_len} exceeds model.max_position_embeddings={m.max_position_embeddings}; "
              "lower data.seq_len or raise max_position_embeddings (with model.rope_scaling for long context)")
     _require(cfg.data.seq_len >= 2, "data.seq_len", f"must be at least 2, got {cfg.data.seq_len}")
-    _require(m.rope_scaling.factor >= 1.0, "model.rope_scaling.factor", f"must be >= 1, got {m.rope_scaling.factor}")
     _require(cfg.data.tokenizer.vocab_size == m.vocab_size, "data.tokenizer.vocab_size",
              f"{cfg.data.tokenizer.vocab_size} differs from model.vocab_size={m.vocab_size}")
 
@@ -104,12 +98,6 @@ def _check_parallel(cfg: DictConfig) -> None:
     p, m = cfg.parallel, cfg.model
     for key in ("dp", "tp", "pp", "micro_batches"):
         _require(p[key] >= 1, f"parallel.{key}", f"must be >= 1, got {p[key]}")
-    _require(m.num_heads % p.tp == 0, "parallel.tp", f"tp={p.tp} does not divide model.num_heads={m.num_heads}")
-    _require(m.num_kv_heads % p.tp == 0, "parallel.tp",
-             f"tp={p.tp} does not divide model.num_kv_heads={m.num_kv_heads}")
-    _require(m.vocab_size % p.tp == 0, "parallel.tp", f"tp={p.tp} does not divide model.vocab_size={m.vocab_size}")
-    _require(m.intermediate_size % p.tp == 0, "parallel.tp",
-             f"tp={p.tp} does not divide model.intermediate_size={m.intermediate_size}")
     _require(m.num_layers % p.pp == 0, "parallel.pp", f"pp={p.pp} does not divide model.num_layers={m.num_layers}")
     _require(p.pp == 1 or p.micro_batches >= p.pp, "parallel.micro_batches",
              f"{p.micro_batches} micro-batches cannot fill {p.pp} pipeline stages; use at least {p.pp}")
@@ -120,7 +108,8 @@ def _check_parallel(cfg: DictConfig) -> None:
                  "one sharded graph; accumulate with parallel.micro_batches (pp > 1) or a larger dp instead")
         _require(t.spike_factor == 0, "trainer.spike_factor", "loss-spike skipping needs the loss before the update, "
                  "which the one-graph sharded step does not expose; set it to 0 (non-finite steps are still skipped)")
-        _require(cfg.model.impl == "native", "model.impl", "tp/pp shard the native model; set model.impl=native")
+        _require(cfg.model.get("impl", "native") == "native", "model.impl",
+                 "tp/pp shard the native model; set model.impl=native")
     _require(not p.optimizer_shard or p.dp > 1, "parallel.optimizer_shard", "needs dp > 1")
 
 

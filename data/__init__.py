@@ -17,6 +17,8 @@ from data.cache import PreparedData, prepare
 from data.errors import DataError
 from data.loader import BlendedBatches, validation_batches
 from data.mixing import check_weights
+from data.packing import PACKED
+from data.rows import RowSpec
 from data.tokenizer import Tokenizer
 
 __all__ = ["BlendedBatches", "DataBundle", "DataError", "PreparedData", "Tokenizer", "build_data", "prepare"]
@@ -26,15 +28,16 @@ __all__ = ["BlendedBatches", "DataBundle", "DataError", "PreparedData", "Tokeniz
 class DataBundle:
     tokenizer: Tokenizer
     train: BlendedBatches
-    val: Dict[str, List[np.ndarray]]  # per source: up to eval_batches fixed batches [micro_batch_size, seq_len + 1]
+    val: Dict[str, List[Dict[str, np.ndarray]]]  # per source: up to eval_batches fixed batches (dicts of columns)
     meta: dict  # per source: documents read, removed by each cleaning step, kept; per split docs, tokens, rows
 
 
 def build_data(cfg: DataConfig, micro_batch_size: int, dp_rank: int = 0, dp_size: int = 1, seed: int = 0,
-               eval_batches: int = 8) -> DataBundle:
-    """Prepare (or reuse) the cache for `cfg` and open this rank's training and validation batches over it."""
+               eval_batches: int = 8, spec: RowSpec = PACKED) -> DataBundle:
+    """Prepare (or reuse) the cache for `cfg` in the row layout `spec` (the objective's) and open this rank's
+    training and validation batches over it."""
     check_weights(cfg.weights, [s.name for s in cfg.sources])  # before the work of preparing
-    prepared = prepare(cfg)
+    prepared = prepare(cfg, spec)
     train = BlendedBatches(prepared, cfg.weights, micro_batch_size, dp_rank, dp_size, seed, cfg.allow_weight_change)
     meta = {**prepared.meta, "cache_dir": str(prepared.rows_dir), "weights": train.weights}
     return DataBundle(prepared.tokenizer(), train, validation_batches(prepared, micro_batch_size, eval_batches), meta)

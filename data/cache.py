@@ -2,7 +2,8 @@
 
 Layout, `<data.cache_dir>/<key>/` (one per distinct input, shared by every preset and mix over it):
   tokenizer.model, tokens/, meta.json   stage 1 (data/documents.py): cleaned, split, tokenized documents
-  rows-<seq_len>/                       stage 2 (data/packing.py): MindRecord rows for one seq_len
+  rows-<seq_len>/                       stage 2 (data/packing.py): MindRecord rows for one seq_len, in the
+  rows-<spec>-<seq_len>/                objective's row layout (PACKED for pretraining; data/rows.py)
 `key` hashes everything stage 1 depends on: the source configs with the path, size and mtime of every
 file they read, data.cleaning, data.tokenizer (and its .model file), data.val_fraction, the sentencepiece
 version and FORMAT_VERSION. Not data.name, data.weights or data.seq_len: mixes share the cache, and a new
@@ -30,7 +31,8 @@ from omegaconf import OmegaConf
 from conf.schema import DataConfig
 from data.documents import build_documents
 from data.errors import DataError
-from data.packing import pack_sources
+from data.packing import PACKED, pack_sources
+from data.rows import RowSpec
 from data.sources import source_files
 from data.tokenizer import Tokenizer, pretrained_path
 
@@ -45,6 +47,7 @@ class PreparedData:
     rows_dir: Path  # stage 2
     meta: dict  # meta.json, plus seq_len, packing seconds, and per source and split its `rows` and `files`
     reused: bool  # True: nothing was built by this call
+    columns: tuple = PACKED.columns  # what a row holds that batches are made of (the RowSpec's columns)
 
     @property
     def sources(self) -> List[str]:
@@ -66,26 +69,27 @@ class PreparedData:
         return [str(self.rows_dir / f) for f in self.meta["sources"][source][split]["files"]]
 
 
-def prepare(cfg: DataConfig) -> PreparedData:
-    """Return the prepared data for `cfg`, building whichever stage is missing."""
+def prepare(cfg: DataConfig, spec: RowSpec = PACKED) -> PreparedData:
+    """Return the prepared data for `cfg` in `spec`'s row layout, building whichever stage is missing."""
     if getattr(multiprocessing.current_process(), "_inheriting", False):  # multiprocessing's own test for this
         raise DataError("prepare() was called while a worker process re-imported the main script: put the code "
                         "that calls build_data/prepare under `if __name__ == \"__main__\":` (workers are spawned)")
     root = Path(cfg.cache_dir) / cache_key(cfg)
-    rows_dir = root / f"rows-{cfg.seq_len}"
+    rows_dir = root / spec.dir_name(cfg.seq_len)
     root.parent.mkdir(parents=True, exist_ok=True)
     with _file_lock(root.with_name(root.name + ".lock")):
         built = _build_once(root, lambda tmp: build_documents(cfg, tmp))
         meta = json.loads((root / "meta.json").read_text())
         built |= _build_once(rows_dir, lambda tmp: pack_sources(root / "tokens", tmp, list(meta["sources"]),
-                                                                meta["splits"], cfg.seq_len, cfg.shard_rows))
+                                                                meta["splits"], cfg.seq_len, cfg.shard_rows, spec,
+                                                                Tokenizer(root / "tokenizer.model")))
     index = json.loads((rows_dir / "index.json").read_text())
     meta["seq_len"], meta["seconds"]["pack"] = index["seq_len"], index["seconds"]
     for name, entry in index["sources"].items():
         for split, rows in entry.items():
             meta["sources"][name][split].update(rows)
     print(f"[data] {'reusing' if not built else 'built'} {rows_dir}", flush=True)
-    return PreparedData(root, rows_dir, meta, reused=not built)
+    return PreparedData(root, rows_dir, meta, reused=not built, columns=spec.columns)
 
 
 def cache_key(cfg: DataConfig) -> str:
@@ -107,6 +111,7 @@ def cache_key(cfg: DataConfig) -> str:
                     for s in cfg.sources],
         "tokenizer": {"model_type": tok.model_type, "vocab_size": tok.vocab_size, "sample_chars": tok.sample_chars,
                       "character_coverage": tok.character_coverage, "path": tok.path,
+                      **({"user_symbols": list(tok.user_symbols)} if tok.user_symbols else {}),
                       "file": _fingerprint(tok_path) if tok_path else None},
     }
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]

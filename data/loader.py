@@ -35,6 +35,7 @@ class BlendedBatches:
             raise DataError(f"dp_rank={dp_rank} must be in [0, dp_size={dp_size})")
         self.rows = prepared.rows("train")
         self.seq_len = prepared.meta["seq_len"]
+        self.columns = prepared.columns
         self.weights = mix_weights(weights, self.rows)
         self.micro_batch_size, self.dp_rank, self.dp_size, self.seed = micro_batch_size, dp_rank, dp_size, seed
         self.allow_weight_change = allow_weight_change
@@ -48,11 +49,11 @@ class BlendedBatches:
     def names(self) -> List[str]:
         return list(self.rows)
 
-    def next_batch(self) -> np.ndarray:
-        """int32 [micro_batch_size, seq_len + 1]."""
-        batch = np.stack([next(self._stream) for _ in range(self.micro_batch_size)])
+    def next_batch(self) -> Dict[str, np.ndarray]:
+        """column name -> [micro_batch_size, ...], e.g. PACKED's input_ids int32 [micro_batch_size, seq_len + 1]."""
+        rows = [next(self._stream) for _ in range(self.micro_batch_size)]
         self.position += self.micro_batch_size
-        return batch
+        return {name: np.stack([row[i] for row in rows]) for i, name in enumerate(self.columns)}
 
     def samples_by_source(self) -> Dict[str, int]:
         """Samples this rank has consumed from each source."""
@@ -109,7 +110,7 @@ class BlendedBatches:
         upcoming = self._open(position)
         while True:
             (rows, src, draw), upcoming = upcoming, self._open(position + self._chunk)
-            for i, ((row,), s, epoch) in enumerate(zip(rows, src, draw // self._row_counts[src])):
+            for i, (row, s, epoch) in enumerate(zip(rows, src, draw // self._row_counts[src])):
                 if epoch > self._epoch[s]:
                     self._epoch[s] = epoch
                     if self.dp_rank == 0:
@@ -123,13 +124,15 @@ class BlendedBatches:
         """(MindDataset iterator over this rank's samples [position, position + chunk), their sources, draws)."""
         src, draw, row = self._take(position, position + self._chunk)
         sampler = ds.SubsetSampler((self._first_id[src] + row).tolist())
-        pipeline = ds.MindDataset(self._files, columns_list=["input_ids"], sampler=sampler,
+        pipeline = ds.MindDataset(self._files, columns_list=list(self.columns), sampler=sampler,
                                   num_parallel_workers=READ_THREADS)
         return pipeline.create_tuple_iterator(num_epochs=1, output_numpy=True), src, draw
 
 
-def validation_batches(prepared: PreparedData, micro_batch_size: int, n_batches: int) -> Dict[str, List[np.ndarray]]:
-    """Per source, its first min(n_batches, val rows // micro_batch_size) batches of validation rows, in order."""
+def validation_batches(prepared: PreparedData, micro_batch_size: int,
+                       n_batches: int) -> Dict[str, List[Dict[str, np.ndarray]]]:
+    """Per source, its first min(n_batches, val rows // micro_batch_size) batches of validation rows, in order
+    (each a dict of columns like BlendedBatches.next_batch)."""
     out = {}
     for name, rows in prepared.rows("val").items():
         if prepared.meta["sources"][name]["val"]["docs"] == 0:
@@ -139,10 +142,11 @@ def validation_batches(prepared: PreparedData, micro_batch_size: int, n_batches:
             raise DataError(f"data source '{name}' has {rows} validation rows of data.seq_len + 1 tokens, fewer "
                             f"than one batch of {micro_batch_size}; raise data.val_fraction, lower data.seq_len "
                             f"or trainer.micro_batch_size")
-        pipeline = ds.MindDataset(prepared.shard_files(name, "val"), columns_list=["input_ids"], shuffle=False,
-                                  num_samples=n * micro_batch_size)
-        rows_read = np.stack([row for (row,) in pipeline.create_tuple_iterator(num_epochs=1, output_numpy=True)])
-        out[name] = list(rows_read.reshape(n, micro_batch_size, -1))
+        pipeline = ds.MindDataset(prepared.shard_files(name, "val"), columns_list=list(prepared.columns),
+                                  shuffle=False, num_samples=n * micro_batch_size)
+        rows = list(pipeline.create_tuple_iterator(num_epochs=1, output_numpy=True))
+        out[name] = [{column: np.stack([row[i] for row in rows[b * micro_batch_size:(b + 1) * micro_batch_size]])
+                      for i, column in enumerate(prepared.columns)} for b in range(n)]
     return out
 
 

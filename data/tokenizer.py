@@ -3,7 +3,8 @@
 Trained models use LLaMA-style settings: byte fallback (no text is ever <unk>), digits split, identity
 normalization and whitespace kept as is, so `decode(encode(text)) == text` for any text without the
 character U+2581 (sentencepiece's own space marker, decoded as a space).
-Special ids: pad 0, unk 1, bos 2, eos 3.
+Special ids: pad 0, unk 1, bos 2, eos 3; `data.tokenizer.user_symbols` (e.g. BERT's [CLS] [SEP] [MASK]) follow
+as 4, 5, ... (whole pieces that are never split).
 """
 from __future__ import annotations
 
@@ -47,6 +48,11 @@ class Tokenizer:
     @property
     def eos_id(self) -> int:
         return self.sp.eos_id()
+
+    def piece_id(self, piece: str) -> Optional[int]:
+        """The id of a whole piece such as "[MASK]", or None when the vocabulary has no such piece."""
+        i = self.sp.piece_to_id(piece)
+        return None if i == self.unk_id and piece != self.sp.id_to_piece(self.unk_id) else i
 
     def encode(self, text: str) -> List[int]:
         return self.sp.encode(text)
@@ -100,8 +106,9 @@ def train_tokenizer(docs_by_source: Mapping[str, Sequence[str]], cfg: TokenizerC
                     out_path: Union[str, Path]) -> Tokenizer:
     """Train on `cfg.sample_chars` characters drawn evenly across sources; write the model to `out_path`."""
     model = io.BytesIO()
+    extra = {"user_defined_symbols": list(cfg.user_symbols)} if cfg.user_symbols else {}
     try:
-        spm.SentencePieceTrainer.train(
+        spm.SentencePieceTrainer.train(**extra,
             sentence_iterator=sample_lines(docs_by_source, cfg.sample_chars), model_writer=model,
             model_type=cfg.model_type, vocab_size=cfg.vocab_size, character_coverage=cfg.character_coverage,
             byte_fallback=True, split_digits=True, allow_whitespace_only_pieces=True,

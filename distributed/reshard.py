@@ -21,7 +21,8 @@ import numpy as np
 import boot  # noqa: F401  (mindspore first)
 from distributed.sharded_checkpoint import OPTIMIZER_STATE, layout_for, load_tensors, merge_checkpoint, \
     reshard_checkpoint, save_tensors, split_checkpoint
-from trainer.checkpoint import CONFIG, OPTIMIZER, STATE, TOKENIZER, WEIGHTS, write_state
+from checkpoint import CONFIG, OPTIMIZER, STATE, TOKENIZER, WEIGHTS, write_state
+from models import plan_of
 
 METADATA = (STATE, CONFIG, TOKENIZER)
 
@@ -32,6 +33,15 @@ def _copy_metadata(src: str, dst: str) -> None:
             shutil.copy(os.path.join(src, name), os.path.join(dst, name))
 
 
+def family_plan(directory: str):
+    """The tensor/pipeline plan of the model family a checkpoint's config.yaml names (Llama when it names none)."""
+    from omegaconf import OmegaConf
+
+    config = os.path.join(directory, CONFIG)
+    cfg = OmegaConf.load(config) if os.path.isfile(config) else OmegaConf.create()
+    return plan_of(OmegaConf.select(cfg, "model.family", default="llama"))
+
+
 def split(src: str, out: str, dp: int, tp: int, pp: int) -> None:
     tensors: Dict[str, np.ndarray] = {}
     for name in (WEIGHTS, OPTIMIZER):
@@ -39,8 +49,8 @@ def split(src: str, out: str, dp: int, tp: int, pp: int) -> None:
             tensors.update(load_tensors(os.path.join(src, name)))
     if not tensors:
         raise FileNotFoundError(f"{src}: no {WEIGHTS}; give a mindlab checkpoint directory (checkpoints/step_N)")
-    layout = layout_for(tensors, dp, tp, pp)
-    split_checkpoint(tensors, layout, out)
+    plan = family_plan(src)
+    split_checkpoint(tensors, layout_for(tensors, dp, tp, pp, plan), out, plan)
     _copy_metadata(src, out)
 
 
@@ -72,7 +82,7 @@ def main() -> None:
         elif args.command == "merge":
             merge(args.source, args.out)
         else:
-            reshard_checkpoint(args.source, args.dp, args.tp, args.pp, args.out)
+            reshard_checkpoint(args.source, args.dp, args.tp, args.pp, args.out, family_plan(args.source))
             _copy_metadata(args.source, args.out)
     except (FileNotFoundError, ValueError) as err:
         sys.exit(f"reshard: {err}")

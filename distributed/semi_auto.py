@@ -1,13 +1,11 @@
 """Tensor / pipeline / sequence parallelism and optimizer sharding: MindSpore's SEMI_AUTO_PARALLEL, applied to
 the plain model from outside (the model file holds no parallel code). Used when conf.schema.is_sharded.
 
-    shard_model(model, cfg)        shard() strategies from tensor_parallel.py, pipeline_stage per layer
-    ShardedTrainStep               forward, backward, gradient reduction, clipping and AdamW as one graph, as the
-                                   pipeline pass needs; with pp > 1 the batch is split into
-                                   parallel.micro_batches micro-batches (1F1B) by `Pipeline`, and
-                                   `PipelineGradReducer` accumulates their gradients (they are the accumulation:
-                                   validation requires trainer.grad_accum=1)
-    parallel_step(step, cfg, ...)  `AutoParallel` with .pipeline(stages) and .hsdp() (optimizer sharding over dp),
+    shard_model(model, cfg)        the family's plan (models/<family>/plan.py): shard() strategies on its
+                                   primitives, pipeline_stage on its parts
+    parallel_step(step, cfg, ...)  trainer/step.py's ShardedTrainStep (forward, backward, gradient reduction,
+                                   clipping and AdamW in one graph) under
+                                   `AutoParallel` with .pipeline(stages) and .hsdp() (optimizer sharding over dp),
                                    and the per-rank strategy file MindSpore writes when it compiles
     save_rank_slices / load_rank_slices   checkpoints as per-rank slices + strategy (sharded_checkpoint.py)
 
@@ -21,48 +19,43 @@ import mindspore as ms
 from mindspore import nn
 from mindspore.parallel import merge_pipeline_strategys
 from mindspore.parallel.auto_parallel import AutoParallel
-from mindspore.parallel.nn import Pipeline, PipelineGradReducer
 from omegaconf import DictConfig
 
-from distributed.pipeline_parallel import assign_stages
+from checkpoint import CheckpointError
 from distributed.sharded_checkpoint import SLICE, STRATEGY
-from distributed.tensor_parallel import apply_tensor_parallel
-from trainer.checkpoint import CheckpointError
-from trainer.step import ClipAndUpdate
+from models import plan_of
 
 
 def shard_model(model: nn.Cell, cfg: DictConfig) -> None:
-    p = cfg.parallel
-    apply_tensor_parallel(model, p.dp, p.tp, p.sequence_parallel)
+    p, plan = cfg.parallel, plan_of(cfg.model.family)
+    apply_tensor_parallel(model, plan, p.dp, p.tp, p.sequence_parallel)
     if p.pp > 1:
-        assign_stages(model, p.pp)
+        assign_stages(model, plan, p.pp)
 
 
-class ShardedTrainStep(nn.Cell):
-    """One optimizer step in one graph: (loss, grad_norm, finite, lr) = step(input_ids, labels, loss_scale)."""
-
-    def __init__(self, loss_net: nn.Cell, optimizer: nn.Optimizer, clip_grad_norm: float, pp: int,
-                 micro_batches: int, optimizer_shard: bool):
-        super().__init__(auto_prefix=False)  # keep the model's parameter names
-        self.net = Pipeline(loss_net, micro_batches) if pp > 1 else loss_net
-        self.update = ClipAndUpdate(optimizer, clip_grad_norm)
-        self.value_and_grad = ms.value_and_grad(self.scaled_loss, None, optimizer.parameters)
-        self.pipelined = pp > 1
-        self.allow = ms.Tensor(True)
-        self.reducer = PipelineGradReducer(optimizer.parameters, opt_shard=optimizer_shard) if pp > 1 else None
-
-    def scaled_loss(self, input_ids, labels, loss_scale):
-        return self.net(input_ids, labels) * loss_scale
-
-    def construct(self, input_ids, labels, loss_scale):
-        scaled, grads = self.value_and_grad(input_ids, labels, loss_scale)
-        if self.pipelined:
-            grads = self.reducer(grads)
-        norm, finite, lr = self.update([g / loss_scale for g in grads], self.allow)
-        return scaled / loss_scale, norm, finite, lr
+def apply_tensor_parallel(model: nn.Cell, plan, dp: int, tp: int, sequence_parallel: bool = False) -> dict:
+    """Shard the model's primitives as the family's plan says (call under SEMI_AUTO_PARALLEL); returns the
+    strategies applied, `<cell path>.<primitive>` -> one tuple per input."""
+    cells = dict(model.cells_and_names())
+    strategies = plan.tensor_parallel_strategies(model, dp, tp, sequence_parallel)
+    for path, strategy in strategies.items():
+        owner, _, primitive = path.rpartition(".")
+        getattr(cells[owner], primitive).shard(strategy)
+    return strategies
 
 
-def parallel_step(step: ShardedTrainStep, cfg: DictConfig, run_dir: str, rank: int) -> AutoParallel:
+def assign_stages(model: nn.Cell, plan, pp: int) -> dict:
+    """Set `pipeline_stage` on the parts the family's plan lists; returns cell path -> stage."""
+    parts = plan.pipeline_parts(model)
+    num_layers = len(model.layers())
+    stages = {path: plan.stage_of(path, num_layers, pp) for path in parts}
+    cells = dict(model.cells_and_names())
+    for path, stage in stages.items():
+        cells[path].pipeline_stage = stage
+    return stages
+
+
+def parallel_step(step: nn.Cell, cfg: DictConfig, run_dir: str, rank: int) -> AutoParallel:
     """Wrap the step for semi-auto compilation; MindSpore writes this rank's strategy file on compile."""
     p = cfg.parallel
     compiled = AutoParallel(step, parallel_mode="semi_auto")
@@ -74,7 +67,7 @@ def parallel_step(step: ShardedTrainStep, cfg: DictConfig, run_dir: str, rank: i
     return compiled
 
 
-def save_rank_slices(step_dir: str, step: ShardedTrainStep, rank: int, run_dir: str) -> None:
+def save_rank_slices(step_dir: str, step: nn.Cell, rank: int, run_dir: str) -> None:
     """Write the weight and AdamW slices this rank holds to step_dir/rank_<r>/checkpoint.safetensors; rank 0 also
     merges the per-rank strategy files of the compile into step_dir/strategy.ckpt (then the caller adds
     state.json). The result is the layout of distributed/sharded_checkpoint.py: `python -m distributed.reshard
@@ -88,7 +81,7 @@ def save_rank_slices(step_dir: str, step: ShardedTrainStep, rank: int, run_dir: 
         merge_pipeline_strategys(os.path.join(run_dir, "strategy"), os.path.join(step_dir, STRATEGY))
 
 
-def load_rank_slices(step_dir: str, compiled: AutoParallel, rank: int, example_batch: ms.Tensor) -> None:
+def load_rank_slices(step_dir: str, compiled: AutoParallel, rank: int, example_inputs: tuple) -> None:
     """Resume a sharded run with the same layout: compile the step first (MindSpore then holds each parameter
     as this rank's slice), then load rank_<r>/checkpoint.safetensors into it. Another layout: reshard first
     (python -m distributed.reshard reshard)."""
@@ -96,6 +89,6 @@ def load_rank_slices(step_dir: str, compiled: AutoParallel, rank: int, example_b
     if not os.path.isfile(file):
         raise CheckpointError(f"{file}: missing; the checkpoint is incomplete or of another layout (reshard it: "
                               "python -m distributed.reshard reshard)")
-    compiled.compile(example_batch, example_batch, ms.Tensor(1.0, ms.float32))
+    compiled.compile(ms.Tensor(1.0, ms.float32), *example_inputs)
     ms.load_param_into_net(compiled.network.update.optimizer, ms.load_checkpoint(file, format="safetensors"),
                            strict_load=True)

@@ -5,7 +5,7 @@
     <dir>/strategy.ckpt                    the stages merged by `mindspore.parallel.merge_pipeline_strategys`
 
 A parameter's layout in the strategy file: dev_matrix [dp, tp] (the ranks of one stage, row-major, so the
-rank in the stage is dp_rank * tp + tp_rank as in distributed/layout.py) and a tensor_map naming, per tensor
+rank in the stage is dp_rank * tp + tp_rank as in planner/layout.py) and a tensor_map naming, per tensor
 dimension, the dev-matrix axis it is split over counted from the right (0 = tp) or -1. Each stage file also
 carries one strategy item per parameter with its split and stage, as MindFormers' own strategy writer does.
 AdamW moments (`adam_m.<param>`, `adam_v.<param>`) are laid out like their parameter; the step counter is
@@ -26,36 +26,34 @@ import mindspore as ms
 from mindspore.parallel import merge_pipeline_strategys, transform_checkpoints
 from mindspore.train.node_strategy_pb2 import ParallelStrategyMap
 
-from distributed.layout import Layout
-from distributed.pipeline_parallel import stage_of
-from distributed.tensor_parallel import weight_split
+from planner.layout import Layout
 
 SLICE, STRATEGY, PREFIX = "checkpoint.safetensors", "strategy.ckpt", "model"
 OPTIMIZER_STATE = re.compile(r"^adam_[mv]\.")
 
 
-def layout_for(names, dp: int, tp: int, pp: int) -> Layout:
-    """The layout of a checkpoint with these tensor names (the layer count is read from them)."""
-    layers = 1 + max(int(n.split(".")[2]) for n in (OPTIMIZER_STATE.sub("", n) for n in names)
-                     if n.startswith("model.layers."))
+def layout_for(names, dp: int, tp: int, pp: int, plan) -> Layout:
+    """The layout of a checkpoint with these tensor names (the family's plan reads the layer count from them)."""
+    layers = plan.num_layers_in(OPTIMIZER_STATE.sub("", n) for n in names)
     if layers % pp:
         raise ValueError(f"pp={pp} does not divide the checkpoint's {layers} layers")
     return Layout(dp=dp, tp=tp, pp=pp, num_layers=layers)
 
 
-def tensor_layout(name: str, ndim: int, layout: Layout) -> Tuple[Tuple[int, ...], List[int]]:
-    """(how tp splits each dimension, the pipeline stages that hold it) for a checkpoint entry."""
+def tensor_layout(name: str, ndim: int, layout: Layout, plan) -> Tuple[Tuple[int, ...], List[int]]:
+    """(how tp splits each dimension, the pipeline stages that hold it) for a checkpoint entry, as the model
+    family's plan (models/<family>/plan.py) lays it out."""
     param = OPTIMIZER_STATE.sub("", name)
-    split = weight_split(param, ndim, layout.tp) if ndim else ()
-    stage = stage_of(param, layout.num_layers, layout.pp)
+    split = plan.weight_split(param, ndim, layout.tp) if ndim else ()
+    stage = plan.stage_of(param, layout.num_layers, layout.pp)
     return split, list(range(layout.pp)) if stage is None else [stage]
 
 
-def strategy_map(shapes: Dict[str, Tuple[int, ...]], layout: Layout, stage: int) -> ParallelStrategyMap:
+def strategy_map(shapes: Dict[str, Tuple[int, ...]], layout: Layout, stage: int, plan) -> ParallelStrategyMap:
     """Stage `stage`'s strategy file content for tensors of the given full shapes."""
     strategy = ParallelStrategyMap(current_stage=stage)
     for name, shape in shapes.items():
-        split, stages = tensor_layout(name, len(shape), layout)
+        split, stages = tensor_layout(name, len(shape), layout, plan)
         if stage not in stages:
             continue
         item = strategy.parallel_strategy_item.add(node_name=name)
@@ -70,24 +68,24 @@ def strategy_map(shapes: Dict[str, Tuple[int, ...]], layout: Layout, stage: int)
     return strategy
 
 
-def write_strategy(directory: str, shapes: Dict[str, Tuple[int, ...]], layout: Layout) -> str:
+def write_strategy(directory: str, shapes: Dict[str, Tuple[int, ...]], layout: Layout, plan) -> str:
     """Write one strategy file per stage and their merge; returns the merged file's path."""
     stage_dir = os.path.join(directory, "strategy")
     os.makedirs(stage_dir, exist_ok=True)
     for stage in range(layout.pp):
         with open(os.path.join(stage_dir, f"stage_{stage}.ckpt"), "wb") as f:
-            f.write(strategy_map(shapes, layout, stage).SerializeToString())
+            f.write(strategy_map(shapes, layout, stage, plan).SerializeToString())
     merged = os.path.join(directory, STRATEGY)
     merge_pipeline_strategys(stage_dir, merged)
     return merged
 
 
-def rank_slice(tensors: Dict[str, np.ndarray], layout: Layout, rank: int) -> Dict[str, np.ndarray]:
+def rank_slice(tensors: Dict[str, np.ndarray], layout: Layout, rank: int, plan) -> Dict[str, np.ndarray]:
     """The part of full `tensors` that `rank` holds."""
     where = layout.coords(rank)
     out = {}
     for name, array in tensors.items():
-        split, stages = tensor_layout(name, array.ndim, layout)
+        split, stages = tensor_layout(name, array.ndim, layout, plan)
         if where.pp not in stages:
             continue
         for axis, ways in enumerate(split):
@@ -109,11 +107,11 @@ def load_tensors(path: str, fmt: str = "safetensors") -> Dict[str, np.ndarray]:
     return {name: param.asnumpy() for name, param in ms.load_checkpoint(path, format=fmt).items()}
 
 
-def split_checkpoint(tensors: Dict[str, np.ndarray], layout: Layout, out_dir: str) -> None:
+def split_checkpoint(tensors: Dict[str, np.ndarray], layout: Layout, out_dir: str, plan) -> None:
     """Full tensors -> <out_dir>/rank_<r>/checkpoint.safetensors for every rank, plus the strategy files."""
     for rank in range(layout.world_size):
-        save_tensors(rank_slice(tensors, layout, rank), os.path.join(out_dir, f"rank_{rank}", SLICE))
-    write_strategy(out_dir, {n: a.shape for n, a in tensors.items()}, layout)
+        save_tensors(rank_slice(tensors, layout, rank, plan), os.path.join(out_dir, f"rank_{rank}", SLICE))
+    write_strategy(out_dir, {n: a.shape for n, a in tensors.items()}, layout, plan)
 
 
 def _check_sharded(src_dir: str) -> str:
@@ -132,7 +130,7 @@ def merge_checkpoint(src_dir: str) -> Dict[str, np.ndarray]:
         return load_tensors(os.path.join(tmp, "rank_0", f"{PREFIX}0.safetensors"))
 
 
-def reshard_checkpoint(src_dir: str, dp: int, tp: int, pp: int, out_dir: str) -> Layout:
+def reshard_checkpoint(src_dir: str, dp: int, tp: int, pp: int, out_dir: str, plan) -> Layout:
     """Per-rank slices under `src_dir` -> those of layout dp x tp x pp in `out_dir`, by transform_checkpoints.
 
     The slices go through MindSpore's .ckpt format: in MindSpore 2.9 the safetensors path of
@@ -142,7 +140,7 @@ def reshard_checkpoint(src_dir: str, dp: int, tp: int, pp: int, out_dir: str) ->
     strategy = _check_sharded(src_dir)
     src_layouts = {name.split("-", 1)[1]: layouts  # merged files prefix names with "<stage>-"
                    for name, layouts in ms.parallel.build_searched_strategy(strategy).items()}
-    layout = layout_for(src_layouts, dp, tp, pp)
+    layout = layout_for(src_layouts, dp, tp, pp, plan)
     shapes = {}
     with tempfile.TemporaryDirectory() as tmp:
         for rank_dir in sorted(n for n in os.listdir(src_dir) if n.startswith("rank_")):
@@ -152,7 +150,7 @@ def reshard_checkpoint(src_dir: str, dp: int, tp: int, pp: int, out_dir: str) ->
                 dev_matrix, tensor_map = src_layouts[name].dev_matrix[0].dim, src_layouts[name].tensor_map[0].dim
                 shapes[name] = tuple(n * (dev_matrix[-1 - m] if m >= 0 else 1) for n, m in zip(array.shape, tensor_map))
         transform_checkpoints(os.path.join(tmp, "src"), os.path.join(tmp, "out"), PREFIX, strategy,
-                              write_strategy(out_dir, shapes, layout))
+                              write_strategy(out_dir, shapes, layout, plan))
         for rank in range(layout.world_size):  # MindSpore names its output <prefix><rank>.ckpt
             tensors = load_tensors(os.path.join(tmp, "out", f"rank_{rank}", f"{PREFIX}{rank}.ckpt"), "ckpt")
             save_tensors(tensors, os.path.join(out_dir, f"rank_{rank}", SLICE))

@@ -1,42 +1,43 @@
-"""Model zoo: `build_model` turns `cfg.model` into a MindSpore cell mapping tokens [B, S] to fp32 logits."""
-from conf.schema import ModelConfig
+"""Model families: one folder each (models/<family>/), found by `model.family`. FAMILIES lists the folders,
+so a new family is its folder (and its conf/model presets) and nothing else.
+
+A family package exposes `Config` (its typed `model` group), `build(cfg, seq_len, compute_dtype, use_flash,
+seed)`, `check(cfg)` (its config rules), `describe(m, count)` (dry-run lines), `recompute_cells(model, mode)`,
+`parameter_count` / `matmul_parameter_count` / `flops_per_token` / `stage_parameters` /
+`layer_activation_factors` (the planner's), `CAUSAL`, and `hf` (its Hugging Face adapter); its `plan` submodule holds the tensor/pipeline layout. Nothing outside the folder spells the
+family's parameter paths.
+"""
+import importlib
+import pkgutil
+from types import ModuleType
+
+FAMILIES = {m.name: f"models.{m.name}" for m in pkgutil.iter_modules(__path__) if m.ispkg}
 
 
-def use_flash_attention(cfg: ModelConfig, device_target: str) -> bool:
+def family(name: str) -> ModuleType:
+    if name not in FAMILIES:
+        raise ValueError(f"model.family={name!r} is unknown; available: {', '.join(FAMILIES)}")
+    return importlib.import_module(FAMILIES[name])
+
+
+def plan_of(name: str) -> ModuleType:
+    """The family's tensor/pipeline plan, models/<family>/plan.py (imports MindSpore)."""
+    return importlib.import_module(family(name).__name__ + ".plan")
+
+
+def use_flash_attention(cfg, device_target: str) -> bool:
     """null (auto) picks the fused kernel where it exists (Ascend); validation refuses `true` elsewhere."""
     if cfg.flash_attention is None:
         return device_target == "Ascend"
     return cfg.flash_attention
 
 
-def apply_recompute(model, mode: str) -> None:
-    """full: recompute each decoder layer in backward; selective: only the attention core (scores/softmax)."""
-    if mode == "none":
-        return
-    for layer in _decoder_layers(model):
-        if mode == "full":
-            layer.recompute()
-        else:
-            layer.attention.core.recompute()
-
-
-def _decoder_layers(model):
-    from models.mindformers_llama import MindFormersLlama
-
-    if isinstance(model, MindFormersLlama):
-        return model.net.model.layers
-    return model.model.layers
-
-
-def build_model(cfg: ModelConfig, seq_len: int, compute_dtype: str, device_target: str, seed: int):
-    flash = use_flash_attention(cfg, device_target)
-    if cfg.impl == "mindformers":
-        from models.mindformers_llama import MindFormersLlama
-
-        model = MindFormersLlama(cfg, seq_len, compute_dtype, flash, seed)
-    else:
-        from models.llama import LlamaForCausalLM
-
-        model = LlamaForCausalLM(cfg, compute_dtype, flash, seed)
-    apply_recompute(model, cfg.recompute)
+def build_model(cfg, seq_len: int, compute_dtype: str, device_target: str, seed: int):
+    """The family's model with `cfg.recompute` applied: full recomputes each layer in the backward, selective
+    only its attention core."""
+    fam = family(cfg.family)
+    model = fam.build(cfg, seq_len, compute_dtype, use_flash_attention(cfg, device_target), seed)
+    if cfg.recompute != "none":
+        for cell in fam.recompute_cells(model, cfg.recompute):
+            cell.recompute()
     return model

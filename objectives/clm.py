@@ -1,11 +1,53 @@
 """Causal language modelling: predict token t+1 from tokens <= t.
 
-A batch row holds seq_len + 1 tokens; the model reads the first seq_len, the labels are the last seq_len.
-Positions whose label equals `ignore_index` (padding, masked prompt tokens) carry no loss. The loss is the
-mean over counted positions, computed in fp32 whatever the compute dtype.
+A batch row holds seq_len + 1 tokens (data/packing.py's PACKED rows); the model reads the first seq_len, the
+labels are the last seq_len. Positions whose label equals `ignore_index` (padding, masked prompt tokens)
+carry no loss. The loss is the mean over counted positions, computed in fp32 whatever the compute dtype.
 """
+from dataclasses import dataclass
+
+import numpy as np
+
 import mindspore as ms
 from mindspore import nn, ops
+from omegaconf import MISSING
+
+from conf.errors import require
+from data.packing import PACKED
+
+
+@dataclass
+class Config:
+    name: str = MISSING  # clm
+    ignore_index: int = -100  # labels with this value carry no loss
+
+
+def check(cfg) -> None:
+    from models import family
+
+    require(family(cfg.model.family).CAUSAL, "objective", f"clm trains a causal decoder; model.family="
+            f"{cfg.model.family} attends both ways, so it would see the token it predicts (use objective=mlm)")
+
+
+def row_spec(cfg: Config):
+    return PACKED
+
+
+class Objective:
+    inputs = ("input_ids", "labels")
+    metrics = ()
+
+    def __init__(self, cfg: Config, tokenizer=None, seed: int = 0):
+        self.ignore_index = cfg.ignore_index
+
+    def batch(self, rows: dict, sample: int) -> tuple:
+        return rows["input_ids"], rows["input_ids"]
+
+    def loss_tokens(self, inputs: tuple) -> int:
+        return int(np.count_nonzero(inputs[1][:, 1:] != self.ignore_index))
+
+    def loss_cell(self, model: nn.Cell) -> nn.Cell:
+        return CausalLMLoss(model, self.ignore_index)
 
 
 class CausalLMLoss(nn.Cell):
@@ -22,4 +64,4 @@ class CausalLMLoss(nn.Cell):
         safe_targets = ops.select(targets != self.ignore_index, targets, ops.zeros_like(targets))
         logp = ops.log_softmax(logits, -1)
         nll = -ops.gather_elements(logp, 1, safe_targets.reshape(-1, 1)).reshape(-1)
-        return (nll * mask).sum() / ops.maximum(mask.sum(), 1.0)
+        return ((nll * mask).sum() / ops.maximum(mask.sum(), 1.0),)

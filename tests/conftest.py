@@ -26,9 +26,10 @@ def compose_cfg(*overrides):
 def load_preset(group: str, name: str):
     """A preset merged onto its schema, as Hydra would compose it."""
     from conf import schema
+    from models import family
 
-    node = {"model": schema.ModelConfig, "parallel": schema.ParallelConfig}[group]
     raw = OmegaConf.load(os.path.join(ROOT, "conf", group, f"{name}.yaml"))
+    node = family(raw.defaults[0].removeprefix("base_model_")).Config if group == "model" else schema.ParallelConfig
     return OmegaConf.merge(OmegaConf.structured(node), {k: v for k, v in raw.items() if k != "defaults"})
 
 

@@ -1,12 +1,12 @@
-"""Parameter and FLOP accounting (models/accounting.py) against published and hand-computed numbers."""
+"""Parameter and FLOP accounting (models/llama/accounting.py) against published and hand-computed numbers."""
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from omegaconf import OmegaConf
 
-from conf.schema import ModelConfig
-from models.accounting import flops_per_token, matmul_parameter_count, parameter_count
+from models.llama.config import LlamaConfig as ModelConfig
+from models.llama.accounting import flops_per_token, matmul_parameter_count, parameter_count
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 

@@ -14,7 +14,7 @@ from conftest import load_preset
 from data import prepare
 from models import build_model
 from models.convert import export_hf, export_mindformers, import_hf
-from trainer import checkpoint
+import checkpoint
 
 pytestmark = pytest.mark.usefixtures("pynative")
 TEXT = "To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer"

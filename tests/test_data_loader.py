@@ -33,7 +33,7 @@ def window(prepared, source, row):
 
 
 def samples(loader, n_batches):
-    return [row for _ in range(n_batches) for row in loader.next_batch()]
+    return [row for _ in range(n_batches) for row in loader.next_batch()["input_ids"]]
 
 
 def loader(prepared, mbs=4, **kw):
@@ -172,7 +172,7 @@ def test_build_data_bundle(prepared, tmp_path):
                               for n in "abc"], seq_len=SEQ, weights=WEIGHTS, val_fraction=0.2,
                    cache_dir=str(prepared.dir.parent))
     bundle = build_data(cfg, micro_batch_size=3, dp_rank=1, dp_size=2, seed=5, eval_batches=4)
-    batch = bundle.train.next_batch()
+    batch = bundle.train.next_batch()["input_ids"]
     assert batch.shape == (3, SEQ + 1) and batch.dtype == np.int32
     assert (bundle.train.dp_rank, bundle.train.dp_size, bundle.train.seed) == (1, 2, 5)
     assert bundle.tokenizer.eos_id == 3 and bundle.meta["weights"] == WEIGHTS
@@ -181,7 +181,7 @@ def test_build_data_bundle(prepared, tmp_path):
         assert len(bundle.val[name]) == min(4, val_rows // 3)
         tokens = prepared.tokens(name, "val")
         expected = [tokens[i * SEQ:i * SEQ + SEQ + 1] for i in range(3 * len(bundle.val[name]))]
-        assert np.array_equal(np.concatenate(bundle.val[name]), np.stack(expected))
+        assert np.array_equal(np.concatenate([b["input_ids"] for b in bundle.val[name]]), np.stack(expected))
         assert {"docs_read", "removed", "docs_kept", "train", "val"} <= set(bundle.meta["sources"][name])
     with pytest.raises(DataError, match=r"source 'c' has \d+ validation rows.*fewer than one batch of 10"):
         build_data(cfg, micro_batch_size=10)

@@ -1,12 +1,12 @@
-"""Rank layout (distributed/layout.py), memory plan (distributed/memory.py) and the dry-run report."""
+"""Rank layout (planner/layout.py), memory plan (planner/memory.py) and the dry-run report."""
 import pytest
 from omegaconf import OmegaConf
 
 from conftest import compose_cfg, load_preset
-from distributed.layout import Coords, Layout
-from distributed.memory import GIB, format_plan, layer_activation_bytes, memory_plan
+from planner.layout import Coords, Layout
+from planner.memory import GIB, format_plan, layer_activation_bytes, memory_plan
 from models import use_flash_attention
-from trainer.dry_run import dry_run_report
+from planner.dry_run import dry_run_report
 
 
 def model(name: str, **overrides):

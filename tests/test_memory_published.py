@@ -1,4 +1,4 @@
-"""distributed/memory.py against published memory figures: Korthikanti et al. 2022, ZeRO, Megatron-LM.
+"""planner/memory.py against published memory figures: Korthikanti et al. 2022, ZeRO, Megatron-LM.
 
 Each case states the published number, maps its model onto the planner's terms and asserts either the
 same number or the exact, documented difference. Pure Python: no MindSpore graph is built.
@@ -28,9 +28,9 @@ attention (the 1-byte mask and the 16-bit dropout output next to the 16-bit soft
 import pytest
 from omegaconf import OmegaConf
 
-from conf.schema import ModelConfig
+from models.llama.config import LlamaConfig as ModelConfig
 from conftest import load_preset
-from distributed.memory import layer_activation_bytes, memory_plan, stage_parameters
+from planner.memory import layer_activation_bytes, memory_plan, stage_parameters
 
 S, V, T = 2048, 51200, 8  # [K]'s evaluation: sequence, vocabulary, tensor-parallel size
 GPT = {"22B": (64, 6144, 48), "175B": (96, 12288, 96), "530B": (128, 20480, 105), "1T": (160, 25600, 128)}

@@ -14,10 +14,11 @@ import mindspore as ms
 
 from conftest import compose_cfg
 from distributed import reshard
-from distributed.layout import Layout
+from planner.layout import Layout
 from distributed.sharded_checkpoint import STRATEGY, SLICE, load_tensors, merge_checkpoint, rank_slice
 from models import build_model
-from trainer import checkpoint
+from models.llama import plan as llama_plan
+import checkpoint
 from trainer.optimizer import build_optimizer
 
 
@@ -84,10 +85,10 @@ def test_reshard_tp2pp2_to_tp4_equals_slicing_the_original(full_checkpoint, tmp_
     layout = Layout(dp=1, tp=4, pp=1, num_layers=4)
     from distributed.sharded_checkpoint import reshard_checkpoint
 
-    assert reshard_checkpoint(str(tmp_path / "tp2pp2"), 1, 4, 1, str(tmp_path / "tp4")) == layout
+    assert reshard_checkpoint(str(tmp_path / "tp2pp2"), 1, 4, 1, str(tmp_path / "tp4"), llama_plan) == layout
     for rank in range(4):
         got = load_tensors(str(tmp_path / "tp4" / f"rank_{rank}" / SLICE))
-        want = rank_slice(tensors, layout, rank)
+        want = rank_slice(tensors, layout, rank, llama_plan)
         assert set(got) == set(want)
         for name in want:
             np.testing.assert_array_equal(got[name], want[name], err_msg=f"rank {rank} {name}")
@@ -107,9 +108,10 @@ def test_bad_layouts_and_directories_give_one_clear_error(full_checkpoint, tmp_p
 def test_a_sharded_runs_save_merges_back(tmp_path):
     """What distributed/semi_auto.py writes per rank (here one rank of a layout-free step, with the strategy
     file a compile would leave in <run dir>/strategy/) is what `reshard merge` reads."""
-    from distributed.semi_auto import ShardedTrainStep, save_rank_slices
+    from distributed.semi_auto import save_rank_slices
     from distributed.sharded_checkpoint import strategy_map
     from objectives.clm import CausalLMLoss
+    from trainer.step import ShardedTrainStep
 
     cfg = compose_cfg("model=tiny", "data.seq_len=64")
     model = build_model(cfg.model, 64, "fp32", "CPU", seed=3)
@@ -118,7 +120,7 @@ def test_a_sharded_runs_save_merges_back(tmp_path):
     shapes = {name: tuple(p.shape) for name, p in optimizer.parameters_and_names()}
     (tmp_path / "strategy").mkdir()
     (tmp_path / "strategy" / "rank_0.ckpt").write_bytes(
-        strategy_map(shapes, Layout(dp=1, tp=1, pp=1, num_layers=4), 0).SerializeToString())
+        strategy_map(shapes, Layout(dp=1, tp=1, pp=1, num_layers=4), 0, llama_plan).SerializeToString())
     save_rank_slices(str(tmp_path / "step_000005"), step, 0, str(tmp_path))
     reshard.merge(str(tmp_path / "step_000005"), str(tmp_path / "merged"))
     merged = load_tensors(str(tmp_path / "merged" / checkpoint.WEIGHTS))

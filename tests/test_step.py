@@ -13,9 +13,9 @@ from conf.schema import OptimConfig
 from conftest import load_preset
 from models import build_model
 from objectives.clm import CausalLMLoss
-from trainer import checkpoint
+import checkpoint
 from trainer.optimizer import build_optimizer, build_schedule, param_groups
-from trainer.step import ApplyUpdate, DynamicLossScale, ForwardBackward
+from trainer.step import ApplyUpdate, DynamicLossScale, ForwardBackward, ShardedTrainStep
 
 pytestmark = pytest.mark.usefixtures("pynative")
 ONE = Tensor(1.0, ms.float32)
@@ -45,12 +45,12 @@ def batch(rows=8, seed=0):
 def test_two_accumulated_micro_batches_equal_one_big_batch():
     x = batch(8)
     model_a, _, fb_a, update_a = setup()
-    fb_a(x, x, ONE)
-    update_a(ONE, ONE, ALLOW)
+    fb_a(ONE, x, x)
+    update_a(ONE, ALLOW)
     model_b, _, fb_b, update_b = setup()
-    for half in (x[:4], x[4:]):
-        fb_b(half, half, ONE)
-    update_b(ONE, Tensor(2.0, ms.float32), ALLOW)
+    for half in (x[:4], x[4:]):  # each half holds half of the step's loss tokens
+        fb_b(Tensor(0.5, ms.float32), half, half)
+    update_b(ONE, ALLOW)
     a, b = weights(model_a), weights(model_b)
     assert any(np.abs(a[k] - weights(setup()[0])[k]).max() > 1e-4 for k in a)  # the step did move the weights
     for k in a:
@@ -60,10 +60,10 @@ def test_two_accumulated_micro_batches_equal_one_big_batch():
 def test_reported_grad_norm_is_the_global_norm_and_buffers_are_cleared():
     model, optimizer, fb, update = setup(clip=0.5)
     x = batch(4)
-    grads = ms.value_and_grad(CausalLMLoss(model), None, optimizer.parameters)(x, x)[1]
+    grads = ms.value_and_grad(lambda a, b: CausalLMLoss(model)(a, b)[0], None, optimizer.parameters)(x, x)[1]
     expected = np.sqrt(sum(float((g.asnumpy().astype(np.float64) ** 2).sum()) for g in grads))
-    fb(x, x, ONE)
-    norm, finite, _ = update(ONE, ONE, ALLOW)
+    fb(ONE, x, x)
+    norm, finite, _ = update(ONE, ALLOW)
     assert bool(finite.asnumpy())
     assert float(norm.asnumpy()) == pytest.approx(expected, rel=1e-4)
     assert all(not buf.asnumpy().any() for buf in fb.grad_buffers)
@@ -74,8 +74,8 @@ def test_overflowing_step_is_skipped_and_the_loss_scale_backs_off():
     before = weights(model)
     huge = Tensor(3e38, ms.float32)  # the scaled gradients overflow fp32
     x = batch(4)
-    fb(x, x, huge)
-    _, finite, _ = update(huge, ONE, ALLOW)
+    fb(huge, x, x)
+    _, finite, _ = update(huge, ALLOW)
     assert not bool(finite.asnumpy())
     for k, v in weights(model).items():
         np.testing.assert_array_equal(v, before[k], err_msg=k)
@@ -120,8 +120,8 @@ def test_a_skipped_step_discards_its_gradients():
     model, optimizer, fb, update = setup()
     before = weights(model)
     x = batch(4)
-    fb(x, x, ONE)
-    _, finite, _ = update(ONE, ONE, Tensor(False))
+    fb(ONE, x, x)
+    _, finite, _ = update(ONE, Tensor(False))
     assert bool(finite.asnumpy())
     assert all(np.array_equal(v, before[k]) for k, v in weights(model).items())
     assert all(not buf.asnumpy().any() for buf in fb.grad_buffers)
@@ -130,8 +130,8 @@ def test_a_skipped_step_discards_its_gradients():
 def test_checkpoint_round_trip_restores_weights_and_optimizer_state(tmp_path):
     model, optimizer, fb, update = setup(seed=0)
     x = batch(4)
-    fb(x, x, ONE)
-    update(ONE, ONE, ALLOW)
+    fb(ONE, x, x)
+    update(ONE, ALLOW)
     path = checkpoint.save(str(tmp_path), 1, model, optimizer, {"tokens_seen": 128}, OmegaConf.create({"a": 1}))
     assert sorted(os.listdir(path)) == ["config.yaml", "model.safetensors", "optimizer.safetensors", "state.json"]
     state = json.load(open(os.path.join(path, "state.json")))
@@ -150,19 +150,17 @@ def test_checkpoint_round_trip_restores_weights_and_optimizer_state(tmp_path):
 
 
 def test_one_graph_sharded_step_equals_the_two_graph_step():
-    """distributed/semi_auto.py's ShardedTrainStep (here without a layout, as a plain cell) computes the same
+    """trainer/step.py's ShardedTrainStep (here without a layout, as a plain cell) computes the same
     loss, norm, clipping and update as ForwardBackward + ApplyUpdate, with a loss scale in play."""
-    from distributed.semi_auto import ShardedTrainStep
-
     x, scale = batch(8), Tensor(128.0, ms.float32)
     model_a, _, fb_a, update_a = setup(clip=0.05)
-    loss_a = fb_a(x, x, scale)
-    norm_a, _, _ = update_a(scale, ONE, ALLOW)
+    loss_a = fb_a(scale, x, x)
+    norm_a, _, _ = update_a(scale, ALLOW)
     model_b, optimizer_b, _, _ = setup(clip=0.05)
     step = ShardedTrainStep(CausalLMLoss(model_b), optimizer_b, 0.05, pp=1, micro_batches=1, optimizer_shard=False)
-    loss_b, norm_b, finite, _ = step(x, x, scale)
+    loss_b, norm_b, finite, _ = step(scale, x, x)
     assert bool(finite.asnumpy()) and float(norm_a.asnumpy()) > 0.05  # clipping was active
-    np.testing.assert_allclose(loss_b.asnumpy(), loss_a.asnumpy(), rtol=1e-6)
+    np.testing.assert_allclose(loss_b.asnumpy(), loss_a[0].asnumpy(), rtol=1e-6)
     np.testing.assert_allclose(norm_b.asnumpy(), norm_a.asnumpy(), rtol=1e-5)
     a, b = weights(model_a), weights(model_b)
     for k in a:

@@ -10,8 +10,8 @@ from omegaconf import OmegaConf
 import mindspore as ms
 
 from conftest import load_preset
-from distributed.pipeline_parallel import assign_stages
-from distributed.tensor_parallel import apply_tensor_parallel
+from distributed.semi_auto import apply_tensor_parallel, assign_stages
+from models.llama import plan as llama_plan
 from models import build_model
 
 COL, ROW, HEADS = ((1, 1), (2, 1)), ((1, 2), (1, 2)), ((1, 2, 1, 1), (1, 2, 1, 1))
@@ -31,7 +31,7 @@ def semi_auto_parallel():
 
 def test_tp2_pp2_strategies_and_stages_of_tiny(semi_auto_parallel):
     model = build_model(load_preset("model", "tiny"), 64, "fp32", "CPU", seed=0)
-    plan = apply_tensor_parallel(model, dp=1, tp=2)
+    plan = apply_tensor_parallel(model, llama_plan, dp=1, tp=2)
     expected = {f"model.layers.{i}.{op}": s for i in range(4) for op, s in EXPECTED_LAYER.items()}
     expected["model.tok_embeddings.gather"] = ((2, 1), (1, 1))  # vocab-parallel embedding
     expected["lm_head.matmul"] = COL  # vocab-parallel head
@@ -40,7 +40,7 @@ def test_tp2_pp2_strategies_and_stages_of_tiny(semi_auto_parallel):
     assert cells["model.layers.2.attention.wo"].matmul.in_strategy == ROW  # really applied to the primitive
     assert cells["model.tok_embeddings"].gather.in_strategy == ((2, 1), (1, 1))
 
-    stages = assign_stages(model, pp=2)
+    stages = assign_stages(model, llama_plan, pp=2)
     assert stages == {"model.tok_embeddings": 0, "model.layers.0": 0, "model.layers.1": 0, "model.layers.2": 1,
                       "model.layers.3": 1, "model.norm_out": 1, "lm_head": 1}
     assert cells["model.layers.3"].pipeline_stage == 1 and cells["model.layers.1"].pipeline_stage == 0
@@ -48,14 +48,14 @@ def test_tp2_pp2_strategies_and_stages_of_tiny(semi_auto_parallel):
 
 def test_tied_head_is_vocab_parallel_too(semi_auto_parallel):
     model = build_model(OmegaConf.merge(load_preset("model", "tiny"), {"tie_embeddings": True}), 64, "fp32", "CPU", 0)
-    plan = apply_tensor_parallel(model, dp=2, tp=2)
+    plan = apply_tensor_parallel(model, llama_plan, dp=2, tp=2)
     assert plan["head_matmul"] == ((2, 1), (2, 1)) and plan["model.layers.0.attention.wo.matmul"] == ((2, 2), (1, 2))
-    assert "lm_head" not in assign_stages(model, pp=2)
+    assert "lm_head" not in assign_stages(model, llama_plan, pp=2)
 
 
 def test_checkpoint_splits_agree_with_the_primitive_strategies(semi_auto_parallel):
     """distributed/sharded_checkpoint.py cuts each parameter as the weight input of its sharded primitive."""
-    from distributed.tensor_parallel import tensor_parallel_strategies, weight_split
+    from models.llama.plan import tensor_parallel_strategies, weight_split
 
     model = build_model(load_preset("model", "tiny"), 64, "fp32", "CPU", seed=0)
     for path, strategy in tensor_parallel_strategies(model, dp=2, tp=2).items():
@@ -69,7 +69,7 @@ def test_checkpoint_splits_agree_with_the_primitive_strategies(semi_auto_paralle
 
 def test_sequence_parallel_shards_every_norm_primitive_along_the_sequence(semi_auto_parallel):
     model = build_model(load_preset("model", "tiny"), 64, "fp32", "CPU", seed=0)
-    plan = apply_tensor_parallel(model, dp=1, tp=2, sequence_parallel=True)
+    plan = apply_tensor_parallel(model, llama_plan, dp=1, tp=2, sequence_parallel=True)
     act = (1, 2, 1)
     expected = {"square": (act,), "mean": (act,), "add": (act, ()), "rsqrt": (act,), "normalize": (act, act),
                 "scale": (act, (1,))}

@@ -4,17 +4,17 @@ import os
 import resource
 import time
 
-from models.accounting import flops_per_token
+from models import family
 
 
 class SpeedMonitor:
     """tokens/s over the last logging interval; MFU = flops_per_token x tokens/s / (peak x devices).
 
-    flops_per_token is 6N + 12 L H D S (models/accounting.py); the peak comes from `device.peak_tflops`.
+    flops_per_token is the model family's (6N + attention; models/<family>/accounting.py); the peak comes from `device.peak_tflops`.
     """
 
     def __init__(self, model_cfg, seq_len: int, peak_tflops: float, num_devices: int):
-        self.flops_per_token = flops_per_token(model_cfg, seq_len)
+        self.flops_per_token = family(model_cfg.family).flops_per_token(model_cfg, seq_len)
         self.peak_flops = peak_tflops * 1e12 * num_devices
         self.start, self.tokens = time.perf_counter(), 0
 

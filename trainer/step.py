@@ -1,34 +1,49 @@
-"""One optimizer step as two compiled graphs, so gradient accumulation is a plain Python loop:
+"""The compiled cells of one optimizer step. Each takes the objective's inputs as `*inputs` (the batch's
+named columns in the objective's order), so a new objective needs no new step code.
 
-    for micro_batch in step:  loss = forward_backward(micro_batch, loss_scale)   # grads += d(loss*scale)/dw
-    grad_norm, finite, lr = apply_update(loss_scale, n_micro, allow)              # unscale, clip, AdamW, zero
+Single device and data parallel, two graphs, so gradient accumulation is a plain Python loop:
 
+    for inputs, weight in micro_batches:  loss, *metrics = forward_backward(loss_scale * weight, *inputs)
+    grad_norm, finite, lr = apply_update(loss_scale, allow)     # unscale, (all-reduce,) clip, AdamW, zero
+
+`weight` is the micro-batch's share of the loss tokens of the whole global batch (all micro-batches and
+data-parallel ranks; trainer/module.py computes it on the host from the batches), so the accumulated
+gradient is that of the mean loss over every loss token of the step: right even when micro-batches hold
+different numbers of loss tokens (SFT, MLM), where a mean of micro-batch means would not be.
 Gradients accumulate in fp32 buffers (like Megatron's main_grad). With fp16 the loss is multiplied by a
 dynamic loss scale; a step whose gradients overflow is skipped and the scale backs off (DynamicLossScale).
+
+Tensor/pipeline parallel (Ascend/GPU): ShardedTrainStep does forward, backward, gradient reduction, clipping
+and the update in one graph, as MindSpore's pipeline pass needs; distributed/semi_auto.py compiles it.
 """
 from dataclasses import dataclass
 from typing import Optional
 
 import mindspore as ms
 from mindspore import Tensor, nn, ops
+from mindspore.parallel.nn import Pipeline, PipelineGradReducer
 
 
 class ForwardBackward(nn.Cell):
+    """(loss, *metrics) = forward_backward(scale, *inputs), adding d(loss * scale)/dw to the grad buffers."""
+
     def __init__(self, loss_net: nn.Cell, params: ms.ParameterTuple):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
         self.loss_net = loss_net
         self.params = params
         self.grad_buffers = params.clone(prefix="grad_buffer", init="zeros")
-        self.value_and_grad = ms.value_and_grad(self.scaled_loss, None, params)
+        self.value_and_grad = ms.value_and_grad(self.scaled_loss, None, params, has_aux=True)
 
-    def scaled_loss(self, input_ids, labels, loss_scale):
-        return self.loss_net(input_ids, labels) * loss_scale
+    def scaled_loss(self, scale, *inputs):
+        """(loss * scale: what is differentiated, then the loss cell's outputs as auxiliaries)."""
+        out = self.loss_net(*inputs)
+        return (out[0] * scale,) + out
 
-    def construct(self, input_ids, labels, loss_scale):
-        scaled, grads = self.value_and_grad(input_ids, labels, loss_scale)
+    def construct(self, scale, *inputs):
+        out, grads = self.value_and_grad(scale, *inputs)
         for buffer, grad in zip(self.grad_buffers, grads):
             ops.assign_add(buffer, grad)
-        return scaled / loss_scale
+        return (out[0] / scale,) + out[2:]  # a NaN scale (trainer.inject_nan_steps) makes a NaN loss
 
 
 class ApplyUpdate(nn.Cell):
@@ -43,9 +58,9 @@ class ApplyUpdate(nn.Cell):
         self.reducer = reducer
         self.reduce = reducer is not None
 
-    def construct(self, loss_scale, n_micro, allow):
+    def construct(self, loss_scale, allow):
         """`allow`=False discards the accumulated gradients (a step the host decided to skip)."""
-        grads = [g / (loss_scale * n_micro) for g in self.grad_buffers]
+        grads = [g / loss_scale for g in self.grad_buffers]
         if self.reduce:
             grads = list(self.reducer(tuple(grads)))
         norm, finite, lr = self.update(grads, allow)
@@ -73,6 +88,37 @@ class ClipAndUpdate(nn.Cell):
         if ops.logical_and(finite, allow):
             self.optimizer(tuple(grads))
         return norm, finite, lr
+
+
+class ShardedTrainStep(nn.Cell):
+    """One optimizer step in one graph: (loss, grad_norm, finite, lr) = step(loss_scale, *inputs).
+
+    With pp > 1 the batch is split into `micro_batches` micro-batches (1F1B) by `Pipeline`, and
+    `PipelineGradReducer` accumulates their gradients (they are the accumulation: validation requires
+    trainer.grad_accum=1). The loss is the mean of the micro-batches' means: the loss-token weighting of the
+    two-graph step is not applied inside a pipeline.
+    """
+
+    def __init__(self, loss_net: nn.Cell, optimizer: nn.Optimizer, clip_grad_norm: float, pp: int,
+                 micro_batches: int, optimizer_shard: bool):
+        super().__init__(auto_prefix=False)  # keep the model's parameter names
+        self.net = Pipeline(loss_net, micro_batches) if pp > 1 else loss_net
+        self.update = ClipAndUpdate(optimizer, clip_grad_norm)
+        self.value_and_grad = ms.value_and_grad(self.scaled_loss, None, optimizer.parameters, has_aux=True)
+        self.pipelined = pp > 1
+        self.allow = ms.Tensor(True)
+        self.reducer = PipelineGradReducer(optimizer.parameters, opt_shard=optimizer_shard) if pp > 1 else None
+
+    def scaled_loss(self, loss_scale, *inputs):
+        out = self.net(*inputs)
+        return (out[0] * loss_scale,) + out
+
+    def construct(self, loss_scale, *inputs):
+        out, grads = self.value_and_grad(loss_scale, *inputs)
+        if self.pipelined:
+            grads = self.reducer(grads)
+        norm, finite, lr = self.update([g / loss_scale for g in grads], self.allow)
+        return out[1], norm, finite, lr
 
 
 @dataclass

@@ -1,5 +1,7 @@
-"""Tensor parallelism for the native Llama, MindSpore's way: `shard()` strategies on its primitives under
-SEMI_AUTO_PARALLEL, in Megatron's layout. The model's code is untouched; this module only annotates it.
+"""How the Llama family is laid out over devices: Megatron-style tensor parallelism and pipeline stages.
+
+Tensor parallelism, MindSpore's way: `shard()` strategies on the model's primitives under SEMI_AUTO_PARALLEL
+(applied by distributed/semi_auto.py; the model's code is untouched):
 
     column-parallel (weight split by output rows):  wq wk wv, w1 w3 (SwiGLU gate/up), lm_head (vocab)
     row-parallel    (weight split by input columns): wo, w2 — MindSpore inserts the AllReduce after them
@@ -8,17 +10,21 @@ SEMI_AUTO_PARALLEL, in Megatron's layout. The model's code is untouched; this mo
     attention/MLP are not replicated; MindSpore inserts the all-gather / reduce-scatter around them
 
 A strategy is one tuple per input, giving how many ways each dimension is split (dp on the batch, tp on the
-sharded dimension). MindSpore compiles sharded graphs only for Ascend/GPU: on CPU these strategies can be
-built and checked (tests do), not executed.
+sharded dimension).
+
+Pipeline parallelism: each decoder layer gets a `pipeline_stage`; stages own contiguous, equal runs of layers
+(conf/validate.py requires pp | num_layers); the embedding sits on the first stage, the final norm and LM head
+on the last. MindSpore compiles sharded graphs only for Ascend/GPU: on CPU this plan is built and checked
+(tests do), not executed.
 """
-from typing import Dict, Tuple
+import re
+from typing import Dict, Iterable, List, Optional, Tuple
 
-from mindspore import nn
-
-from models.llama import CoreAttention, Embedding, Linear, LlamaForCausalLM, RMSNorm
+from models.llama.model import CoreAttention, Embedding, Linear, LlamaForCausalLM, RMSNorm
 
 COLUMN = ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3", "lm_head")
 ROW = ("attention.wo", "feed_forward.w2")
+_LAYER = re.compile(r"^model\.layers\.(\d+)(\.|$)")
 
 
 def tensor_parallel_strategies(model: LlamaForCausalLM, dp: int, tp: int,
@@ -54,11 +60,25 @@ def weight_split(name: str, ndim: int, tp: int) -> Tuple[int, ...]:
     return (1,) * ndim  # norms: replicated
 
 
-def apply_tensor_parallel(model: nn.Cell, dp: int, tp: int, sequence_parallel: bool = False) -> Dict[str, Tuple]:
-    """Shard the model's primitives (call under SEMI_AUTO_PARALLEL); returns the plan applied."""
-    cells = dict(model.cells_and_names())
-    plan = tensor_parallel_strategies(model, dp, tp, sequence_parallel)
-    for path, strategy in plan.items():
-        owner, _, primitive = path.rpartition(".")
-        getattr(cells[owner], primitive).shard(strategy)
-    return plan
+def stage_of(path: str, num_layers: int, pp: int) -> Optional[int]:
+    """Stage of a cell or parameter path; None for what no stage owns (a step counter)."""
+    if path.startswith("model.tok_embeddings"):
+        return 0
+    layer = _LAYER.match(path)
+    if layer:
+        return int(layer.group(1)) // (num_layers // pp)
+    if path.startswith(("model.norm_out", "lm_head")):
+        return pp - 1
+    return None
+
+
+def pipeline_parts(model: LlamaForCausalLM) -> List[str]:
+    """The cell paths that get a `pipeline_stage`, in order."""
+    num_layers = len(model.model.layers)
+    parts = ["model.tok_embeddings", *(f"model.layers.{i}" for i in range(num_layers)), "model.norm_out"]
+    return parts if model.tie_embeddings else parts + ["lm_head"]
+
+
+def num_layers_in(names: Iterable[str]) -> int:
+    """The decoder layer count of a checkpoint, from its tensor names."""
+    return 1 + max(int(m.group(1)) for m in map(_LAYER.match, names) if m)

@@ -5,11 +5,10 @@ Pure Python, so it answers for a 70B model on 64 devices from a laptop.
 import textwrap
 from typing import Any
 
-from distributed.layout import Layout
-from distributed.memory import format_plan, memory_plan
 from conf.schema import global_batch_size, pipeline_micro_batches
-from models import use_flash_attention
-from models.accounting import flops_per_token, matmul_parameter_count, parameter_count
+from models import family, use_flash_attention
+from planner.layout import Layout
+from planner.memory import format_plan, memory_plan
 
 
 def _count(n: float) -> str:
@@ -20,23 +19,17 @@ def _count(n: float) -> str:
 
 
 def _model_section(m: Any) -> str:
-    c = parameter_count(m)
-    head = "tied to the embedding" if m.tie_embeddings else _count(c["lm_head"])
-    return "\n".join([
-        f"model {m.name}: {_count(c['total'])} parameters ({c['total']:,})",
-        f"  vocab {m.vocab_size}, hidden {m.hidden_size}, {m.num_layers} layers, {m.num_heads} heads "
-        f"({m.num_kv_heads} kv, head dim {m.hidden_size // m.num_heads}), ffn {m.intermediate_size}",
-        f"  embedding   {_count(c['embedding'])}",
-        f"  layers      {_count(c['layers'])} = {m.num_layers} x {_count(c['per_layer'])}",
-        f"  final norm  {_count(c['final_norm'])}",
-        f"  lm head     {head}",
-    ])
+    fam = family(m.family)
+    total = fam.parameter_count(m)["total"]
+    return "\n".join([f"model {m.name}: {_count(total)} parameters ({total:,})",
+                      *fam.describe(m, _count)])
 
 
 def _compute_section(cfg: Any, world: int) -> str:
     m, seq_len = cfg.model, cfg.data.seq_len
-    flops = flops_per_token(m, seq_len)
-    dense = 6 * matmul_parameter_count(m)
+    fam = family(m.family)
+    flops = fam.flops_per_token(m, seq_len)
+    dense = 6 * fam.matmul_parameter_count(m)
     tokens = global_batch_size(cfg) * seq_len
     ideal_step = flops * tokens / (world * cfg.device.peak_tflops * 1e12)
     return "\n".join([

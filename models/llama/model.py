@@ -22,7 +22,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
-from conf.schema import ModelConfig
+from models.llama.config import LlamaConfig
 
 DTYPES = {"fp32": ms.float32, "fp16": ms.float16, "bf16": ms.bfloat16}
 
@@ -120,7 +120,7 @@ class FlashCoreAttention(nn.Cell):
 
 
 class Attention(nn.Cell):
-    def __init__(self, cfg: ModelConfig, rng, compute_dtype, use_flash: bool):
+    def __init__(self, cfg: LlamaConfig, rng, compute_dtype, use_flash: bool):
         super().__init__()
         h, self.n_heads, self.n_kv = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads
         self.head_dim = h // self.n_heads
@@ -149,7 +149,7 @@ class Attention(nn.Cell):
 class FeedForward(nn.Cell):
     """SwiGLU: w2(silu(w1 x) * w3 x)."""
 
-    def __init__(self, cfg: ModelConfig, rng, compute_dtype):
+    def __init__(self, cfg: LlamaConfig, rng, compute_dtype):
         super().__init__()
         h, f, std = cfg.hidden_size, cfg.intermediate_size, cfg.init_std
         self.w1 = Linear(h, f, std, rng, compute_dtype)
@@ -161,7 +161,7 @@ class FeedForward(nn.Cell):
 
 
 class DecoderLayer(nn.Cell):
-    def __init__(self, cfg: ModelConfig, rng, compute_dtype, use_flash: bool):
+    def __init__(self, cfg: LlamaConfig, rng, compute_dtype, use_flash: bool):
         super().__init__()
         self.attention_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.attention = Attention(cfg, rng, compute_dtype, use_flash)
@@ -184,7 +184,7 @@ class Embedding(nn.Cell):
 
 
 class LlamaModel(nn.Cell):
-    def __init__(self, cfg: ModelConfig, rng, compute_dtype, use_flash: bool):
+    def __init__(self, cfg: LlamaConfig, rng, compute_dtype, use_flash: bool):
         super().__init__()
         self.tok_embeddings = Embedding(cfg.vocab_size, cfg.hidden_size, cfg.init_std, rng)
         self.layers = nn.CellList([DecoderLayer(cfg, rng, compute_dtype, use_flash)
@@ -206,7 +206,7 @@ class LlamaModel(nn.Cell):
 class LlamaForCausalLM(nn.Cell):
     """tokens [B, S] int32 -> logits [B, S, vocab] fp32."""
 
-    def __init__(self, cfg: ModelConfig, compute_dtype: str = "fp32", use_flash: bool = False, seed: int = 0):
+    def __init__(self, cfg: LlamaConfig, compute_dtype: str = "fp32", use_flash: bool = False, seed: int = 0):
         super().__init__()
         rng = np.random.default_rng(seed)  # numpy init: identical weights on every rank, independent of backend
         dtype = DTYPES[compute_dtype]
@@ -217,6 +217,9 @@ class LlamaForCausalLM(nn.Cell):
         else:
             self.head_matmul = ops.MatMul(transpose_b=True)
         self.compute_dtype = dtype
+
+    def layers(self):
+        return self.model.layers
 
     def construct(self, tokens):
         h = self.model(tokens)

@@ -1,4 +1,6 @@
-"""Per-device memory plan for training a Llama-style decoder under a dp x tp x pp layout.
+"""Per-device memory plan for training a model family under a dp x tp x pp layout. The family says what a
+device holds (`stage_parameters`) and what a layer keeps for its backward (`layer_activation_factors`, in
+models/<family>/accounting.py); the rules below are written out for the Llama decoder.
 
 Conventions (bytes per device):
   * Parameters on a device: its pipeline stage's L/pp layers with every matmul weight split over tp
@@ -28,7 +30,7 @@ Conventions (bytes per device):
     splits those too, so everything is / t. Selective recompute and flash attention drop the a*s/h term
     (flash's per-row logsumexp is ignored). Full recompute keeps only each layer's input (1 element,
     / t under sequence parallelism) plus, in the backward, one layer's activations being recomputed.
-    This is what a layer has to keep; an eager implementation keeps more. models/llama.py, under bf16,
+    This is what a layer has to keep; an eager implementation keeps more. models/llama/model.py, under bf16,
     keeps its residual stream and RMSNorm in fp32, the softmax in fp32 plus its bf16 copy, and K, V
     repeated to all heads under GQA: read the activations as a lower bound for it.
   * Pipeline (1F1B): stage i holds min(pp - i, micro_batches) micro-batches in flight, so the first
@@ -46,7 +48,7 @@ s*b*h*(18 + 4*f/h)/t bytes per layer (4*f/h + 4*kv/a - 6 fewer: GeLU width, MHA,
 from dataclasses import dataclass
 from typing import Any, Dict, List
 
-from models.accounting import parameter_count
+from models import family
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 RECOMPUTE_MODES = ("none", "selective", "full")
@@ -74,15 +76,8 @@ class MemoryPlan:
 
 
 def stage_parameters(m: Any, p: Any) -> List[int]:
-    """Parameters held by one device of each pipeline stage."""
-    counts, norms = parameter_count(m), 2 * m.hidden_size
-    layer = (counts["per_layer"] - norms) // p.tp + norms
-    params = [m.num_layers // p.pp * layer] * p.pp
-    params[0] += counts["embedding"] // p.tp
-    if not m.tie_embeddings or p.pp > 1:
-        params[-1] += m.vocab_size * m.hidden_size // p.tp
-    params[-1] += counts["final_norm"]
-    return params
+    """Parameters held by one device of each pipeline stage (the family's accounting)."""
+    return family(m.family).stage_parameters(m, p)
 
 
 def layer_activation_bytes(m: Any, p: Any, seq_len: int, micro_batch_size: int, compute_dtype: str,
@@ -92,8 +87,7 @@ def layer_activation_bytes(m: Any, p: Any, seq_len: int, micro_batch_size: int, 
     sbh = s * b * h * DTYPE_BYTES[compute_dtype]
     if recompute == "full":
         return sbh / t if p.sequence_parallel else sbh
-    replicated = 4.0  # both norm inputs, the attention and MLP inputs
-    sharded = 2 + 2 * m.num_kv_heads / a + 4 * m.intermediate_size / h  # Q, K, V, attention out; SwiGLU
+    replicated, sharded = family(m.family).layer_activation_factors(m)
     if recompute == "none" and not flash_attention:
         sharded += a * s / h  # softmax output
     if p.sequence_parallel:

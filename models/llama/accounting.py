@@ -1,9 +1,9 @@
 """Parameter and FLOP accounting for the Llama-style decoder, from the config alone (no weights built).
 
-Used by the dry run (trainer/dry_run.py), the memory plan (distributed/memory.py) and MFU.
-`m` is anything with ModelConfig's shape fields (the OmegaConf node, the dataclass, a namespace).
+Used by the dry run (planner/dry_run.py), the memory plan (planner/memory.py) and MFU.
+`m` is anything with LlamaConfig's shape fields (the OmegaConf node, the dataclass, a namespace).
 """
-from typing import Any, Dict
+from typing import Any, Dict, List, Tuple
 
 
 def _head_dim(m: Any) -> int:
@@ -63,3 +63,24 @@ def flops_per_token(m: Any, seq_len: int) -> float:
     """
     attention = 12 * m.num_layers * m.num_heads * _head_dim(m) * seq_len
     return float(6 * matmul_parameter_count(m) + attention)
+
+
+def stage_parameters(m: Any, p: Any) -> List[int]:
+    """Parameters held by one device of each pipeline stage (planner/memory.py): the stage's layers with every
+    matmul weight split over tp (norms replicated), the vocab-parallel embedding on the first stage, the head
+    (a second copy of a tied one when pp > 1) and the final norm on the last."""
+    counts, norms = parameter_count(m), 2 * m.hidden_size
+    layer = (counts["per_layer"] - norms) // p.tp + norms
+    params = [m.num_layers // p.pp * layer] * p.pp
+    params[0] += counts["embedding"] // p.tp
+    if not m.tie_embeddings or p.pp > 1:
+        params[-1] += m.vocab_size * m.hidden_size // p.tp
+    params[-1] += counts["final_norm"]
+    return params
+
+
+def layer_activation_factors(m: Any) -> Tuple[float, float]:
+    """(replicated, tp-sharded) activations a decoder layer keeps for its backward, in units of s*b*h elements,
+    without the softmax output (planner/memory.py adds it): 4 replicated (both norm inputs, the attention and
+    MLP inputs); sharded Q, K, V (narrower under GQA), the attention output and SwiGLU's 4*f/h."""
+    return 4.0, 2 + 2 * m.num_kv_heads / m.num_heads + 4 * m.intermediate_size / m.hidden_size

@@ -1,0 +1,24 @@
+"""What a prepared row holds. An objective chooses a RowSpec (objectives/<name>.py `row_spec`); data/packing.py
+writes rows of any spec into MindRecord files and data/loader.py reads its columns back by name, so a new
+row layout is one spec, not edits to the pipeline.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator, Tuple
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    name: str  # part of the cache directory, rows-<name>-<seq_len> ("packed": rows-<seq_len>); say every option
+    columns: Tuple[str, ...]  # the columns batches are made of, in this order
+    schema: Callable[[int], dict]  # seq_len -> MindRecord schema of every column written
+    # (tokens, offsets, seq_len, tokenizer) -> rows (dicts of the schema's columns) of one source's split, where
+    # tokens is the split's documents, each followed by eos, and offsets[i] the start of document i (then the end)
+    build: Callable[[np.ndarray, np.ndarray, int, object], Iterator[dict]]
+    index: Tuple[str, ...] = ()  # columns MindRecord indexes
+
+    def dir_name(self, seq_len: int) -> str:
+        return f"rows-{seq_len}" if self.name == "packed" else f"rows-{self.name}-{seq_len}"

@@ -1,0 +1,99 @@
+"""What happens around the steps, one concern per callback (OLMo-core style). The loop calls, in order,
+`on_step(step, result)` after every step and `close()` at the end; a callback that has something to report
+hands it to the sinks (metrics.jsonl, console, W&B: anything with log(dict) and close()).
+
+    TrainMetrics   every trainer.log_every steps: loss, the objective's metrics, lr, grad norm, tokens, speed
+    Evaluation     every trainer.eval_every steps and at the end: the objective's loss and metrics per source
+    Checkpointing  every trainer.save_every steps, at the end and on SIGTERM/SIGINT
+"""
+import math
+from typing import Callable, Dict, List
+
+import numpy as np
+
+from trainer.metrics import SpeedMonitor, peak_rss_gb
+from trainer.module import StepResult
+
+
+class Sinks:
+    def __init__(self, sinks: list):
+        self.sinks = sinks
+
+    def log(self, metrics: dict) -> None:
+        for sink in self.sinks:
+            sink.log(metrics)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+
+
+class TrainMetrics:
+    """Means over the accepted steps of each logging interval (an all-skipped interval logs nothing)."""
+
+    def __init__(self, sinks: Sinks, every: int, max_steps: int, speed: SpeedMonitor, tokens_per_step: int,
+                 tokens_by_source: Callable[[], Dict[str, int]], extra: Callable[[], dict]):
+        self.sinks, self.every, self.max_steps, self.speed = sinks, every, max_steps, speed
+        self.tokens_per_step, self.tokens_by_source, self.extra = tokens_per_step, tokens_by_source, extra
+        self.window: List[StepResult] = []
+        self.last: dict = {}
+
+    def on_step(self, step: int, result: StepResult) -> None:
+        self.speed.add(self.tokens_per_step)
+        if result.skip is None:
+            self.window.append(result)
+        if self.window and (step % self.every == 0 or step == self.max_steps):
+            last = self.window[-1]
+            self.last = {"step": step, "loss": float(np.mean([r.loss for r in self.window])),
+                         **{k: float(np.mean([r.metrics[k] for r in self.window])) for k in last.metrics},
+                         "lr": float(last.lr.asnumpy()), "grad_norm": float(last.grad_norm.asnumpy()),
+                         "tokens_seen": step * self.tokens_per_step, **self.speed.measure(), **self.extra(),
+                         "peak_rss_gb": peak_rss_gb(),
+                         **{f"tokens_seen/{source}": n for source, n in self.tokens_by_source().items()}}
+            self.window = []
+            self.sinks.log(self.last)
+
+    def close(self) -> None:
+        pass
+
+
+class Evaluation:
+    """val_loss (token-weighted over all sources), val_ppl, and per source val_loss/<source>; the objective's
+    metrics as val_<metric> and val_<metric>/<source>."""
+
+    def __init__(self, sinks: Sinks, every: int, max_steps: int, module, val: Dict[str, List[tuple]]):
+        self.sinks, self.every, self.max_steps, self.module, self.val = sinks, every, max_steps, module, val
+        self.last: dict = {}
+
+    def evaluate(self) -> dict:
+        per_source = {source: self.module.evaluate(batches) for source, batches in self.val.items() if batches}
+        tokens = [n for _, n in per_source.values()]
+        out = {}
+        for key in ("loss",) + tuple(self.module.objective.metrics):
+            out[f"val_{key}"] = float(np.average([m[key] for m, _ in per_source.values()], weights=tokens))
+            out.update({f"val_{key}/{source}": m[key] for source, (m, _) in per_source.items()})
+        out["val_ppl"] = math.exp(min(out["val_loss"], 50.0))
+        return out
+
+    def on_step(self, step: int, result: StepResult) -> None:
+        if (self.every and step % self.every == 0) or step == self.max_steps:
+            self.last = self.evaluate()
+            self.sinks.log({"step": step, **self.last})
+
+    def close(self) -> None:
+        pass
+
+
+class Checkpointing:
+    """`save(step)` writes a checkpoint (trainer/loop.py builds it: the module's weights and optimizer plus the
+    loop's state); this decides when."""
+
+    def __init__(self, save: Callable[[int], None], every: int, max_steps: int, preemption):
+        self.save, self.every, self.max_steps, self.preemption = save, every, max_steps, preemption
+
+    def on_step(self, step: int, result: StepResult) -> None:
+        if (self.every and step % self.every == 0) or step == self.max_steps or self.preemption.signal:
+            self.save(step)
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,130 @@
+"""TrainModule: one optimizer step over an objective's inputs, with the same interface on one device, under
+data parallelism and under tensor/pipeline sharding, so the loop (trainer/loop.py) never branches on the
+layout (OLMo-core's TrainModule/Trainer split).
+
+    result = module.step(micro_batches, loss_scale, decide)   # forward/backward every micro-batch, update
+    val = module.evaluate(batches)                             # token-weighted loss and metrics
+    module.save(step_dir_root, step, state, ...) / module.load(path)
+
+`micro_batches` are the step's inputs (tuples of numpy arrays in the objective's `inputs` order);
+`decide(loss)` is the host's verdict on the update (a reason to skip it, or None), asked between the
+backward and the update where the layout allows it.
+"""
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+import mindspore as ms
+from mindspore import Tensor
+
+import checkpoint
+from trainer.step import ApplyUpdate, ForwardBackward
+
+
+@dataclass
+class StepResult:
+    loss: float  # mean over the step's loss tokens (all micro-batches, all replicas)
+    grad_norm: Tensor
+    finite: bool  # every gradient finite (False: the update was not applied)
+    lr: Tensor
+    skip: Optional[str] = None  # why the host skipped the update
+    metrics: Dict[str, float] = field(default_factory=dict)  # the objective's, weighted like the loss
+
+
+class LocalModule:
+    """One device, or data parallel (`world_size` replicas, gradients averaged by AllReduce): two graphs per
+    step (trainer/step.py), accumulation a Python loop weighted by each micro-batch's loss tokens."""
+
+    def __init__(self, model, objective, optimizer, clip_grad_norm: float, world_size: int = 1):
+        self.model, self.objective, self.optimizer = model, objective, optimizer
+        self.loss_net = objective.loss_cell(model)
+        self.forward_backward = ForwardBackward(self.loss_net, optimizer.parameters)
+        reducer, self.replica_mean = None, None
+        if world_size > 1:
+            from distributed.data_parallel import ReplicaMean, gradient_reducer
+
+            reducer, self.replica_mean = gradient_reducer(optimizer.parameters, world_size), ReplicaMean(world_size)
+        self.world_size = world_size
+        self.apply_update = ApplyUpdate(optimizer, self.forward_backward.grad_buffers, clip_grad_norm, reducer)
+
+    def _global(self, value: float) -> float:
+        """The mean of `value` over the replicas (itself on one device)."""
+        if self.replica_mean is None:
+            return value
+        return float(self.replica_mean(Tensor(value, ms.float32)).asnumpy())
+
+    def step(self, micro_batches: Sequence[tuple], loss_scale: float,
+             decide: Callable[[float], Optional[str]]) -> StepResult:
+        counts = [self.objective.loss_tokens(inputs) for inputs in micro_batches]
+        total = round(self._global(float(sum(counts))) * self.world_size)  # loss tokens of the global batch
+        loss, metrics = 0.0, np.zeros(len(self.objective.metrics))
+        for inputs, n in zip(micro_batches, counts):
+            if n == 0:  # no loss token: nothing to add to the gradient
+                continue
+            weight = self.world_size * n / total  # the replica mean then gives n / total
+            out = self.forward_backward(Tensor(loss_scale * weight, ms.float32), *map(Tensor, inputs))
+            loss += weight * float(out[0].asnumpy())
+            metrics += [weight * float(m.asnumpy()) for m in out[1:]]
+        loss = self._global(loss)  # every rank decides on the same, global loss
+        metrics = [self._global(float(m)) for m in metrics]
+        skip = decide(loss)
+        grad_norm, finite, lr = self.apply_update(Tensor(loss_scale, ms.float32), Tensor(skip is None))
+        return StepResult(loss, grad_norm, bool(finite.asnumpy()), lr, skip,
+                          dict(zip(self.objective.metrics, metrics)))
+
+    def evaluate(self, batches: List[tuple]) -> Tuple[Dict[str, float], int]:
+        """(the objective's loss and metrics over `batches`, each batch weighted by its loss tokens; those tokens)."""
+        outs = np.array([[float(x.asnumpy()) for x in self.loss_net(*map(Tensor, inputs))] for inputs in batches])
+        weights = [max(self.objective.loss_tokens(inputs), 1) for inputs in batches]
+        means = np.average(outs, axis=0, weights=weights)
+        return dict(zip(("loss",) + tuple(self.objective.metrics), means.tolist())), sum(weights)
+
+    def save(self, root: str, step: int, state: dict, cfg, tokenizer_file: str, is_main: bool) -> None:
+        if is_main:
+            checkpoint.save(root, step, self.model, self.optimizer, state, cfg, tokenizer_file)
+
+    def load(self, path: str, example_inputs: tuple) -> dict:
+        return checkpoint.load(path, self.model, self.optimizer)
+
+
+class ShardedModule(LocalModule):
+    """Tensor/pipeline parallel or optimizer sharding (Ascend/GPU): the step is one semi-auto graph
+    (trainer/step.py ShardedTrainStep under distributed/semi_auto.py), fed the whole pipeline batch at once;
+    its loss is not seen before the update, so `decide` is not asked (validation turns spike skipping off)."""
+
+    def __init__(self, model, objective, optimizer, cfg, rank: int, run_dir: str):
+        from distributed.semi_auto import parallel_step, shard_model
+        from trainer.step import ShardedTrainStep
+
+        self.model, self.objective, self.optimizer, self.rank, self.run_dir = model, objective, optimizer, rank, run_dir
+        self.loss_net = objective.loss_cell(model)
+        shard_model(model, cfg)
+        p = cfg.parallel
+        self.compiled = parallel_step(ShardedTrainStep(self.loss_net, optimizer, cfg.optim.clip_grad_norm, p.pp,
+                                                       p.micro_batches, p.optimizer_shard), cfg, run_dir, rank)
+
+    def step(self, micro_batches: Sequence[tuple], loss_scale: float,
+             decide: Callable[[float], Optional[str]]) -> StepResult:
+        (inputs,) = micro_batches  # validation: grad_accum == 1; the pipeline's micro-batches are in the batch
+        loss, grad_norm, finite, lr = self.compiled(Tensor(loss_scale, ms.float32), *map(Tensor, inputs))
+        return StepResult(float(loss.asnumpy()), grad_norm, bool(finite.asnumpy()), lr)
+
+    def save(self, root: str, step: int, state: dict, cfg, tokenizer_file: str, is_main: bool) -> None:
+        """Every rank its slices; rank 0 also state.json and `latest`, what a resume looks for."""
+        import os
+
+        from distributed.semi_auto import save_rank_slices
+
+        step_dir = os.path.join(root, f"step_{step:06d}")
+        save_rank_slices(step_dir, self.compiled.network, self.rank, self.run_dir)
+        if is_main:
+            checkpoint.write_metadata(step_dir, step, state, cfg, tokenizer_file)
+            checkpoint.set_latest(root, step_dir)
+
+    def load(self, path: str, example_inputs: tuple) -> dict:
+        from distributed.semi_auto import load_rank_slices
+
+        state = checkpoint.read_state(path)
+        load_rank_slices(path, self.compiled, self.rank, tuple(map(Tensor, example_inputs)))
+        return state
