@@ -16,7 +16,7 @@ and whose tensors load; a damaged one is reported and the one before it is used.
 import json
 import os
 import shutil
-from typing import List, Optional
+from typing import Dict, List, Optional, Set
 
 import mindspore as ms
 from mindspore import nn
@@ -39,15 +39,22 @@ def _fsync(path: str) -> None:
 
 
 def save(root: str, step: int, model: nn.Cell, optimizer: nn.Optimizer, state: dict, cfg: DictConfig,
-         tokenizer_file: Optional[str] = None) -> str:
+         tokenizer_file: Optional[str] = None, only: Optional[Set[str]] = None,
+         extra_files: Optional[Dict[str, dict]] = None) -> str:
+    """`only`: the model weights to write (a LoRA run: its adapters; the frozen base stays at stage.init_from);
+    `extra_files`: JSON files to write beside them (a LoRA run's PEFT adapter_config.json)."""
     final = os.path.join(root, f"step_{step:06d}")
     tmp = f"{final}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     weights = set(model.parameters_dict())
-    ms.save_checkpoint(model, os.path.join(tmp, WEIGHTS), format="safetensors")
+    ms.save_checkpoint(model, os.path.join(tmp, WEIGHTS), format="safetensors",
+                       choice_func=None if only is None else lambda name: name in only)
     ms.save_checkpoint(optimizer, os.path.join(tmp, OPTIMIZER), format="safetensors",
                        choice_func=lambda name: name not in weights)
+    for name, content in (extra_files or {}).items():
+        with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
+            json.dump(content, f, indent=2)
     write_metadata(tmp, step, state, cfg, tokenizer_file)
     shutil.rmtree(final, ignore_errors=True)  # a same-step leftover of a run that crashed after the rename
     os.replace(tmp, final)
@@ -149,18 +156,19 @@ def _load_into(file: str, cell: nn.Cell, names: List[str], what: str) -> None:
     ms.load_param_into_net(cell, {n: params[n] for n in names}, strict_load=True)
 
 
-def load_weights(path: str, model: nn.Cell) -> None:
-    """Model weights from a checkpoint directory or a .safetensors file (stage.init_from)."""
+def load_weights(path: str, model: nn.Cell, only: Optional[Set[str]] = None) -> None:
+    """Model weights (all, or the names in `only`) from a checkpoint directory or a .safetensors file
+    (stage.init_from)."""
     file = os.path.join(path, WEIGHTS) if os.path.isdir(path) else path
     if not os.path.isfile(file):
         raise CheckpointError(f"{file}: no such checkpoint")
-    _load_into(file, model, list(model.parameters_dict()), "checkpoint")
+    _load_into(file, model, sorted(only) if only is not None else list(model.parameters_dict()), "checkpoint")
 
 
-def load(path: str, model: nn.Cell, optimizer: nn.Optimizer) -> dict:
-    """Weights, optimizer state and the loop's state.json, for resuming."""
+def load(path: str, model: nn.Cell, optimizer: nn.Optimizer, only: Optional[Set[str]] = None) -> dict:
+    """Weights (all, or those in `only`, as saved), optimizer state and the loop's state.json, for resuming."""
     state = read_state(path)
-    load_weights(path, model)
+    load_weights(path, model, only)
     weights = set(model.parameters_dict())
     _load_into(os.path.join(path, OPTIMIZER), optimizer,
                [n for n in optimizer.parameters_dict() if n not in weights], "optimizer state")

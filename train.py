@@ -73,6 +73,10 @@ def main(cfg: DictConfig):
     status(run_dir, "running")
     try:
         metrics = train(cfg, run_dir)
+    except ConfigError as err:  # found while building (e.g. peft.target_modules matching no cell)
+        status(run_dir, "failed", error=str(err))
+        print(f"config error: {err}", file=sys.stderr)
+        sys.exit(2)
     except (DataError, CheckpointError, TrainingStopped) as err:
         status(run_dir, "failed", error=str(err))
         print(f"error: {err}", file=sys.stderr)

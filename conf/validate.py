@@ -10,7 +10,7 @@ import typing
 from omegaconf import DictConfig, OmegaConf
 
 from conf.errors import ConfigError, require as _require
-from conf.schema import Config, global_batch_size, is_sharded
+from conf.schema import SAMPLE_KINDS, Config, global_batch_size, is_sharded
 
 __all__ = ["ConfigError", "validate"]
 CHOICES = {
@@ -82,6 +82,13 @@ def _check_plugins(cfg: DictConfig) -> None:
              f"{', '.join(OBJECTIVES)}")
     family(cfg.model.family).check(cfg)
     objective(cfg.objective.name).check(cfg)
+    if cfg.peft.name == "lora":
+        lora = cfg.peft
+        _require(lora.r >= 1, "peft.r", f"must be >= 1, got {lora.r}")
+        _require(lora.alpha > 0, "peft.alpha", f"must be > 0, got {lora.alpha}")
+        _require(0 <= lora.dropout < 1, "peft.dropout", f"must be in [0, 1), got {lora.dropout}")
+        _require(cfg.parallel.tp == 1 and cfg.parallel.pp == 1, "peft", "LoRA adapters have no tensor/pipeline "
+                 "strategy yet; use data parallelism (parallel=dp2) with peft=lora")
 
 
 def _check_model(cfg: DictConfig) -> None:
@@ -154,6 +161,9 @@ def _check_data(cfg: DictConfig) -> None:
     missing = [n for n in names if n not in d.weights]
     _require(not d.weights or not missing, "data.weights", f"no weight for {', '.join(missing)}; give every source "
              "a weight, or none to sample them in proportion to their rows")
+    documents = [s.name for s in d.sources if s.val_paths and s.kind not in SAMPLE_KINDS]
+    _require(not documents, "data.sources", f"val_paths is for instruction samples; source {', '.join(documents)} "
+             "holds documents, whose validation split is data.val_fraction")
     _require(0 <= d.val_fraction < 1, "data.val_fraction", f"must be in [0, 1), got {d.val_fraction}")
     _require(d.num_workers >= 0, "data.num_workers", f"must be >= 0 (0: in this process), got {d.num_workers}")
     _require(d.shard_rows >= 1, "data.shard_rows", f"must be >= 1, got {d.shard_rows}")

@@ -33,6 +33,7 @@ from data.documents import build_documents
 from data.errors import DataError
 from data.packing import PACKED, pack_sources
 from data.rows import RowSpec
+from data.samples import SAMPLE_KINDS, build_samples
 from data.sources import source_files
 from data.tokenizer import Tokenizer, pretrained_path
 
@@ -75,10 +76,11 @@ def prepare(cfg: DataConfig, spec: RowSpec = PACKED) -> PreparedData:
         raise DataError("prepare() was called while a worker process re-imported the main script: put the code "
                         "that calls build_data/prepare under `if __name__ == \"__main__\":` (workers are spawned)")
     root = Path(cfg.cache_dir) / cache_key(cfg)
+    samples = _sample_sources(cfg)
     rows_dir = root / spec.dir_name(cfg.seq_len)
     root.parent.mkdir(parents=True, exist_ok=True)
     with _file_lock(root.with_name(root.name + ".lock")):
-        built = _build_once(root, lambda tmp: build_documents(cfg, tmp))
+        built = _build_once(root, lambda tmp: (build_samples if samples else build_documents)(cfg, tmp))
         meta = json.loads((root / "meta.json").read_text())
         built |= _build_once(rows_dir, lambda tmp: pack_sources(root / "tokens", tmp, list(meta["sources"]),
                                                                 meta["splits"], cfg.seq_len, cfg.shard_rows, spec,
@@ -102,6 +104,9 @@ def cache_key(cfg: DataConfig) -> str:
     tok = cfg.tokenizer
     tok_path = pretrained_path(tok)
     spec = {
+        **({"template": OmegaConf.to_container(OmegaConf.structured(cfg.template)),
+            "val_files": [[_fingerprint(Path(f)) for f in s.val_paths] for s in cfg.sources]}
+           if _sample_sources(cfg) else {}),
         "format": FORMAT_VERSION,
         "sentencepiece": spm.__version__,
         "val_fraction": cfg.val_fraction,
@@ -115,6 +120,15 @@ def cache_key(cfg: DataConfig) -> str:
                       "file": _fingerprint(tok_path) if tok_path else None},
     }
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _sample_sources(cfg: DataConfig) -> bool:
+    """True when every source holds instruction samples, False when all hold documents; a mix is an error."""
+    kinds = {s.kind in SAMPLE_KINDS for s in cfg.sources}
+    if len(kinds) > 1:
+        raise DataError(f"data '{cfg.name}' mixes instruction samples ({', '.join(SAMPLE_KINDS)}) with documents; "
+                        f"prepare them as two data configs")
+    return kinds == {True}
 
 
 def _build_once(final: Path, build: Callable[[Path], object]) -> bool:

@@ -27,7 +27,7 @@ from mindspore.mindrecord import FileWriter
 from tqdm import tqdm
 
 from data.errors import DataError
-from data.rows import RowSpec
+from data.rows import RowSpec, Split
 
 WRITE_BATCH = 2048  # rows per FileWriter.write_raw_data call
 PACK_CHUNK = 65536  # PACKED rows materialized at a time
@@ -37,10 +37,10 @@ def num_rows(n_tokens: int, seq_len: int) -> int:
     return max(n_tokens - 1, 0) // seq_len
 
 
-def packed_rows(tokens: np.ndarray, offsets: np.ndarray, seq_len: int, tokenizer=None) -> Iterator[dict]:
-    n = num_rows(len(tokens), seq_len)
+def packed_rows(split: Split, seq_len: int, tokenizer=None) -> Iterator[dict]:
+    n = num_rows(len(split.tokens), seq_len)
     for start in range(0, n, PACK_CHUNK):
-        yield from _rows(tokens, offsets, seq_len, start, min(start + PACK_CHUNK, n))
+        yield from _rows(split.tokens, split.offsets, seq_len, start, min(start + PACK_CHUNK, n))
 
 
 PACKED = RowSpec(
@@ -58,9 +58,9 @@ def pack_sources(tokens_dir: Path, out: Path, sources: List[str], splits: List[s
     with tqdm(desc="pack", unit="row", unit_scale=True, leave=False) as bar:
         for name in sources:
             for split in splits:
-                tokens = np.load(tokens_dir / f"{name}.{split}.npy", mmap_mode="r")
-                offsets = np.load(tokens_dir / f"{name}.{split}.offsets.npy")
-                rows, files = spec.build(tokens, offsets, seq_len, tokenizer), []
+                stream = load_split(tokens_dir, name, split)
+                tokens = stream.tokens
+                rows, files = spec.build(stream, seq_len, tokenizer), []
                 n = 0
                 while shard := list(itertools.islice(rows, shard_rows)):
                     files.append(f"{name}.{split}.{len(files):05d}.mindrecord")
@@ -75,6 +75,14 @@ def pack_sources(tokens_dir: Path, out: Path, sources: List[str], splits: List[s
     index["seconds"] = round(time.perf_counter() - start_time, 3)
     (out / "index.json").write_text(json.dumps(index, indent=2) + "\n")
     return index
+
+
+def load_split(tokens_dir: Path, source: str, split: str) -> Split:
+    """What stage 1 wrote for one source's split (the loss mask only for instruction samples)."""
+    mask = tokens_dir / f"{source}.{split}.loss_mask.npy"
+    return Split(f"data source '{source}' ({split})", np.load(tokens_dir / f"{source}.{split}.npy", mmap_mode="r"),
+                 np.load(tokens_dir / f"{source}.{split}.offsets.npy"),
+                 np.load(mask, mmap_mode="r") if mask.exists() else None)
 
 
 def _write_shard(path: Path, rows: List[dict], schema: dict, index_fields) -> None:

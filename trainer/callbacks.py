@@ -2,7 +2,8 @@
 `on_step(step, result)` after every step and `close()` at the end; a callback that has something to report
 hands it to the sinks (metrics.jsonl, console, W&B: anything with log(dict) and close()).
 
-    TrainMetrics   every trainer.log_every steps: loss, the objective's metrics, lr, grad norm, tokens, speed
+    TrainMetrics   every trainer.log_every steps: loss, the objective's metrics, loss tokens per step, lr,
+                   grad norm, tokens, speed
     Evaluation     every trainer.eval_every steps and at the end: the objective's loss and metrics per source
     Checkpointing  every trainer.save_every steps, at the end and on SIGTERM/SIGINT
 """
@@ -46,6 +47,8 @@ class TrainMetrics:
             last = self.window[-1]
             self.last = {"step": step, "loss": float(np.mean([r.loss for r in self.window])),
                          **{k: float(np.mean([r.metrics[k] for r in self.window])) for k in last.metrics},
+                         **({"loss_tokens": float(np.mean([r.loss_tokens for r in self.window]))}
+                            if last.loss_tokens is not None else {}),
                          "lr": float(last.lr.asnumpy()), "grad_norm": float(last.grad_norm.asnumpy()),
                          "tokens_seen": step * self.tokens_per_step, **self.speed.measure(), **self.extra(),
                          "peak_rss_gb": peak_rss_gb(),

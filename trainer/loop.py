@@ -9,6 +9,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 import checkpoint
+from conf.errors import ConfigError
 from conf.schema import global_batch_size, is_sharded, pipeline_micro_batches
 from data import build_data
 from models import build_model
@@ -27,6 +28,7 @@ from trainer.step import DynamicLossScale
 def train(cfg: DictConfig, run_dir: str) -> dict:
     """Train as `cfg` says, writing metrics.jsonl and checkpoints to `run_dir`; returns the last metrics."""
     rt = init_runtime(cfg)
+    os.makedirs(run_dir, exist_ok=True)
     t, dp = cfg.trainer, cfg.parallel.dp
     sharded = is_sharded(cfg.parallel)  # tp/pp/optimizer sharding (Ascend/GPU): one semi-auto graph per step
     rows_per_batch = t.micro_batch_size * pipeline_micro_batches(cfg)  # a pipeline step takes all its micro-batches
@@ -40,10 +42,11 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     model = build_model(cfg.model, cfg.data.seq_len, cfg.precision.compute_dtype, cfg.device.target, t.seed)
     if cfg.stage.init_from:
         checkpoint.load_weights(cfg.stage.init_from, model)
+    adapters = add_adapters(model, cfg) if cfg.peft.name != "none" else None  # LoRA: the base frozen
     objective = plugin.Objective(cfg.objective, data.tokenizer, t.seed)
     optimizer = build_optimizer(model.trainable_params(), cfg.optim, t.max_steps)
     module = ShardedModule(model, objective, optimizer, cfg, rt.rank, run_dir) if sharded else \
-        LocalModule(model, objective, optimizer, cfg.optim.clip_grad_norm, rt.world_size)
+        LocalModule(model, objective, optimizer, cfg.optim.clip_grad_norm, rt.world_size, adapters)
 
     def next_inputs() -> tuple:
         """The objective's inputs for this rank's next batch; `sample` is the batch's first global sample."""
@@ -121,6 +124,22 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     sinks.close()
     return {**train_metrics.last, **evaluation.last, "step": step,
             **({"preempted": preemption.signal} if preemption.signal else {})}
+
+
+def add_adapters(model, cfg: DictConfig):
+    """LoRA on `model` as cfg.peft says; returns what its checkpoints hold: (adapter names, PEFT adapter_config)."""
+    from adapters.lora import apply_lora, describe, lora_state, peft_adapter_files, single_name
+    from models import family
+
+    try:
+        info = apply_lora(model, cfg.peft, cfg.trainer.seed)
+    except ValueError as err:
+        raise ConfigError("peft.target_modules", str(err).removeprefix("peft.target_modules=")) from None
+    print(f"[peft] {describe(info)}", flush=True)
+    weights = lora_state(model)
+    _, adapter_config = peft_adapter_files(weights, cfg.peft, single_name(family(cfg.model.family).hf.to_hf),
+                                           cfg.stage.init_from or "")
+    return set(weights), adapter_config
 
 
 def _file_sinks(cfg: DictConfig, run_dir: str, run_id: str, start: int) -> list:

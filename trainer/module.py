@@ -30,14 +30,16 @@ class StepResult:
     lr: Tensor
     skip: Optional[str] = None  # why the host skipped the update
     metrics: Dict[str, float] = field(default_factory=dict)  # the objective's, weighted like the loss
+    loss_tokens: Optional[int] = None  # tokens that carried loss in the global batch
 
 
 class LocalModule:
     """One device, or data parallel (`world_size` replicas, gradients averaged by AllReduce): two graphs per
     step (trainer/step.py), accumulation a Python loop weighted by each micro-batch's loss tokens."""
 
-    def __init__(self, model, objective, optimizer, clip_grad_norm: float, world_size: int = 1):
-        self.model, self.objective, self.optimizer = model, objective, optimizer
+    def __init__(self, model, objective, optimizer, clip_grad_norm: float, world_size: int = 1, adapters=None):
+        """`adapters`: (names, PEFT adapter_config) of a LoRA run, whose checkpoints hold only those weights."""
+        self.model, self.objective, self.optimizer, self.adapters = model, objective, optimizer, adapters
         self.loss_net = objective.loss_cell(model)
         self.forward_backward = ForwardBackward(self.loss_net, optimizer.parameters)
         reducer, self.replica_mean = None, None
@@ -71,7 +73,7 @@ class LocalModule:
         skip = decide(loss)
         grad_norm, finite, lr = self.apply_update(Tensor(loss_scale, ms.float32), Tensor(skip is None))
         return StepResult(loss, grad_norm, bool(finite.asnumpy()), lr, skip,
-                          dict(zip(self.objective.metrics, metrics)))
+                          dict(zip(self.objective.metrics, metrics)), total)
 
     def evaluate(self, batches: List[tuple]) -> Tuple[Dict[str, float], int]:
         """(the objective's loss and metrics over `batches`, each batch weighted by its loss tokens; those tokens)."""
@@ -82,10 +84,12 @@ class LocalModule:
 
     def save(self, root: str, step: int, state: dict, cfg, tokenizer_file: str, is_main: bool) -> None:
         if is_main:
-            checkpoint.save(root, step, self.model, self.optimizer, state, cfg, tokenizer_file)
+            names, adapter_config = self.adapters or (None, None)
+            checkpoint.save(root, step, self.model, self.optimizer, state, cfg, tokenizer_file, names,
+                            {"adapter_config.json": adapter_config} if adapter_config else None)
 
     def load(self, path: str, example_inputs: tuple) -> dict:
-        return checkpoint.load(path, self.model, self.optimizer)
+        return checkpoint.load(path, self.model, self.optimizer, self.adapters[0] if self.adapters else None)
 
 
 class ShardedModule(LocalModule):

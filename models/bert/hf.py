@@ -26,7 +26,8 @@ def to_hf(params: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
     """mindlab parameters -> a `BertForPreTraining` state dict (with the tied decoder aliases)."""
     sd = dict(params)
     for alias, source in TIED_ALIASES.items():
-        sd[alias] = params[source]
+        if source in params:  # (an adapter-only dict has no embedding to alias)
+            sd[alias] = params[source]
     return sd
 
 

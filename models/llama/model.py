@@ -86,7 +86,8 @@ def rotate_half(x):
 
 
 class CoreAttention(nn.Cell):
-    """softmax(q k^T / sqrt(d) + causal mask) v on [B, heads, S, D]; the part selective recompute redoes."""
+    """softmax(q k^T / sqrt(d) + mask) v on [B, heads, S, D]; the part selective recompute redoes. The mask is
+    causal, or, with `mask` given (packed samples), that additive [B, 1, S, S] bias."""
 
     def __init__(self, head_dim: int, max_positions: int, compute_dtype):
         super().__init__()
@@ -97,9 +98,10 @@ class CoreAttention(nn.Cell):
         mask = np.triu(np.full((max_positions, max_positions), -1e9, np.float32), k=1)
         self.causal_mask = Tensor(mask)
 
-    def construct(self, q, k, v):
+    def construct(self, q, k, v, mask=None):
         seq = q.shape[2]
-        scores = self.qk(q, k).astype(ms.float32) * self.scale + self.causal_mask[:seq, :seq]
+        bias = self.causal_mask[:seq, :seq] if mask is None else mask
+        scores = self.qk(q, k).astype(ms.float32) * self.scale + bias
         probs = ops.softmax(scores, -1).astype(self.compute_dtype)
         return self.pv(probs, v)
 
@@ -132,7 +134,7 @@ class Attention(nn.Cell):
         self.core = (FlashCoreAttention(self.head_dim, self.n_heads) if use_flash
                      else CoreAttention(self.head_dim, cfg.max_position_embeddings, compute_dtype))
 
-    def construct(self, x, cos, sin):
+    def construct(self, x, cos, sin, mask=None):
         b, s, _ = x.shape
         q = self.wq(x).reshape(b, s, self.n_heads, self.head_dim).transpose(0, 2, 1, 3)
         k = self.wk(x).reshape(b, s, self.n_kv, self.head_dim).transpose(0, 2, 1, 3)
@@ -142,7 +144,7 @@ class Attention(nn.Cell):
         if self.n_kv != self.n_heads:  # grouped-query attention: each KV head serves n_heads / n_kv queries
             k = ops.repeat_interleave(k, self.n_heads // self.n_kv, 1)
             v = ops.repeat_interleave(v, self.n_heads // self.n_kv, 1)
-        out = self.core(q, k, v)
+        out = self.core(q, k, v) if mask is None else self.core(q, k, v, mask)
         return self.wo(out.transpose(0, 2, 1, 3).reshape(b, s, -1))
 
 
@@ -168,8 +170,8 @@ class DecoderLayer(nn.Cell):
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.feed_forward = FeedForward(cfg, rng, compute_dtype)
 
-    def construct(self, x, cos, sin):
-        x = x + self.attention(self.attention_norm(x), cos, sin).astype(x.dtype)
+    def construct(self, x, cos, sin, mask=None):
+        x = x + self.attention(self.attention_norm(x), cos, sin, mask).astype(x.dtype)
         return x + self.feed_forward(self.ffn_norm(x)).astype(x.dtype)
 
 
@@ -193,13 +195,24 @@ class LlamaModel(nn.Cell):
         cos, sin = rope_tables(cfg.hidden_size // cfg.num_heads, cfg.max_position_embeddings, cfg.rope_theta,
                                cfg.rope_scaling.type, cfg.rope_scaling.factor)
         self.cos, self.sin = Tensor(cos), Tensor(sin)
+        self.future = Tensor(np.triu(np.ones((cfg.max_position_embeddings,) * 2, np.float32), k=1))  # 1: j > i
 
-    def construct(self, tokens):
+    def construct(self, tokens, positions=None, segments=None):
+        """`positions` [B, S] (restarting per packed sample) and `segments` [B, S] (the sample of every token)
+        keep attention inside each packed sample; without them: positions 0..S-1, one causal sequence."""
         seq = tokens.shape[1]
-        cos, sin = self.cos[:seq], self.sin[:seq]
+        mask = None
+        if positions is None:
+            cos, sin = self.cos[:seq], self.sin[:seq]
+        else:  # [B, 1, S, D]: broadcast over the heads
+            cos, sin = self.cos[positions].expand_dims(1), self.sin[positions].expand_dims(1)
+        if segments is not None:
+            same = segments.expand_dims(2) == segments.expand_dims(1)  # [B, S, S]
+            allowed = ops.logical_and(same, self.future[:seq, :seq] == 0).astype(ms.float32)
+            mask = ((1.0 - allowed) * -1e9).expand_dims(1)  # [B, 1, S, S], added to the scores
         x = self.tok_embeddings(tokens)
         for layer in self.layers:
-            x = layer(x, cos, sin)
+            x = layer(x, cos, sin, mask)
         return self.norm_out(x)
 
 
@@ -221,8 +234,8 @@ class LlamaForCausalLM(nn.Cell):
     def layers(self):
         return self.model.layers
 
-    def construct(self, tokens):
-        h = self.model(tokens)
+    def construct(self, tokens, positions=None, segments=None):
+        h = self.model(tokens, positions, segments)
         if self.tie_embeddings:
             b, s, d = h.shape
             w = self.model.tok_embeddings.embedding_weight.astype(self.compute_dtype)

@@ -1,0 +1,13 @@
+"""Parameter-efficient fine-tuning, applied to a built model as a converter (the `peft` config group):
+`none` trains every weight, `lora` adds LoRA adapters and freezes the rest (adapters/lora.py)."""
+from dataclasses import dataclass
+
+from adapters.lora import LoraConfig
+
+
+@dataclass
+class NoneConfig:
+    name: str = "none"  # full fine-tuning: every weight trains
+
+
+PEFT = {"none": NoneConfig, "lora": LoraConfig}  # peft.name -> its typed config

@@ -1,0 +1,273 @@
+"""LoRA (Hu et al. 2021) for mindlab's own Linear cells, applied to a built model as a converter (torchtitan's
+model-converter style): the model's code is untouched, `apply_lora` rewrites the built cell tree.
+
+    info = apply_lora(model, cfg.peft, seed)       # after build_model, before the optimizer is built
+    print(describe(info))                          # model=tiny: "LoRA: 74,752 trainable / 1,861,760 total (4.02%) ..."
+    optimizer = build_optimizer(model.trainable_params(), ...)      # the adapters only
+    merged = merge_lora(weights, cfg.peft)         # a checkpoint's weights -> plain base weights
+    tensors, config = peft_adapter_files(lora_state(model), cfg.peft, single_name(llama.hf.to_hf), "hf_dir")
+    write_peft_adapter("out/adapter", tensors, config)   # loads with peft.PeftModel.from_pretrained
+
+A targeted linear cell (y = x W^T (+ b), W [out, in]) then computes
+
+    y = x W^T (+ b) + scaling * (dropout(x) A^T) B^T       A [r, in] Kaiming-uniform, B [out, r] zeros
+
+so the model is unchanged until B is trained; scaling = alpha / r, or alpha / sqrt(r) with `use_rslora`
+(Kalajdzievski 2023). The branch has no bias and runs in the base cell's `compute_dtype` (fp16 when the base
+does); dropout acts only in training mode. A is drawn with NumPy from (seed, crc32(cell path)): identical on
+every rank, and independent of which other cells are targeted. Initialisation follows PEFT:
+`kaiming_uniform_(A, a=sqrt(5))`, i.e. U(-1/sqrt(in), 1/sqrt(in)).
+
+Which cells: a "linear cell" is one with its own 2-D `weight` Parameter [out, in], a `compute_dtype` and a
+`matmul` primitive `MatMul(transpose_b=True)` (models/llama/model.py `Linear`, models/bert/model.py `Linear`,
+which adds a bias; embeddings are not, as they have no matmul). `target_modules` follows PEFT: a name matches
+the cell whose path equals it or ends with "." + name; an entry "re:<regex>" matches paths by `re.fullmatch`.
+
+Construction and names: MindSpore names a parameter by the attribute path at which its cell was attached
+(each `parent.child = cell` prefixes "child." onto the names below it, once, at construction), so a cell
+attached after the model was built would get a wrong name (`wq.weight`, or `wq.model.layers.0...` for a shared
+Parameter). The targeted cell is therefore replaced in its parent, through `insert_child_to_cell` (which does
+not rename), by a new cell of a subclass of its own class (`LoraMixin` + e.g. llama `Linear` = `LoraLinear`)
+that shares its Parameters, primitives and attributes, and whose `construct` is the base class's plus the LoRA
+branch.
+The base names stay exactly as they were (`model.layers.0.attention.wq.weight`), the adapters are named from
+them (`model.layers.0.attention.wq.lora_A.weight` / `.lora_B.weight`), and because the cell keeps its path and
+class, everything that finds cells by path and type (the tensor-parallel plan's `isinstance(cell, Linear)` and
+`<path>.matmul` strategies, recompute) still applies to the base matmul. Graphs MindSpore already compiled for
+the model's cells are dropped from their caches (they would not see the adapters); a cell compiled around the
+model (a loss or train-step cell) cannot be reached from here: build those after apply_lora.
+
+Importing this module is cheap (no MindSpore): `LoraConfig` is a config-group schema.
+"""
+import functools
+import math
+import re
+import zlib
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Tuple
+
+import numpy as np
+
+LLAMA_TARGETS = ("attention.wq", "attention.wk", "attention.wv", "attention.wo",
+                 "feed_forward.w1", "feed_forward.w2", "feed_forward.w3")
+LORA_A, LORA_B = "lora_A.weight", "lora_B.weight"  # parameter name suffixes, as in PEFT's state dicts
+
+
+@dataclass
+class LoraConfig:
+    name: str = "lora"  # the preset's name
+    r: int = 8  # rank of the update B @ A (A [r, in], B [out, r])
+    alpha: float = 16.0  # the update is scaled by alpha / r (alpha / sqrt(r) with use_rslora)
+    dropout: float = 0.0  # dropout on the LoRA branch's input, training mode only; 0.0 builds no dropout op
+    # cells to adapt, PEFT's matching: a name matches the cell whose path equals it or ends with "." + name;
+    # an entry "re:<regex>" matches whole cell paths (re.fullmatch). Default: Llama's attention and MLP projections
+    target_modules: List[str] = field(default_factory=lambda: list(LLAMA_TARGETS))
+    use_rslora: bool = False  # rank-stabilized LoRA: scaling alpha / sqrt(r) instead of alpha / r
+
+
+def scaling(cfg) -> float:
+    """The factor on B @ A: alpha / r, or alpha / sqrt(r) with use_rslora."""
+    return float(cfg.alpha) / (math.sqrt(cfg.r) if cfg.use_rslora else float(cfg.r))
+
+
+def is_lora_name(name: str) -> bool:
+    return name.endswith(("." + LORA_A, "." + LORA_B))
+
+
+def _matcher(entries: List[str]) -> Callable[[str], bool]:
+    regexes = [re.compile(e[len("re:"):]) for e in entries if e.startswith("re:")]
+    names = [e for e in entries if not e.startswith("re:")]
+    return lambda path: (any(path == n or path.endswith("." + n) for n in names)
+                         or any(r.fullmatch(path) for r in regexes))
+
+
+def _suffix_pattern(path: str) -> str:
+    """A cell path without its layer: `model.layers.7.attention.wq` -> `attention.wq` (others as they are)."""
+    return re.sub(r"^(.*\.)?\d+\.", "", path)
+
+
+def _is_linear(cell) -> bool:
+    from mindspore import Parameter, ops
+
+    weight, matmul = cell._params.get("weight"), getattr(cell, "matmul", None)  # pylint: disable=protected-access
+    return (isinstance(weight, Parameter) and len(weight.shape) == 2 and hasattr(cell, "compute_dtype")
+            and isinstance(matmul, ops.MatMul) and bool(matmul.transpose_b))
+
+
+@functools.lru_cache(maxsize=None)
+def _cells():
+    """The cell classes (built on first use, so that importing this module does not import MindSpore)."""
+    from mindspore import Parameter, Tensor, nn, ops
+
+    class LoraProjection(nn.Cell):
+        """x @ W^T, W [out, in] (lora_A [r, in] or lora_B [out, r]); x is already in `compute_dtype`."""
+
+        def __init__(self, weight: np.ndarray, compute_dtype):
+            super().__init__()
+            self.weight = Parameter(Tensor(weight))
+            self.compute_dtype = compute_dtype
+            self.matmul = ops.MatMul(transpose_b=True)
+
+        def construct(self, x):
+            return self.matmul(x, self.weight.astype(self.compute_dtype))
+
+    class LoraMixin(nn.Cell):
+        """Mixed in before a linear cell's class: that class's construct plus scaling * B(A(dropout(x)))."""
+
+        def __init__(self, base: nn.Cell, a: np.ndarray, b: np.ndarray, scale: float, dropout: float):
+            nn.Cell.__init__(self)  # not the base class's __init__: it would build new weights
+            fresh = set(vars(self))
+            for key, value in vars(base).items():  # plain attributes (compute_dtype) and primitives (matmul)
+                if key not in fresh:
+                    object.__setattr__(self, key, value)
+            for store in ("_params", "_cells", "_primitives", "_buffers"):  # the same Parameter objects
+                getattr(self, store).update(getattr(base, store))
+            object.__setattr__(self, "training", base.training)
+            prefix = base.weight.name[: -len("weight")]  # e.g. "model.layers.0.attention.wq."
+            self.lora_dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
+            self.lora_A = LoraProjection(a, self.compute_dtype)
+            self.lora_B = LoraProjection(b, self.compute_dtype)
+            self.lora_A.weight.name, self.lora_B.weight.name = prefix + LORA_A, prefix + LORA_B
+            self.scaling = scale
+
+        def construct(self, x):
+            # the base class's x @ W^T (+ b) in compute_dtype; graph mode reads a bare super() as
+            # super(type(self), self), which would be this method again
+            y = super(LoraMixin, self).construct(x)
+            shape = x.shape
+            h = self.lora_dropout(x.reshape(-1, shape[-1]).astype(self.compute_dtype))
+            h = self.lora_B(self.lora_A(h)) * self.scaling
+            return y + h.reshape(shape[:-1] + (-1,)).astype(y.dtype)
+
+    return LoraProjection, LoraMixin
+
+
+@functools.lru_cache(maxsize=None)
+def _lora_class(base_cls: type) -> type:
+    """`Lora<Base>`: LoraMixin first in the MRO, so its construct's super() is the base class's construct."""
+    return type(f"Lora{base_cls.__name__}", (_cells()[1], base_cls), {"__module__": __name__})
+
+
+def apply_lora(model, cfg, seed: int) -> dict:
+    """Add LoRA to every linear cell of `model` that `cfg.target_modules` matches and freeze everything else
+    (`requires_grad = False`), so `model.trainable_params()` are the adapters. Returns
+    {"trainable": adapter parameter count, "total": all parameters, "targets": the adapted cell paths}."""
+    r, dropout = int(cfg.r), float(cfg.dropout)
+    if r <= 0:
+        raise ValueError(f"peft.r must be positive, got {cfg.r}")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"peft.dropout must be in [0, 1), got {cfg.dropout}")
+    lora_mixin = _cells()[1]
+    cells = dict(model.cells_and_names())
+    linear = [path for path, cell in cells.items() if path and _is_linear(cell)]
+    spec = [cfg.target_modules] if isinstance(cfg.target_modules, str) else [str(t) for t in cfg.target_modules]
+    match = _matcher(spec)
+    targets = [path for path in linear if match(path)]
+    if not targets:
+        available = ", ".join(dict.fromkeys(_suffix_pattern(p) for p in linear))
+        raise ValueError(f"peft.target_modules={spec} matches no linear cell of "
+                         f"{type(model).__name__}; its linear cells are: {available} (a name matches the cell "
+                         "path equal to it or ending in '.' + name; 're:<regex>' matches whole paths)")
+    adapters = []
+    for path in targets:
+        base = cells[path]
+        if isinstance(base, lora_mixin):
+            raise ValueError(f"{path} already has LoRA (apply_lora was called twice)")
+        out_features, in_features = base.weight.shape
+        rng = np.random.default_rng([seed, zlib.crc32(path.encode())])
+        bound = 1.0 / math.sqrt(in_features)  # kaiming_uniform_(a=sqrt(5)) on A [r, in]
+        a = rng.uniform(-bound, bound, (r, in_features)).astype(np.float32)
+        b = np.zeros((out_features, r), np.float32)
+        cell = _lora_class(type(base))(base, a, b, scaling(cfg), dropout)
+        parent, _, attr = path.rpartition(".")
+        cells[parent].insert_child_to_cell(attr, cell)
+        adapters += [cell.lora_A.weight, cell.lora_B.weight]
+    for _, cell in model.cells_and_names():  # graphs compiled for the old cells: the next call recompiles
+        cell.compile_cache.clear()
+    trainable = {id(p) for p in adapters}
+    params = model.get_parameters()
+    total = 0
+    for p in params:
+        p.requires_grad = id(p) in trainable
+        total += p.size
+    return {"trainable": sum(p.size for p in adapters), "total": total, "targets": targets}
+
+
+def describe(info: dict) -> str:
+    """The line a caller prints after apply_lora."""
+    t, n = info["trainable"], info["total"]
+    return (f"LoRA: {t:,} trainable / {n:,} total ({100.0 * t / n:.2f}%) in {len(info['targets'])} cells "
+            f"({', '.join(dict.fromkeys(_suffix_pattern(p) for p in info['targets']))})")
+
+
+def lora_state(model) -> Dict[str, np.ndarray]:
+    """The adapters' weights by parameter name (what an adapter checkpoint or a PEFT export needs)."""
+    return {p.name: p.asnumpy() for p in model.get_parameters() if is_lora_name(p.name)}
+
+
+def merge_lora(weights: Dict[str, np.ndarray], cfg) -> Dict[str, np.ndarray]:
+    """Base weights with every adapter merged in (W += scaling * B @ A, in float64, stored in W's dtype) and the
+    lora tensors dropped; `weights` (a checkpoint's dict) is not modified."""
+    s = scaling(cfg)
+    merged = {k: v for k, v in weights.items() if not is_lora_name(k)}
+    for name in weights:
+        if not name.endswith("." + LORA_A):
+            continue
+        prefix = name[: -len(LORA_A)]
+        base, b_name = prefix + "weight", prefix + LORA_B
+        if b_name not in weights or base not in merged:
+            raise ValueError(f"{name}: {b_name if b_name not in weights else base} is missing")
+        a, b, w = weights[name], weights[b_name], merged[base]
+        if a.shape[0] != cfg.r or b.shape != (w.shape[0], a.shape[0]) or a.shape[1] != w.shape[1]:
+            raise ValueError(f"{prefix[:-1]}: A {a.shape}, B {b.shape} and W {w.shape} do not fit peft.r={cfg.r}")
+        delta = b.astype(np.float64) @ a.astype(np.float64)
+        merged[base] = (w.astype(np.float64) + s * delta).astype(w.dtype)
+    orphans = [k for k in weights if k.endswith("." + LORA_B) and k[: -len(LORA_B)] + LORA_A not in weights]
+    if orphans:
+        raise ValueError(f"{orphans[0]} has no {LORA_A}")
+    return merged
+
+
+def single_name(to_hf: Callable[[dict], dict]) -> Callable[[str], str]:
+    """A parameter-name renamer from a family's dict converter (`models.llama.hf.to_hf`), applied to one name."""
+    return lambda name: next(iter(to_hf({name: None})))
+
+
+def peft_adapter_files(lora_weights: Dict[str, np.ndarray], cfg, hf_rename: Callable[[str], str],
+                       base_model_name_or_path: str, task_type: str = "CAUSAL_LM") -> Tuple[dict, dict]:
+    """(adapter_model.safetensors tensors, adapter_config.json) in PEFT's LoRA format. `hf_rename` maps a base
+    weight name of ours (`model.layers.0.attention.wq.weight`) to Hugging Face's
+    (`model.layers.0.self_attn.q_proj.weight`); tensors are named `base_model.model.<hf module>.lora_A.weight`.
+    target_modules are the HF module suffixes (q_proj, ...), which PEFT matches in every layer: a module whose
+    adapter was not exported keeps PEFT's B = 0, i.e. is unchanged."""
+    tensors, suffixes = {}, []
+    for name, value in lora_weights.items():
+        if not is_lora_name(name):
+            raise ValueError(f"{name} is not a LoRA weight (…{LORA_A} / …{LORA_B})")
+        prefix, kind = name[: -len(LORA_A)], name[-len(LORA_A):]
+        hf_weight = hf_rename(prefix + "weight")
+        if not hf_weight.endswith(".weight"):
+            raise ValueError(f"{prefix}weight renames to {hf_weight!r}, not a module's .weight")
+        module = hf_weight[: -len(".weight")]
+        tensors[f"base_model.model.{module}.{kind}"] = np.ascontiguousarray(value)
+        suffixes.append(module.rsplit(".", 1)[-1])
+    config = {
+        "peft_type": "LORA", "task_type": task_type, "base_model_name_or_path": base_model_name_or_path,
+        "r": int(cfg.r), "lora_alpha": float(cfg.alpha), "lora_dropout": float(cfg.dropout),
+        "use_rslora": bool(cfg.use_rslora), "target_modules": sorted(set(suffixes)), "bias": "none",
+        "fan_in_fan_out": False, "init_lora_weights": True, "modules_to_save": None, "inference_mode": True,
+    }
+    return tensors, config
+
+
+def write_peft_adapter(out_dir: str, tensors: dict, config: dict) -> None:
+    """adapter_model.safetensors + adapter_config.json: a directory `peft.PeftModel.from_pretrained` loads."""
+    import json
+    import os
+
+    from safetensors.numpy import save_file
+
+    os.makedirs(out_dir, exist_ok=True)
+    save_file(tensors, os.path.join(out_dir, "adapter_model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(out_dir, "adapter_config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2)

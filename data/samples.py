@@ -1,0 +1,293 @@
+"""Instruction samples (SFT): stage 1 for sources of kind alpaca, chat and prompt_completion, and the rows
+objective=sft trains on.
+
+Formats (each JSONL line, or each element of a JSON list for alpaca `.json` files, is one sample):
+- `alpaca`: {"instruction", "input" (optional), "output"}: Stanford Alpaca's format.
+- `chat`: {"messages": [{"role": "system" | "user" | "assistant", "content": ...}, ...]}, multi-turn; at
+  least one assistant turn.
+- `prompt_completion`: {"prompt", "completion"}.
+
+Templates (`data.template`): a sample becomes parts of text that carry loss or not, in order: the prompt
+(template text, instruction, input, user and system turns) carries none; every response (assistant turn,
+output, completion) carries loss, and so do the template's `assistant_end` text and the eos that follow
+each response, so the model learns to stop. `alpaca` (the default) is Stanford Alpaca's two prompts, with and
+without input; `chatml` writes `<|im_start|>role\\n...<|im_end|>` turns. Any part can be overridden in YAML.
+Template markers are encoded as ordinary text with the checkpoint's tokenizer (`<|im_start|>` becomes
+several pieces), so the checkpoint's vocabulary stays valid: no token is added.
+
+Tokens get their loss flag from sentencepiece's byte offsets: a token carries loss when its last byte lies in
+a loss-bearing part. Written per source and split, like data/documents.py: `tokens/<source>.<split>.npy`
+(each sample's ids then its final eos), `.offsets.npy` (sample starts, then the end) and `.loss_mask.npy`
+(uint8). The tokenizer is the checkpoint's (`data.tokenizer.path`), never trained here.
+
+Rows (`sft_rows`): with packing, whole samples are placed into rows of seq_len + 1 tokens (best fit, in
+order of decreasing length), never split across rows; attention stays inside each sample through
+`segment_ids` (0 on padding) and `position_ids` restarting at 0 per sample. Without packing, one sample per
+row. `labels` holds the token where it carries loss and -100 elsewhere, including every sample's first token
+(nothing before it in the sample predicts it) and the padding; a pad token is never a target (unlike
+MindFormers' PackingHandler, which labels the pad at sample boundaries).
+"""
+from __future__ import annotations
+
+import bisect
+import gzip
+import json
+import time
+import zlib
+from pathlib import Path
+from typing import Dict, Iterator, List, Tuple
+
+import numpy as np
+
+from conf.schema import SAMPLE_KINDS, DataConfig, TemplateConfig
+from data.documents import split_documents
+from data.errors import DataError
+from data.rows import RowSpec, Split
+from data.sources import source_files
+from data.tokenizer import Tokenizer, build_tokenizer
+from omegaconf import OmegaConf
+
+IGNORE_INDEX = -100
+EOS = None  # a part that is the eos token, not text
+TEMPLATES = {
+    "alpaca": dict(
+        prompt_input="Below is an instruction that describes a task, paired with an input that provides further "
+                     "context. Write a response that appropriately completes the request.\n\n"
+                     "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n",
+        prompt_no_input="Below is an instruction that describes a task. Write a response that appropriately "
+                        "completes the request.\n\n### Instruction:\n{instruction}\n\n### Response:\n",
+        system="{content}\n\n", user="### Instruction:\n{content}\n\n### Response:\n", assistant_start="",
+        assistant_end=""),
+    "chatml": dict(
+        prompt_input="<|im_start|>user\n{instruction}\n\n{input}<|im_end|>\n<|im_start|>assistant\n",
+        prompt_no_input="<|im_start|>user\n{instruction}<|im_end|>\n<|im_start|>assistant\n",
+        system="<|im_start|>system\n{content}<|im_end|>\n", user="<|im_start|>user\n{content}<|im_end|>\n",
+        assistant_start="<|im_start|>assistant\n", assistant_end="<|im_end|>"),
+}
+Part = Tuple[object, bool]  # (text, or EOS; carries loss)
+
+
+def template_parts(cfg: TemplateConfig) -> Dict[str, str]:
+    """The template's strings: the built-in `cfg.name` with the keys set in cfg overriding it."""
+    if cfg.name not in TEMPLATES and cfg.name != "custom":
+        raise DataError(f"data.template.name: got {cfg.name!r}; choose one of {', '.join(TEMPLATES)}, custom")
+    base = dict(TEMPLATES.get(cfg.name, {}))
+    base.update({k: getattr(cfg, k) for k in TEMPLATES["alpaca"] if getattr(cfg, k) is not None})
+    missing = [k for k in TEMPLATES["alpaca"] if k not in base]
+    if missing:
+        raise DataError(f"data.template: name=custom needs every part; missing {', '.join(missing)}")
+    return base
+
+
+def render(sample: dict, kind: str, t: Dict[str, str]) -> List[Part]:
+    """The sample's parts, in order (see the module docstring)."""
+    if kind == "alpaca":
+        prompt = t["prompt_input" if sample.get("input") else "prompt_no_input"]
+        return [(prompt.format(instruction=sample["instruction"], input=sample.get("input", "")), False),
+                (sample["output"], True), (t["assistant_end"], True), (EOS, True)]
+    if kind == "prompt_completion":
+        return [(sample["prompt"], False), (sample["completion"], True), (t["assistant_end"], True), (EOS, True)]
+    parts: List[Part] = []
+    for message in sample["messages"]:
+        if message["role"] == "assistant":
+            parts += [(t["assistant_start"], False), (message["content"], True), (t["assistant_end"], True),
+                      (EOS, True)]
+        else:
+            parts.append((t[message["role"]].format(content=message["content"]), False))
+    return parts
+
+
+def encode_parts(tokenizer: Tokenizer, parts: List[Part]) -> Tuple[List[int], List[int]]:
+    """(ids, loss flags). Consecutive text parts are encoded as one string (so no token boundary is forced
+    between them); a token carries loss when its last byte is in a loss-bearing part."""
+    ids: List[int] = []
+    flags: List[int] = []
+    run: List[Part] = []
+    for text, loss in parts + [(EOS, False)]:
+        if text is not EOS:
+            run.append((text, loss))
+            continue
+        if run:
+            joined = "".join(t for t, _ in run)
+            ends = np.cumsum([len(t.encode()) for t, _ in run])  # byte end of every part
+            for piece in tokenizer.sp.encode(joined, return_type="proto").pieces:
+                last = max(piece.end - 1, piece.begin)
+                ids.append(piece.id)
+                flags.append(int(run[int(np.searchsorted(ends, last, side="right"))][1]))
+            run = []
+        ids.append(tokenizer.eos_id)
+        flags.append(int(loss))
+    return ids[:-1], flags[:-1]  # the sentinel eos closing the loop is not part of the sample
+
+
+def read_samples(source) -> Iterator[Tuple[dict, str]]:
+    """(sample, "file:line") of a source of kind alpaca, chat or prompt_completion (its `paths`), checked field
+    by field."""
+    for path in source_files(source):
+        for record, where in _records(path):
+            yield _checked(record, source.kind, where), where
+
+
+def _records(path: Path) -> Iterator[Tuple[object, str]]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            data = f.read()
+    except (OSError, EOFError, zlib.error) as e:
+        raise DataError(f"{path}: cannot read it ({e}); re-create the file") from e
+    if path.suffix == ".json" or path.name.endswith(".json.gz"):  # Alpaca's own release: one JSON list
+        try:
+            records = json.loads(data)
+        except ValueError as e:
+            raise DataError(f"{path}: invalid JSON ({e}); a .json file holds one list of samples") from e
+        if not isinstance(records, list):
+            raise DataError(f"{path}: expected a JSON list of samples, got {type(records).__name__}")
+        yield from ((r, f"{path}: sample {i}") for i, r in enumerate(records, 1))
+        return
+    for lineno, line in enumerate(data.split(b"\n"), 1):
+        if line.strip():
+            try:
+                yield json.loads(line), f"{path}:{lineno}"
+            except ValueError as e:
+                raise DataError(f"{path}:{lineno}: invalid JSON ({e}); every line must be one JSON object") from e
+
+
+def _checked(record: object, kind: str, where: str) -> dict:
+    if not isinstance(record, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    required = {"alpaca": ("instruction", "output"), "prompt_completion": ("prompt", "completion"),
+                "chat": ("messages",)}[kind]
+    for key in required:
+        if key not in record:
+            raise DataError(f"{where}: no field '{key}' (keys: {', '.join(sorted(record))[:200]}); a {kind} "
+                            f"sample needs {', '.join(required)}")
+    if kind == "chat":
+        messages = record["messages"]
+        if not isinstance(messages, list) or not all(isinstance(m, dict) and isinstance(m.get("content"), str)
+                                                     and m.get("role") in ("system", "user", "assistant")
+                                                     for m in messages):
+            raise DataError(f"{where}: 'messages' must be a list of {{role: system|user|assistant, content: str}}")
+        responses = [m["content"] for m in messages if m["role"] == "assistant"]
+    else:
+        for key in record:
+            if key in ("instruction", "input", "output", "prompt", "completion") and not isinstance(record[key], str):
+                raise DataError(f"{where}: field '{key}' is {type(record[key]).__name__}, expected a string")
+        responses = [record["output" if kind == "alpaca" else "completion"]]
+    if not responses or not all(r.strip() for r in responses):
+        raise DataError(f"{where}: empty response; every sample needs a non-empty "
+                        f"{'assistant turn' if kind == 'chat' else required[-1]} to learn from")
+    return record
+
+
+def build_samples(cfg: DataConfig, out: Path) -> dict:
+    """Stage 1 for instruction sources into the empty directory `out`; returns the meta it wrote."""
+    start = time.perf_counter()
+    if not cfg.tokenizer.path:
+        raise DataError("data.tokenizer.path: instruction data is tokenized with the checkpoint's tokenizer, never "
+                        "a new one; set it (stage=sft sets it to ${stage.init_from}/tokenizer.model)")
+    tokenizer = build_tokenizer(cfg.tokenizer, {}, out / "tokenizer.model")
+    parts = template_parts(cfg.template)
+    (out / "tokens").mkdir()
+    counts = {}
+    for source in cfg.sources:
+        samples = [render(s, source.kind, parts) for s, _ in read_samples(source)]
+        if not samples:
+            raise DataError(f"data source '{source.name}' has no samples; check data.sources[].paths")
+        if source.val_paths:  # the held-out file(s)
+            held_out = OmegaConf.merge(source, {"paths": list(source.val_paths)})
+            splits = {"train": samples, "val": [render(s, source.kind, parts) for s, _ in read_samples(held_out)]}
+        else:
+            keys = [json.dumps(p) for p in samples]
+            val_keys = set(split_documents(keys, cfg.val_fraction)[1])
+            splits = {"train": [p for p, k in zip(samples, keys) if k not in val_keys],
+                      "val": [p for p, k in zip(samples, keys) if k in val_keys]}
+        counts[source.name] = {"docs_read": sum(map(len, splits.values())), "removed": {},
+                               "docs_kept": sum(map(len, splits.values()))}
+        for split, chosen in splits.items():
+            encoded = [encode_parts(tokenizer, p) for p in chosen]
+            lengths = [len(ids) for ids, _ in encoded]
+            offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+            tokens = np.array([i for ids, _ in encoded for i in ids], tokenizer.token_dtype)
+            mask = np.array([f for _, flags in encoded for f in flags], np.uint8)
+            np.save(out / "tokens" / f"{source.name}.{split}.npy", tokens)
+            np.save(out / "tokens" / f"{source.name}.{split}.offsets.npy", offsets)
+            np.save(out / "tokens" / f"{source.name}.{split}.loss_mask.npy", mask)
+            counts[source.name][split] = {"docs": len(chosen), "tokens": int(offsets[-1]),
+                                          "loss_tokens": int(mask.sum())}
+        print(f"[data] {source.name}: {len(samples):,} samples, {counts[source.name]['val']['docs']:,} held out; "
+              f"{counts[source.name]['train']['loss_tokens'] / max(counts[source.name]['train']['tokens'], 1):.1%} "
+              f"of the training tokens carry loss", flush=True)
+    meta = {"name": cfg.name, "dtype": tokenizer.token_dtype.name, "splits": ["train", "val"], "samples": True,
+            "tokenizer": {"vocab_size": tokenizer.vocab_size, "trained_here": False, "pad_id": tokenizer.pad_id,
+                          "eos_id": tokenizer.eos_id}, "template": parts, "sources": counts,
+            "seconds": {"samples": round(time.perf_counter() - start, 3)}}
+    (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return meta
+
+
+def sft_schema(seq_len: int) -> dict:
+    return {name: {"type": "int32", "shape": [seq_len + 1]}
+            for name in ("input_ids", "labels", "position_ids", "segment_ids")}
+
+
+def sft_rows(packing: bool, truncate: bool, split: Split, seq_len: int, tokenizer) -> Iterator[dict]:
+    """The rows of one split (see the module docstring); prints how full the rows are."""
+    if split.loss_mask is None:
+        raise DataError(f"{split.where}: holds documents, not instruction samples; objective=sft trains on sources "
+                        f"of kind {', '.join(SAMPLE_KINDS)}")
+    size = seq_len + 1
+    spans = [(int(a), int(b)) for a, b in zip(split.offsets[:-1], split.offsets[1:])]
+    for i, (a, b) in enumerate(spans):
+        if b - a > size and not truncate:
+            raise DataError(f"{split.where}: sample {i + 1} has {b - a} tokens, more than data.seq_len + 1 = {size}; "
+                            f"raise data.seq_len, or set objective.truncate=true to cut such samples")
+    spans = [(a, min(b, a + size)) for a, b in spans]
+    rows = _best_fit(spans, size) if packing else [[span] for span in spans]
+    used = sum(b - a for a, b in spans)
+    print(f"[data] {split.where}: {len(spans):,} samples in {len(rows):,} rows of {size} tokens, "
+          f"{used / max(len(rows) * size, 1):.1%} of row tokens are sample tokens"
+          + (" (packed)" if packing else " (one sample per row)"), flush=True)
+    tokens, mask = np.asarray(split.tokens), np.asarray(split.loss_mask)
+    for row in rows:
+        out = {"input_ids": np.full(size, tokenizer.pad_id, np.int32),
+               "labels": np.full(size, IGNORE_INDEX, np.int32),
+               "position_ids": np.zeros(size, np.int32), "segment_ids": np.zeros(size, np.int32)}
+        at = 0
+        for segment, (a, b) in enumerate(row, 1):
+            n = b - a
+            ids = tokens[a:b].astype(np.int32)
+            out["input_ids"][at:at + n] = ids
+            labels = np.where(mask[a:b] > 0, ids, IGNORE_INDEX)
+            labels[0] = IGNORE_INDEX  # nothing in the sample precedes its first token
+            out["labels"][at:at + n] = labels
+            out["position_ids"][at:at + n] = np.arange(n)
+            out["segment_ids"][at:at + n] = segment
+            at += n
+        yield out
+
+
+def _best_fit(spans: List[Tuple[int, int]], size: int) -> List[List[Tuple[int, int]]]:
+    """Rows of at most `size` tokens: each sample, longest first, goes to the open row with the least room that
+    still holds it (best fit decreasing), else starts a row."""
+    rows: List[List[Tuple[int, int]]] = []
+    free: List[Tuple[int, int]] = []  # (room, row index), sorted
+    for span in sorted(spans, key=lambda s: s[0] - s[1]):
+        n = span[1] - span[0]
+        k = bisect.bisect_left(free, (n, -1))
+        if k < len(free):
+            room, i = free.pop(k)
+        else:
+            room, i = size, len(rows)
+            rows.append([])
+        rows[i].append(span)
+        if room - n > 0:
+            bisect.insort(free, (room - n, i))
+    return rows
+
+
+def sft_row_spec(packing: bool, truncate: bool) -> RowSpec:
+    from functools import partial
+
+    return RowSpec(name=f"sft-{'packed' if packing else 'padded'}{'-truncated' if truncate else ''}",
+                   columns=("input_ids", "labels", "position_ids", "segment_ids"), schema=sft_schema,
+                   build=partial(sft_rows, packing, truncate))

@@ -1,0 +1,85 @@
+"""Supervised fine-tuning on instruction samples: next-token loss on the responses only.
+
+The rows (data/samples.py) carry `labels` that are -100 on the prompt, the template and the padding, and the
+token itself on every response token and on the eos after it; packed rows add `position_ids` and
+`segment_ids`, with which the model keeps attention inside each sample. The loss is the mean over response
+tokens (the step weights micro-batches by them, so the global batch's mean is exact). Logged besides the
+loss: `mean_token_accuracy` (argmax = target, over response tokens) and, per step, `loss_tokens`.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+import mindspore as ms
+from mindspore import nn, ops
+from omegaconf import MISSING
+
+from conf.errors import require
+from data.samples import IGNORE_INDEX, SAMPLE_KINDS, sft_row_spec
+
+
+@dataclass
+class Config:
+    name: str = MISSING  # sft
+    packing: bool = True  # several whole samples per row, attention kept inside each; false: one per row, padded
+    truncate: bool = False  # cut samples longer than data.seq_len + 1 instead of refusing them
+
+
+def check(cfg) -> None:
+    from models import family
+
+    require(family(cfg.model.family).CAUSAL, "objective", f"objective=sft fine-tunes a causal decoder; "
+            f"model.family={cfg.model.family} is not one")
+    require(cfg.model.get("impl", "native") == "native", "model.impl", "objective=sft needs the native model "
+            "(position and segment ids for packed samples); set model.impl=native")
+    require(not (cfg.objective.packing and cfg.model.flash_attention), "model.flash_attention",
+            "packed samples need the segment mask of plain attention (the flash kernel's actual_seq_len path is not "
+            "wired); set model.flash_attention=false, or objective.packing=false")
+    require(cfg.stage.init_from or cfg.stage.allow_random_init, "stage.init_from", "objective=sft fine-tunes a "
+            "pretrained model: set stage.init_from=<checkpoint dir>, or stage.allow_random_init=true (and "
+            "data.tokenizer.path) to start from random weights on purpose")
+    kinds = sorted({s.kind for s in cfg.data.sources if s.kind not in SAMPLE_KINDS})
+    require(not kinds, "data.sources", f"objective=sft trains on instruction samples (kinds "
+            f"{', '.join(SAMPLE_KINDS)}), not documents of kind {', '.join(kinds)}; use data=instructions or "
+            f"your own alpaca/chat JSONL")
+
+
+def row_spec(cfg: Config):
+    return sft_row_spec(cfg.packing, cfg.truncate)
+
+
+class Objective:
+    inputs = ("input_ids", "labels", "position_ids", "segment_ids")
+    metrics = ("mean_token_accuracy",)
+
+    def __init__(self, cfg: Config, tokenizer=None, seed: int = 0):
+        self.cfg = cfg
+
+    def batch(self, rows: dict, sample: int) -> tuple:
+        return rows["input_ids"], rows["labels"], rows["position_ids"], rows["segment_ids"]
+
+    def loss_tokens(self, inputs: tuple) -> int:
+        return int(np.count_nonzero(inputs[1][:, 1:] != IGNORE_INDEX))
+
+    def loss_cell(self, model: nn.Cell) -> nn.Cell:
+        return ResponseLoss(model)
+
+
+class ResponseLoss(nn.Cell):
+    """(mean next-token loss over labelled tokens, accuracy over them), fp32."""
+
+    def __init__(self, model: nn.Cell):
+        super().__init__(auto_prefix=False)  # keep the model's parameter names
+        self.model = model
+
+    def construct(self, input_ids, labels, position_ids, segment_ids):
+        logits = self.model(input_ids[:, :-1], position_ids[:, :-1], segment_ids[:, :-1])
+        targets = labels[:, 1:].reshape(-1)
+        logits = logits.reshape(-1, logits.shape[-1]).astype(ms.float32)
+        counted = targets != IGNORE_INDEX
+        mask = counted.astype(ms.float32)
+        safe = ops.select(counted, targets, ops.zeros_like(targets))
+        nll = -ops.gather_elements(ops.log_softmax(logits, -1), 1, safe.reshape(-1, 1)).reshape(-1)
+        n = ops.maximum(mask.sum(), 1.0)
+        accuracy = ((logits.argmax(-1) == targets).astype(ms.float32) * mask).sum() / n
+        return (nll * mask).sum() / n, accuracy
