@@ -87,8 +87,6 @@ def _check_plugins(cfg: DictConfig) -> None:
         _require(lora.r >= 1, "peft.r", f"must be >= 1, got {lora.r}")
         _require(lora.alpha > 0, "peft.alpha", f"must be > 0, got {lora.alpha}")
         _require(0 <= lora.dropout < 1, "peft.dropout", f"must be in [0, 1), got {lora.dropout}")
-        _require(cfg.parallel.tp == 1 and cfg.parallel.pp == 1, "peft", "LoRA adapters have no tensor/pipeline "
-                 "strategy yet; use data parallelism (parallel=dp2) with peft=lora")
 
 
 def _check_model(cfg: DictConfig) -> None:

@@ -164,7 +164,8 @@ def test_sft_stage_trains_from_a_checkpoint_in_process(tmp_path, base_checkpoint
     metrics = train(cfg, str(tmp_path / "run"))
     lines = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     steps = [m for m in lines if "loss" in m]
-    assert {"mean_token_accuracy", "loss_tokens"} <= set(steps[0])
+    assert {"mean_token_accuracy", "loss_tokens", "loss_token_fraction"} <= set(steps[0])
+    assert 0 < steps[0]["loss_token_fraction"] < 0.5  # the Alpaca prompt is most of each sample
     assert steps[-1]["loss"] < steps[0]["loss"] - 1.0
     evals = [m for m in lines if "val_loss" in m]
     assert [m["step"] for m in evals] == [12, 24] and "val_loss/repeat" in metrics

@@ -78,3 +78,22 @@ def test_sequence_parallel_shards_every_norm_primitive_along_the_sequence(semi_a
         {f"{norm}.{op}": s for norm in norms for op, s in expected.items()}
     assert dict(model.cells_and_names())["model.norm_out"].scale.in_strategy == (act, (1,))
     assert plan["model.layers.0.attention.wq.matmul"] == COL  # the tensor-parallel part is unchanged
+
+
+def test_lora_adapters_are_split_like_their_base_linear(semi_auto_parallel):
+    """Column-parallel base: B split by rows, A replicated; row-parallel base: A split by columns, B replicated;
+    and the checkpoint splits (weight_split) agree with those strategies."""
+    from adapters.lora import LoraConfig, apply_lora
+    from models.llama.plan import tensor_parallel_strategies, weight_split
+
+    model = build_model(load_preset("model", "tiny"), 64, "fp32", "CPU", seed=0)
+    apply_lora(model, LoraConfig(r=4), seed=0)
+    plan = apply_tensor_parallel(model, llama_plan, dp=1, tp=2)
+    assert plan["model.layers.0.attention.wq.lora_A.matmul"] == ((1, 1), (1, 1))
+    assert plan["model.layers.0.attention.wq.lora_B.matmul"] == COL
+    assert plan["model.layers.0.attention.wo.lora_A.matmul"] == ROW
+    assert plan["model.layers.0.attention.wo.lora_B.matmul"] == ((1, 1), (1, 1))
+    assert plan["model.layers.0.attention.wq.matmul"] == COL  # the base is unchanged
+    for path, strategy in tensor_parallel_strategies(model, dp=1, tp=2).items():
+        if ".lora_" in path:
+            assert weight_split(path.removesuffix(".matmul") + ".weight", 2, 2) == strategy[1], path

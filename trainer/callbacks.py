@@ -2,8 +2,8 @@
 `on_step(step, result)` after every step and `close()` at the end; a callback that has something to report
 hands it to the sinks (metrics.jsonl, console, W&B: anything with log(dict) and close()).
 
-    TrainMetrics   every trainer.log_every steps: loss, the objective's metrics, loss tokens per step, lr,
-                   grad norm, tokens, speed
+    TrainMetrics   every trainer.log_every steps: loss, the objective's metrics, loss tokens per step (and
+                   their fraction of the target tokens), lr, grad norm, tokens, speed
     Evaluation     every trainer.eval_every steps and at the end: the objective's loss and metrics per source
     Checkpointing  every trainer.save_every steps, at the end and on SIGTERM/SIGINT
 """
@@ -47,14 +47,18 @@ class TrainMetrics:
             last = self.window[-1]
             self.last = {"step": step, "loss": float(np.mean([r.loss for r in self.window])),
                          **{k: float(np.mean([r.metrics[k] for r in self.window])) for k in last.metrics},
-                         **({"loss_tokens": float(np.mean([r.loss_tokens for r in self.window]))}
-                            if last.loss_tokens is not None else {}),
+                         **(self._loss_tokens() if last.loss_tokens is not None else {}),
                          "lr": float(last.lr.asnumpy()), "grad_norm": float(last.grad_norm.asnumpy()),
                          "tokens_seen": step * self.tokens_per_step, **self.speed.measure(), **self.extra(),
                          "peak_rss_gb": peak_rss_gb(),
                          **{f"tokens_seen/{source}": n for source, n in self.tokens_by_source().items()}}
             self.window = []
             self.sinks.log(self.last)
+
+    def _loss_tokens(self) -> dict:
+        """Tokens that carried loss per step, and their share of the step's target tokens."""
+        n = float(np.mean([r.loss_tokens for r in self.window]))
+        return {"loss_tokens": n, "loss_token_fraction": n / self.tokens_per_step}
 
     def close(self) -> None:
         pass

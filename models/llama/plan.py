@@ -8,6 +8,9 @@ Tensor parallelism, MindSpore's way: `shard()` strategies on the model's primiti
     attention scores/values: split by head;  embedding: vocab-parallel gather
     sequence parallel (optional): RMSNorm's primitives split the sequence over tp, so activations outside
     attention/MLP are not replicated; MindSpore inserts the all-gather / reduce-scatter around them
+    LoRA adapters (adapters/lora.py) follow their base: on a column-parallel linear B [out, r] is split by
+    rows like W and A is replicated; on a row-parallel one A [r, in] is split by columns like W (its partial
+    products are summed by the AllReduce MindSpore inserts) and B is replicated
 
 A strategy is one tuple per input, giving how many ways each dimension is split (dp on the batch, tp on the
 sharded dimension).
@@ -38,10 +41,17 @@ def tensor_parallel_strategies(model: LlamaForCausalLM, dp: int, tp: int,
                 plan.update({f"{name}.square": (act,), f"{name}.mean": (act,), f"{name}.add": (act, ()),
                              f"{name}.rsqrt": (act,), f"{name}.normalize": (act, act), f"{name}.scale": (act, (1,))})
     for name, cell in model.cells_and_names():
+        lora = hasattr(cell, "lora_A")
         if isinstance(cell, Linear) and name.endswith(COLUMN):
             plan[f"{name}.matmul"] = ((dp, 1), (tp, 1))
+            if lora:
+                plan[f"{name}.lora_A.matmul"] = ((dp, 1), (1, 1))
+                plan[f"{name}.lora_B.matmul"] = ((dp, 1), (tp, 1))
         elif isinstance(cell, Linear) and name.endswith(ROW):
             plan[f"{name}.matmul"] = ((dp, tp), (1, tp))
+            if lora:
+                plan[f"{name}.lora_A.matmul"] = ((dp, tp), (1, tp))
+                plan[f"{name}.lora_B.matmul"] = ((dp, 1), (1, 1))
         elif isinstance(cell, CoreAttention):
             plan[f"{name}.qk"] = plan[f"{name}.pv"] = ((dp, tp, 1, 1), (dp, tp, 1, 1))
         elif isinstance(cell, Embedding):
@@ -53,9 +63,10 @@ def tensor_parallel_strategies(model: LlamaForCausalLM, dp: int, tp: int,
 
 def weight_split(name: str, ndim: int, tp: int) -> Tuple[int, ...]:
     """How tensor parallelism splits parameter `name`: the weight's tuple in its primitive's strategy above."""
-    if name.endswith(tuple(f"{cell}.weight" for cell in COLUMN)) or name.endswith("embedding_weight"):
-        return (tp, 1)  # column-parallel weights [out, in] and the vocab-parallel embedding [vocab, hidden]
-    if name.endswith(tuple(f"{cell}.weight" for cell in ROW)):
+    if name.endswith(tuple(f"{cell}.{w}" for cell in COLUMN for w in ("weight", "lora_B.weight"))) or \
+            name.endswith("embedding_weight"):
+        return (tp, 1)  # column-parallel weights [out, in] (and LoRA's B), the vocab-parallel embedding
+    if name.endswith(tuple(f"{cell}.{w}" for cell in ROW for w in ("weight", "lora_A.weight"))):
         return (1, tp)
     return (1,) * ndim  # norms: replicated
 
