@@ -14,6 +14,11 @@ not the interleaved (2i, 2i+1) pairs of Meta's original code.
 
 Precision: parameters are fp32 (master weights). Matmuls run in `compute_dtype` (fp32/fp16/bf16);
 RMSNorm statistics, softmax and the loss stay in fp32.
+
+Inference (`LlamaForCausalLM.generate`, models/llama/generation.py) goes through the `cached` methods: the same
+weights and operations as `construct`, plus a static-shape KV cache per layer ([B, n_kv_heads, L, head_dim] for
+K and V: the kv heads, not their GQA repeats), an additive attention bias for left-padded batches and per-row
+positions. `construct` (training) does not use them.
 """
 import math
 
@@ -133,19 +138,55 @@ class Attention(nn.Cell):
         self.wo = Linear(self.n_heads * self.head_dim, h, std, rng, compute_dtype)
         self.core = (FlashCoreAttention(self.head_dim, self.n_heads) if use_flash
                      else CoreAttention(self.head_dim, cfg.max_position_embeddings, compute_dtype))
+        self.compute_dtype = compute_dtype
+        self.qk_cached, self.pv_cached = ops.BatchMatMul(transpose_b=True), ops.BatchMatMul()  # inference only
 
-    def construct(self, x, cos, sin, mask=None):
+    def project(self, x, cos, sin):
+        """q [B, heads, S, D], k and v [B, kv heads, S, D], RoPE applied to q and k."""
         b, s, _ = x.shape
         q = self.wq(x).reshape(b, s, self.n_heads, self.head_dim).transpose(0, 2, 1, 3)
         k = self.wk(x).reshape(b, s, self.n_kv, self.head_dim).transpose(0, 2, 1, 3)
         v = self.wv(x).reshape(b, s, self.n_kv, self.head_dim).transpose(0, 2, 1, 3)
         q = (q * cos + rotate_half(q) * sin).astype(q.dtype)
         k = (k * cos + rotate_half(k) * sin).astype(k.dtype)
+        return q, k, v
+
+    def construct(self, x, cos, sin, mask=None):
+        b, s, _ = x.shape
+        q, k, v = self.project(x, cos, sin)
         if self.n_kv != self.n_heads:  # grouped-query attention: each KV head serves n_heads / n_kv queries
             k = ops.repeat_interleave(k, self.n_heads // self.n_kv, 1)
             v = ops.repeat_interleave(v, self.n_heads // self.n_kv, 1)
         out = self.core(q, k, v) if mask is None else self.core(q, k, v, mask)
         return self.wo(out.transpose(0, 2, 1, 3).reshape(b, s, -1))
+
+    def cached(self, x, cos, sin, bias, k_cache=None, v_cache=None, slot=None):
+        """Inference attention over x [B, S, hidden]; returns (out, k_cache, v_cache).
+
+        k_cache / v_cache [B, n_kv, L, head_dim] hold this layer's keys and values (kv heads only).
+        - prefill (caches given, slot None): the S columns attend to each other under `bias` [B, 1, S, S];
+          their k/v become cache columns 0..S-1 (the rest is passed through).
+        - decode (S = 1, slot [1, 1, L, 1] bool, true at the column written): the token's k/v are written to
+          that column and its query attends to the whole cache under `bias` [B, 1, 1, L].
+        - no cache (caches None): like prefill, nothing kept (the uncached baseline).
+        `bias` is 0 where attention is allowed and -1e9 elsewhere (padding, future, unwritten columns).
+        GQA without repeating K/V: the g = n_heads / n_kv query heads of kv head j (j*g .. j*g+g-1, the order
+        of `repeat_interleave` in `construct`) are stacked as g*S query rows against that head's keys."""
+        b, s, _ = x.shape
+        q, k, v = self.project(x, cos, sin)
+        keys, values = k, v
+        if slot is not None:  # decode: one new column, attend to the whole cache
+            k_cache, v_cache = ops.where(slot, k, k_cache), ops.where(slot, v, v_cache)
+            keys, values = k_cache, v_cache
+        elif k_cache is not None:  # prefill: the prompt's own k/v, stored at columns 0..S-1
+            k_cache = ops.cat((k, k_cache[:, :, s:]), 2)
+            v_cache = ops.cat((v, v_cache[:, :, s:]), 2)
+        g = self.n_heads // self.n_kv
+        scores = self.qk_cached(q.reshape(b, self.n_kv, g * s, self.head_dim), keys).astype(ms.float32)
+        scores = scores.reshape(b, self.n_kv, g, s, -1) * (1.0 / math.sqrt(self.head_dim)) + bias.expand_dims(1)
+        probs = ops.softmax(scores, -1).astype(self.compute_dtype).reshape(b, self.n_kv, g * s, -1)
+        out = self.pv_cached(probs, values).reshape(b, self.n_heads, s, self.head_dim)
+        return self.wo(out.transpose(0, 2, 1, 3).reshape(b, s, -1)), k_cache, v_cache
 
 
 class FeedForward(nn.Cell):
@@ -173,6 +214,11 @@ class DecoderLayer(nn.Cell):
     def construct(self, x, cos, sin, mask=None):
         x = x + self.attention(self.attention_norm(x), cos, sin, mask).astype(x.dtype)
         return x + self.feed_forward(self.ffn_norm(x)).astype(x.dtype)
+
+    def cached(self, x, cos, sin, bias, k_cache=None, v_cache=None, slot=None):
+        out, k_cache, v_cache = self.attention.cached(self.attention_norm(x), cos, sin, bias, k_cache, v_cache, slot)
+        x = x + out.astype(x.dtype)
+        return x + self.feed_forward(self.ffn_norm(x)).astype(x.dtype), k_cache, v_cache
 
 
 class Embedding(nn.Cell):
@@ -215,6 +261,21 @@ class LlamaModel(nn.Cell):
             x = layer(x, cos, sin, mask)
         return self.norm_out(x)
 
+    def cached(self, tokens, positions, bias, k_caches=None, v_caches=None, slot=None):
+        """Inference: tokens/positions [B, S] (positions start at 0 at each row's first real token), the
+        attention bias and per-layer caches (tuples, or None) -> (hidden [B, S, hidden], k_caches, v_caches)."""
+        cos, sin = self.cos[positions].expand_dims(1), self.sin[positions].expand_dims(1)  # [B, 1, S, D]
+        x = self.tok_embeddings(tokens)
+        new_k, new_v = (), ()
+        i = 0
+        for layer in self.layers:
+            k = None if k_caches is None else k_caches[i]
+            v = None if v_caches is None else v_caches[i]
+            x, k, v = layer.cached(x, cos, sin, bias, k, v, slot)
+            new_k, new_v = new_k + (k,), new_v + (v,)
+            i += 1
+        return self.norm_out(x), new_k, new_v
+
 
 class LlamaForCausalLM(nn.Cell):
     """tokens [B, S] int32 -> logits [B, S, vocab] fp32."""
@@ -243,3 +304,22 @@ class LlamaForCausalLM(nn.Cell):
         else:
             logits = self.lm_head(h)
         return logits.astype(ms.float32)
+
+    def cached(self, tokens, positions, bias, k_caches=None, v_caches=None, slot=None):
+        """Inference step (see Attention.cached): fp32 logits [B, vocab] of the last column only (with left
+        padding, every row's newest token), and the updated caches."""
+        h, k_caches, v_caches = self.model.cached(tokens, positions, bias, k_caches, v_caches, slot)
+        h = h[:, -1]
+        if self.tie_embeddings:
+            w = self.model.tok_embeddings.embedding_weight.astype(self.compute_dtype)
+            logits = self.head_matmul(h.astype(self.compute_dtype), w)
+        else:
+            logits = self.lm_head(h)
+        return logits.astype(ms.float32), k_caches, v_caches
+
+    def generate(self, prompts, max_new_tokens: int, **options):
+        """Token ids of each prompt (lists of ints) -> their continuations, with a KV cache: see
+        models/llama/generation.py `Generator.generate` for the options (sampling, stops, seed, streaming)."""
+        from models.llama.generation import generator
+
+        return generator(self).generate(prompts, max_new_tokens, **options)

@@ -1,0 +1,128 @@
+"""Generation speed on one set of random weights: mindlab with its KV cache, mindlab without a cache (a full
+forward of the whole padded sequence every step), and transformers' `generate` (its own cache), side by side.
+
+    scripts/venv.sh python -m benchmarks.generation [--model small] [--batch 1] [--prompt-len 32] [--new 128 512]
+
+Greedy, eos off, so every run makes exactly `new` tokens per row. Decode tokens/s counts the tokens after the
+first (the first comes from the prompt's forward, timed as prefill) over the time of those steps, compilation
+excluded; mindlab's compile time (the prefill + decode graphs, or the one uncached graph, per cache length) is
+its own column. transformers' decode time is generate(new) minus generate(1), after a warm-up call. Each run
+is a fresh process; torch runs with 1 thread and with one per CPU (on a loaded machine OpenMP's 2 threads can
+be much slower than 1). Also printed: whether each run's tokens equal the cached run's.
+"""
+import boot  # noqa: F401  (first: imports MindSpore before anything that loads protobuf)
+
+import argparse
+import multiprocessing
+import os
+import tempfile
+import time
+
+import numpy as np
+from omegaconf import OmegaConf
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def model_config(name: str):
+    from models.llama.config import LlamaConfig
+
+    raw = OmegaConf.load(os.path.join(ROOT, "conf", "model", f"{name}.yaml"))
+    return OmegaConf.merge(OmegaConf.structured(LlamaConfig), {k: v for k, v in raw.items() if k != "defaults"})
+
+
+def ours(ckpt: str, prompts, new: int, use_cache: bool) -> dict:
+    import mindspore as ms
+
+    import checkpoint
+    from models.llama.generation import Generator
+    from models.llama.model import LlamaForCausalLM
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_device("CPU")
+    model = LlamaForCausalLM(OmegaConf.load(os.path.join(ckpt, "config.yaml")).model, "fp32", use_flash=False)
+    checkpoint.load_weights(ckpt, model)
+    gen = Generator(model)
+    result = gen.generate(prompts, new, eos_id=None, use_cache=use_cache)
+    t = result.timings
+    return {"compile_s": t["compile_s"], "graphs": gen.compile_count, "prefill_s": t["prefill_s"],
+            "decode_tps": len(prompts) * (new - 1) / t["decode_s"], "tokens": [s.tokens for s in result.samples]}
+
+
+def transformers_generate(hf_dir: str, prompts, new: int, threads: int) -> dict:
+    import torch
+    from transformers import LlamaForCausalLM
+
+    torch.set_num_threads(threads)  # explicit: the parent's MindSpore runtime set OMP_NUM_THREADS=1 in our environment
+    hf = LlamaForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    hf.generation_config.eos_token_id = None
+    ids = torch.tensor(prompts, dtype=torch.long)  # equal lengths: no padding needed
+    kwargs = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        hf.generate(ids, max_new_tokens=2, **kwargs)  # warm-up
+        start = time.perf_counter()
+        hf.generate(ids, max_new_tokens=1, **kwargs)
+        prefill = time.perf_counter() - start
+        start = time.perf_counter()
+        out = hf.generate(ids, max_new_tokens=new, **kwargs)
+        total = time.perf_counter() - start
+    return {"compile_s": None, "graphs": None, "prefill_s": prefill,
+            "decode_tps": len(prompts) * (new - 1) / (total - prefill), "tokens": out[:, ids.shape[1]:].tolist()}
+
+
+def measure(impl: str, ckpt: str, hf_dir: str, prompts, new: int) -> dict:
+    """One run in its own process (spawned): no thread pool or allocator of the other framework around."""
+    if impl.startswith("transformers"):
+        return transformers_generate(hf_dir, prompts, new, int(impl.split("-")[1]))
+    return ours(ckpt, prompts, new, use_cache=impl == "cached")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="small", help="a conf/model preset (random weights)")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--new", type=int, nargs="+", default=[128, 512])
+    args = parser.parse_args()
+
+    import mindspore as ms
+
+    import checkpoint
+    from models.convert import export_hf
+    from models.llama.model import LlamaForCausalLM
+
+    cfg = model_config(args.model)
+    model = LlamaForCausalLM(cfg, "fp32", use_flash=False, seed=0)  # numpy init: no graph runs in this process
+    prompts = np.random.default_rng(0).integers(4, cfg.vocab_size, (args.batch, args.prompt_len)).tolist()
+    names = {"cached": "mindlab, KV cache", "uncached": "mindlab, no cache",
+             **{f"transformers-{n}": f"transformers generate, {n} torch thread{'s' * (n > 1)}"
+                for n in sorted({1, os.cpu_count()})}}
+    rows = []
+    with tempfile.TemporaryDirectory() as workdir:
+        ckpt = checkpoint.save(os.path.join(workdir, "ckpt"), 0, model, ms.nn.SGD(model.trainable_params()), {},
+                               OmegaConf.create({"model": cfg}))
+        hf_dir = os.path.join(workdir, "hf")
+        export_hf(ckpt, hf_dir)
+        print(f"model={args.model} ({sum(p.size for p in model.trainable_params()) / 1e6:.1f}M parameters, "
+              f"{cfg.num_layers} layers, hidden {cfg.hidden_size}), batch {args.batch}, prompt {args.prompt_len} "
+              f"tokens, greedy, {os.cpu_count()} CPUs; each run in its own process", flush=True)
+        with multiprocessing.get_context("spawn").Pool(1, maxtasksperchild=1) as pool:
+            for new in args.new:
+                runs = {}
+                for impl in names:
+                    runs[impl] = pool.apply(measure, (impl, ckpt, hf_dir, prompts, new))
+                    print(f"  {new} new tokens: {names[impl]} done", flush=True)
+                for impl, r in runs.items():
+                    rows.append((new, names[impl], r, r["tokens"] == runs["cached"]["tokens"]))
+    print(f"\n| new tokens | implementation | graphs | compile s | prefill s | decode tokens/s | ms/step | "
+          f"tokens = cached |")
+    print("|---:|---|---:|---:|---:|---:|---:|---|")
+    for new, name, r, same in rows:
+        compile_s = "-" if r["compile_s"] is None else f"{r['compile_s']:.2f}"
+        graphs = "-" if r["graphs"] is None else str(r["graphs"])
+        print(f"| {new} | {name} | {graphs} | {compile_s} | {r['prefill_s']:.3f} | {r['decode_tps']:.1f} | "
+              f"{1000 * args.batch / r['decode_tps']:.2f} | {'yes' if same else 'no'} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,292 @@
+"""Sample text from a mindlab checkpoint or a Hugging Face Llama directory (KV cache, two compiled graphs).
+
+    python -m generate runs/a/checkpoints/step_000400 --prompt "def fibonacci(n):" --max-new-tokens 128 \\
+        --temperature 0.8 --top-p 0.95 [--top-k 50] [--repetition-penalty 1.1] [--stop "\\n\\n" ...] [--seed 0]
+    python -m generate runs/a/checkpoints/step_000400 --prompts-file prompts.jsonl --out samples.jsonl --batch-size 8
+    python -m generate out/hf_model --prompt "To be, or not to be" --temperature 0     # greedy
+
+SOURCE is a checkpoint directory (config.yaml + model.safetensors + tokenizer.model; a run's `checkpoints/`
+or run directory follows `latest`) or a Hugging Face Llama directory (config.json + *.safetensors +
+tokenizer.model), imported through `models.convert.import_hf` into a temporary directory first. One prompt is
+streamed to stdout as it is generated; a prompts file (one {"prompt": ...} JSON object per line, other keys
+kept) gives one JSON line per prompt, in order: {..., "completion", "finish_reason", "new_tokens"}. All
+batches share one padded prompt length and batch size (the last batch is filled up), so the whole run
+compiles two graphs. Temperature 0 is greedy. Bad input prints one `error: ...` line and exits with code 2.
+"""
+import boot  # noqa: F401  (first: imports MindSpore before anything that loads protobuf)
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from typing import List, Optional
+
+from omegaconf import OmegaConf
+
+
+class UsageError(Exception):
+    """Bad input: printed as one `error: ...` line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage block
+        raise UsageError(message)
+
+
+def parse_args(argv: Optional[List[str]]):
+    parser = _Parser(prog="python -m generate", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("source", metavar="CKPT_OR_HF_DIR", help="mindlab checkpoint dir or Hugging Face Llama dir")
+    prompts = parser.add_mutually_exclusive_group(required=True)
+    prompts.add_argument("--prompt", help="one prompt (streamed to stdout)")
+    prompts.add_argument("--prompts-file", help="JSONL, one {\"prompt\": ...} per line")
+    parser.add_argument("--out", help="write the samples here as JSONL (default: stdout for a prompts file)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=1.0, help="0: greedy (default 1)")
+    parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: off)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling, in (0, 1] (1: off)")
+    parser.add_argument("--repetition-penalty", type=float, default=1.0, help="> 0 (1: off)")
+    parser.add_argument("--stop", nargs="+", default=[], metavar="STR",
+                        help=r"end a sample at any of these strings (cut before it); \n, \t and \\ are escapes")
+    parser.add_argument("--ignore-eos", action="store_true", help="do not end samples at the eos token")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--device", default="CPU", help="MindSpore device target (CPU, Ascend, GPU)")
+    args = parser.parse_args(argv)
+    checks = [(args.max_new_tokens >= 1, "--max-new-tokens", f"must be >= 1, got {args.max_new_tokens}"),
+              (args.temperature >= 0, "--temperature", f"must be >= 0 (0: greedy), got {args.temperature}"),
+              (0 < args.top_p <= 1, "--top-p", f"must be in (0, 1], got {args.top_p}"),
+              (args.top_k >= 0, "--top-k", f"must be >= 0 (0: off), got {args.top_k}"),
+              (args.repetition_penalty > 0, "--repetition-penalty", f"must be > 0, got {args.repetition_penalty}"),
+              (args.batch_size >= 1, "--batch-size", f"must be >= 1, got {args.batch_size}"),
+              (all(args.stop), "--stop", "stop strings cannot be empty"),
+              (not args.out or os.path.isdir(os.path.dirname(os.path.abspath(args.out))), "--out",
+               f"no such directory: {os.path.dirname(os.path.abspath(args.out or '.'))}")]
+    args.stop = [unescape(s) for s in args.stop]
+    for ok, name, message in checks:
+        if not ok:
+            raise UsageError(f"{name}: {message}")
+    return args
+
+
+def unescape(text: str) -> str:
+    """\\n, \\t and \\\\ in a command-line string (a shell passes them as two characters)."""
+    return re.sub(r"\\([nt\\])", lambda m: {"n": "\n", "t": "\t", "\\": "\\"}[m.group(1)], text)
+
+
+def read_prompts(args) -> List[dict]:
+    """[{"prompt": str, ...}] with `where` (the argument or file:line) for error messages."""
+    if args.prompt is not None:
+        if not args.prompt:
+            raise UsageError("--prompt: the prompt is empty")
+        return [{"prompt": args.prompt, "where": "--prompt"}]
+    if not os.path.isfile(args.prompts_file):
+        raise UsageError(f"--prompts-file: no such file: {args.prompts_file}")
+    records = []
+    with open(args.prompts_file, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            where = f"{args.prompts_file}:{number}"
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise UsageError(f"{where}: not a JSON object ({err})") from None
+            if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
+                raise UsageError(f'{where}: needs a "prompt" string, as {{"prompt": "..."}}')
+            if not record["prompt"]:
+                raise UsageError(f"{where}: the prompt is empty")
+            records.append({**record, "where": where})
+    if not records:
+        raise UsageError(f"{args.prompts_file}: no prompts in the file")
+    return records
+
+
+def checkpoint_dir(source: str) -> str:
+    """The directory holding config.yaml + model.safetensors (following a run's `latest`), or an HF dir."""
+    if not os.path.isdir(source):
+        raise UsageError(f"CKPT_OR_HF_DIR: no such directory: {source}")
+    for root in (source, os.path.join(source, "checkpoints")):
+        latest = os.path.join(root, "latest")
+        if os.path.isfile(latest):
+            with open(latest, encoding="utf-8") as f:
+                return os.path.join(root, f.read().strip())
+    return source
+
+
+def load(source: str, workdir: str):
+    """(model config, path of the mindlab weights directory, tokenizer) of a checkpoint or an HF directory."""
+    from data.tokenizer import Tokenizer
+    from models.convert import import_hf
+
+    path = checkpoint_dir(source)
+    if not os.path.isfile(os.path.join(path, "config.yaml")) and os.path.isfile(os.path.join(path, "config.json")):
+        try:
+            import_hf(path, workdir)  # a Hugging Face directory: the same path as `models.convert --to mindlab`
+        except (ValueError, FileNotFoundError, KeyError) as err:
+            raise UsageError(str(err) if not isinstance(err, KeyError) else
+                             f"{path}/config.json: has no {err} (not a Llama config)") from None
+        path = workdir
+    for name in ("config.yaml", "model.safetensors"):
+        if not os.path.isfile(os.path.join(path, name)):
+            raise UsageError(f"CKPT_OR_HF_DIR: {path} has no {name}: neither a mindlab checkpoint (config.yaml + "
+                             f"model.safetensors + tokenizer.model) nor a Hugging Face model (config.json)")
+    if os.path.isfile(os.path.join(path, "adapter_config.json")):
+        raise UsageError(f"CKPT_OR_HF_DIR: {path} holds LoRA adapters only; merge them first: "
+                         f"python -m models.convert {path} --to mindlab OUT --merge-lora")
+    if not os.path.isfile(os.path.join(path, "tokenizer.model")):
+        raise UsageError(f"CKPT_OR_HF_DIR: {source} has no tokenizer.model (a sentencepiece model is needed)")
+    cfg = OmegaConf.load(os.path.join(path, "config.yaml"))
+    family = OmegaConf.select(cfg, "model.family", default="llama")
+    if family != "llama":
+        raise UsageError(f"CKPT_OR_HF_DIR: {source} is model.family={family}; generation needs a causal Llama")
+    from models.llama.config import LlamaConfig
+
+    model_cfg = OmegaConf.merge(OmegaConf.structured(LlamaConfig), cfg.model)
+    tokenizer = Tokenizer(os.path.join(path, "tokenizer.model"))
+    if tokenizer.vocab_size > model_cfg.vocab_size:
+        raise UsageError(f"CKPT_OR_HF_DIR: tokenizer.model has {tokenizer.vocab_size} pieces, more than the "
+                         f"model's vocab_size={model_cfg.vocab_size}")
+    return model_cfg, path, tokenizer
+
+
+def encode_prompts(records, tokenizer, context: int, max_new_tokens: int) -> List[List[int]]:
+    """Token ids per prompt, checked against the model's context (max_position_embeddings)."""
+    encoded = []
+    for r in records:
+        ids = tokenizer.encode(r["prompt"])
+        if not ids:
+            raise UsageError(f"{r['where']}: the prompt encodes to no tokens")
+        if len(ids) > context:
+            raise UsageError(f"{r['where']}: the prompt is {len(ids)} tokens, longer than the model's context "
+                             f"(max_position_embeddings={context})")
+        if len(ids) + max_new_tokens > context:
+            raise UsageError(f"--max-new-tokens: {max_new_tokens} new tokens after the {len(ids)}-token prompt of "
+                             f"{r['where']} overflow the model's context (max_position_embeddings={context}); "
+                             f"at most {context - len(ids)} fit")
+        encoded.append(ids)
+    return encoded
+
+
+class Stream:
+    """Prints row 0's text as it grows, holding back what could still become a stop string or a partial
+    UTF-8 character."""
+
+    def __init__(self, decode_row, stops):
+        self.decode_row, self.shown = decode_row, 0
+        self.hold = max((len(s) for s in stops), default=1) - 1
+
+    def __call__(self, step, new, finished):
+        if finished[0]:
+            return
+        text = self.decode_row(new[0]).rstrip("\ufffd")
+        self.emit(text[:max(len(text) - self.hold, 0)])
+
+    def emit(self, text):
+        if len(text) > self.shown:
+            sys.stdout.write(text[self.shown:])
+            sys.stdout.flush()
+            self.shown = len(text)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    try:
+        args = parse_args(argv)
+        records = read_prompts(args)
+        with tempfile.TemporaryDirectory(prefix="mindlab-generate-") as workdir:
+            model_cfg, path, tokenizer = load(args.source, workdir)
+            prompts = encode_prompts(records, tokenizer, model_cfg.max_position_embeddings, args.max_new_tokens)
+            model = build(model_cfg, path, args.device)  # reads the weights: the temp dir may go after this
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    run(args, model, tokenizer, records, prompts)
+    return 0
+
+
+def build(model_cfg, path: str, device: str):
+    import mindspore as ms
+
+    import checkpoint
+    from models.llama.model import LlamaForCausalLM
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    if ms.get_context("device_target") != device:
+        ms.set_device(device)
+    model = LlamaForCausalLM(model_cfg, "fp32", use_flash=False, seed=0)
+    try:
+        checkpoint.load_weights(path, model)
+    except checkpoint.CheckpointError as err:
+        raise UsageError(str(err)) from None
+    model.set_train(False)
+    return model
+
+
+def make_generate_fn(model, tokenizer, cfg=None):
+    """Greedy continuations for evaluation (evaluate.py's generation tasks): generate_fn(prompts: list[str],
+    max_new_tokens) -> list[str], the new text of each prompt (without it), stopping at eos. Prompts longer
+    than the context are cut on the left so that they and the new tokens fit."""
+    from models.llama.generation import generator
+
+    gen = generator(model)
+
+    def generate_fn(prompts, max_new_tokens: int):
+        room = gen.max_positions - max_new_tokens
+        ids = [(tokenizer.encode(p) or [tokenizer.eos_id])[-room:] for p in prompts]
+        out = gen.generate(ids, max_new_tokens, eos_id=tokenizer.eos_id, decode=tokenizer.decode)
+        return [sample.text for sample in out.samples]
+
+    return generate_fn
+
+
+def run(args, model, tokenizer, records, prompts) -> None:
+    from models.llama.generation import PROMPT_BUCKET, generator
+
+    gen = generator(model)
+    eos_id = None if args.ignore_eos else tokenizer.eos_id
+    width = -(-max(len(p) for p in prompts) // PROMPT_BUCKET) * PROMPT_BUCKET  # one prompt length for all batches
+    batch_size = min(args.batch_size, len(prompts))
+    single = args.prompt is not None
+    out = open(args.out, "w", encoding="utf-8") if args.out else (None if single else sys.stdout)
+    options = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                   repetition_penalty=args.repetition_penalty, eos_id=eos_id, stop=args.stop, seed=args.seed,
+                   decode=tokenizer.decode, prompt_len=width)
+    start, new_tokens, decode_s, decode_steps = time.perf_counter(), 0, 0.0, 0
+    try:
+        for first in range(0, len(prompts), batch_size):
+            rows = list(range(first, min(first + batch_size, len(prompts))))
+            filler = [rows[0]] * (batch_size - len(rows))  # the last batch filled up: same shapes, same graphs
+            stream = None
+            if single:
+                prefix = tokenizer.decode(prompts[0])
+                stream = Stream(lambda ids: tokenizer.decode(prompts[0] + ids)[len(prefix):], args.stop)
+                sys.stdout.write(records[0]["prompt"])
+                sys.stdout.flush()
+            result = gen.generate([prompts[r] for r in rows + filler], args.max_new_tokens,
+                                  rows=rows + filler, on_step=stream, **options)
+            for r, sample in zip(rows, result.samples):
+                new_tokens += len(sample.tokens)
+                if stream is not None:
+                    stream.emit(sample.text)
+                    sys.stdout.write("\n")
+                if out is not None:
+                    record = {k: v for k, v in records[r].items() if k != "where"}
+                    out.write(json.dumps({**record, "completion": sample.text, "finish_reason": sample.finish_reason,
+                                          "new_tokens": len(sample.tokens)}, ensure_ascii=False) + "\n")
+                    out.flush()
+            decode_s += result.timings["decode_s"]
+            decode_steps += max(result.timings["steps"] - 1, 0)
+    finally:
+        if out is not None and out is not sys.stdout:
+            out.close()
+    rate = f", decode {decode_steps * batch_size / decode_s:.1f} tokens/s" if decode_s > 0 else ""
+    print(f"[generate] {len(prompts)} prompt(s), {new_tokens} new tokens in {time.perf_counter() - start:.1f} s"
+          f"{rate} (batch {batch_size}); {gen.compile_count} graphs compiled in {gen.compile_seconds:.1f} s"
+          + (f"; wrote {args.out}" if args.out else ""), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

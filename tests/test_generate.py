@@ -1,0 +1,213 @@
+"""Generation with a KV cache (models/llama/generation.py) and `python -m generate`: cached logits equal the
+training path's, greedy tokens equal transformers', sampling options, two compiled graphs, the CLI."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+import mindspore as ms
+from mindspore import Tensor
+
+import checkpoint
+import generate as cli
+from conftest import ROOT, load_preset
+from data.tokenizer import Tokenizer
+from models import build_model
+from models.convert import export_hf
+from models.llama.generation import Generator, choose, filter_top_k_top_p, penalize_repetition
+
+LINES = ["To be, or not to be, that is the question:", "Shall I compare thee to a summer's day?",
+         "Now is the winter of our discontent", "Friends, Romans, countrymen, lend me your ears;"]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory, tokenizer_file):
+    """A random-init tiny Llama (GQA 4/2 heads) saved as a checkpoint with the real tokenizer. init_std 0.1
+    (not 0.02) so that greedy continuations do not collapse into one repeated token."""
+    cfg = OmegaConf.merge(load_preset("model", "tiny"), {"init_std": 0.1})
+    model = build_model(cfg, 64, "fp32", "CPU", seed=3)
+    path = checkpoint.save(str(tmp_path_factory.mktemp("generate") / "ckpt"), 1, model,
+                           ms.nn.SGD(model.trainable_params()), {}, OmegaConf.create({"model": cfg}), tokenizer_file)
+    return model, path, Tokenizer(tokenizer_file)
+
+
+def two_prompts(tok):
+    return [tok.encode(LINES[0]), tok.encode(LINES[1][:12])]  # different lengths: left padding
+
+
+def test_cached_logits_equal_the_full_forward_at_every_step(ckpt):
+    """16 greedy steps over two prompts of different lengths. Reference: the training path's forward over each
+    row's own unpadded sequence (positions from 0), whose causal logits at position n+s-1 are those of a full
+    forward of the first n+s tokens; and the uncached static-shape baseline, a full forward every step."""
+    model, _, tok = ckpt
+    prompts = two_prompts(tok)
+    assert len(prompts[0]) != len(prompts[1])
+    cached = model.generate(prompts, 16, return_logits=True)
+    uncached = model.generate(prompts, 16, return_logits=True, use_cache=False)
+    assert cached.logits.shape == (16, 2, 4096)
+    np.testing.assert_allclose(uncached.logits, cached.logits, atol=1e-5)
+    ms.set_context(mode=ms.PYNATIVE_MODE)  # two eager forwards of different lengths: no graphs to compile
+    try:
+        for row, prompt in enumerate(prompts):
+            assert cached.samples[row].tokens == uncached.samples[row].tokens
+            seq = list(prompt) + cached.samples[row].tokens[:15]
+            full = model(Tensor(np.array([seq], np.int32))).asnumpy()[0, len(prompt) - 1:]
+            np.testing.assert_allclose(cached.logits[:, row], full, atol=1e-5)
+    finally:
+        ms.set_context(mode=ms.GRAPH_MODE)
+
+
+@pytest.mark.usefixtures("pynative")  # a few eager steps: no graphs to compile for this variant
+def test_cache_with_tied_head_linear_rope_scaling_and_mha():
+    variant = {"tie_embeddings": True, "rope_scaling": {"type": "linear", "factor": 2.0}, "num_kv_heads": 4}
+    model = build_model(OmegaConf.merge(load_preset("model", "tiny"), {"init_std": 0.1}, variant), 64, "fp32", "CPU",
+                        seed=1)
+    prompts = [[5, 9, 300, 41, 7, 12, 90], [77, 3000, 8]]
+    cached = model.generate(prompts, 4, return_logits=True)
+    for row, prompt in enumerate(prompts):
+        seq = list(prompt) + cached.samples[row].tokens[:3]
+        full = model(Tensor(np.array([seq], np.int32))).asnumpy()[0, len(prompt) - 1:]
+        np.testing.assert_allclose(cached.logits[:, row], full, atol=1e-5)
+
+
+def test_greedy_tokens_equal_transformers_generate(ckpt, tmp_path, capsys):
+    import torch
+    from transformers import LlamaForCausalLM
+
+    model, path, tok = ckpt
+    prompts = [tok.encode(line) for line in LINES]
+    ours = model.generate(prompts, 64, eos_id=None)
+    export_hf(path, str(tmp_path / "hf"))
+    hf = LlamaForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32).eval()
+    hf.generation_config.eos_token_id = None  # no eos on either side: all 64 tokens
+    width = max(map(len, prompts))
+    ids, mask = torch.zeros((4, width), dtype=torch.long), torch.zeros((4, width), dtype=torch.long)
+    for i, p in enumerate(prompts):  # left padding, as ours
+        ids[i, width - len(p):], mask[i, width - len(p):] = torch.tensor(p), 1
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # beside MindSpore's thread pool on a small shared box, one torch thread is fastest
+    try:
+        with torch.no_grad():
+            theirs = hf.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=64, pad_token_id=0)
+    finally:
+        torch.set_num_threads(threads)
+    assert theirs.shape == (4, width + 64)
+    for i in range(4):
+        assert ours.samples[i].tokens == theirs[i, width:].tolist()
+        assert len(set(ours.samples[i].tokens)) > 16  # not a degenerate repetition
+    # the CLI on the Hugging Face directory (imported through models.convert.import_hf) continues the same way
+    assert cli.main([str(tmp_path / "hf"), "--prompt", LINES[1], "--max-new-tokens", "10", "--temperature", "0",
+                     "--ignore-eos"]) == 0
+    assert capsys.readouterr().out == tok.decode(prompts[1] + ours.samples[1].tokens[:10]) + "\n"
+
+
+@pytest.fixture(scope="module")
+def gen32(ckpt):
+    """A fresh Generator (its own compile caches) used with 32 new tokens over the same two prompt lengths."""
+    return Generator(ckpt[0])
+
+
+def test_two_graphs_for_a_32_token_generation(ckpt, gen32):
+    result = gen32.generate(two_prompts(ckpt[2]), 32, temperature=0.8, seed=0)
+    assert result.timings["steps"] == 32 and all(len(s.tokens) == 32 for s in result.samples)
+    assert gen32.compile_count == 2  # prefill [2, 16] and decode [2, 1]: none per token
+    gen32.generate([ckpt[2].encode(LINES[2]), ckpt[2].encode(LINES[3])], 32)  # same padded length and cache
+    assert gen32.compile_count == 2
+
+
+def test_sampling_options(ckpt, gen32):
+    tok = ckpt[2]
+    prompts = two_prompts(tok)
+
+    def tokens(**options):
+        return [s.tokens for s in gen32.generate(prompts, 32, **options).samples]
+
+    greedy = tokens()
+    first, again = tokens(temperature=1.0, seed=1), tokens(temperature=1.0, seed=1)
+    assert first == again and first != tokens(temperature=1.0, seed=2) and first != greedy
+    assert tokens(temperature=1.0, top_k=1, seed=5) == greedy
+    assert tokens(temperature=1.0, top_p=1e-6, seed=5) == greedy
+    assert tokens(temperature=0.7, top_p=0.9, top_k=40, seed=3) == tokens(temperature=0.7, top_p=0.9, top_k=40, seed=3)
+    repeats = [len(row) - len(set(row)) for row in greedy]
+    assert sum(len(row) - len(set(row)) for row in tokens(repetition_penalty=5.0)) < sum(repeats)
+    # a row's sample depends on its seed and row index, not on the rows beside it
+    assert tokens(temperature=1.0, seed=1)[1] == [s.tokens for s in gen32.generate(
+        [prompts[1], prompts[1]], 32, temperature=1.0, seed=1).samples][1]
+    # stop strings (cut before) and eos
+    text = tok.decode(prompts[0] + greedy[0])[len(LINES[0]):]
+    stop = text[6:9]
+    (stopped, _) = gen32.generate(prompts, 32, stop=[stop], decode=tok.decode).samples
+    assert stopped.finish_reason == "stop" and stopped.text == text[:text.find(stop)]
+    eos = greedy[0][3]
+    ended = gen32.generate(prompts, 32, eos_id=eos).samples[0]
+    assert ended.finish_reason == "eos" and ended.tokens == greedy[0][:greedy[0].index(eos)]
+    assert gen32.compile_count == 2
+
+
+def test_logits_processors():
+    logits = np.array([[3.0, 1.0, 2.0, -1.0], [0.0, 0.0, 5.0, 4.0]])
+    seen = np.array([[True, False, False, True], [False, False, False, False]])
+    np.testing.assert_allclose(penalize_repetition(logits, seen, 2.0), [[1.5, 1.0, 2.0, -2.0], [0, 0, 5, 4]])
+    top2 = filter_top_k_top_p(logits, top_k=2)
+    assert np.isinf(top2).tolist() == [[False, True, False, True], [True, True, False, False]]
+    p = np.exp(logits[0]) / np.exp(logits[0]).sum()  # 0.665, 0.090, 0.245, 0.012
+    nucleus = filter_top_k_top_p(logits, top_p=0.8)  # the smallest set reaching 0.8: two tokens in row 0
+    assert np.isinf(nucleus[0]).tolist() == [False, True, False, True] and p[0] < 0.8 < p[0] + p[2]
+    rngs = [np.random.default_rng(0), np.random.default_rng(1)]
+    draws = np.stack([choose(logits, rngs, 1.0, 0, 0.8) for _ in range(200)])
+    assert set(draws[:, 0]) == {0, 2} and set(draws[:, 1]) == {2, 3}
+
+
+def test_cli_writes_samples_and_streams(ckpt, tmp_path, capsys):
+    _, path, tok = ckpt
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": line, "id": i}) + "\n" for i, line in enumerate(LINES[:3])))
+    out = tmp_path / "samples.jsonl"
+    assert cli.main([path, "--prompts-file", str(prompts), "--out", str(out), "--batch-size", "2",
+                     "--max-new-tokens", "24", "--temperature", "0", "--ignore-eos"]) == 0
+    samples = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [s["id"] for s in samples] == [0, 1, 2] and [s["prompt"] for s in samples] == LINES[:3]
+    assert all(s["new_tokens"] == 24 and s["finish_reason"] == "length" and s["completion"] for s in samples)
+    capsys.readouterr()
+    single = tmp_path / "single.jsonl"
+    assert cli.main([path, "--prompt", LINES[0], "--max-new-tokens", "24", "--temperature", "0.8",
+                     "--top-p", "0.95", "--seed", "7", "--out", str(single)]) == 0
+    printed, log = capsys.readouterr()
+    (sample,) = [json.loads(line) for line in single.read_text().splitlines()]
+    assert printed == LINES[0] + sample["completion"] + "\n"  # streamed: the prompt, then the completion
+    assert sample["completion"] != samples[0]["completion"] and "2 graphs compiled" in log
+
+
+def bad_inputs(path, tmp_path):
+    hf = tmp_path / "gpt2"
+    hf.mkdir(exist_ok=True)
+    (hf / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
+    return {
+        "empty prompt": ([path, "--prompt", ""], "--prompt: the prompt is empty"),
+        "prompt longer than the context": ([path, "--prompt", "To be, or not to be. " * 300],
+                                           "longer than the model's context (max_position_embeddings=1024)"),
+        "cache overflow": ([path, "--prompt", LINES[0], "--max-new-tokens", "1020"], "--max-new-tokens: 1020"),
+        "top_p 0": ([path, "--prompt", "x", "--top-p", "0"], "--top-p: must be in (0, 1]"),
+        "top_p above 1": ([path, "--prompt", "x", "--top-p", "1.5"], "--top-p: must be in (0, 1], got 1.5"),
+        "negative temperature": ([path, "--prompt", "x", "--temperature", "-0.5"], "--temperature: must be >= 0"),
+        "unsupported HF architecture": ([str(hf), "--prompt", "x"], "architectures ['GPT2LMHeadModel'] are not "
+                                                                    "supported"),
+        "missing checkpoint": ([str(tmp_path / "nowhere"), "--prompt", "x"], "no such directory"),
+    }
+
+
+def test_cli_bad_inputs_give_one_error_line_and_exit_2(ckpt, tmp_path, capsys):
+    for name, (argv, expected) in bad_inputs(ckpt[1], tmp_path).items():
+        assert cli.main(argv) == 2, name
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1 and err.startswith("error: ") and expected in err, (name, err)
+
+
+def test_cli_as_a_process_exits_2_without_a_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "generate", str(tmp_path / "nowhere"), "--prompt", "x"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == f"error: CKPT_OR_HF_DIR: no such directory: {tmp_path / 'nowhere'}\n"
