@@ -75,7 +75,10 @@ def test_lora_llama_is_the_base_model_with_frozen_base_and_named_adapters():
     apply_lora(other, LoraConfig(target_modules=["attention.wq"]), seed=0)  # A depends on (seed, path) only
     np.testing.assert_array_equal(params(other)["model.layers.0.attention.wq.lora_A.weight"],
                                   weights["model.layers.0.attention.wq.lora_A.weight"])
-    assert tensor_parallel_strategies(model, 1, 2) == tensor_parallel_strategies(base, 1, 2)  # same paths and types
+    with_lora = tensor_parallel_strategies(model, 1, 2)
+    base_plan = tensor_parallel_strategies(base, 1, 2)
+    assert {k: v for k, v in with_lora.items() if ".lora_" not in k} == base_plan  # the base keeps its paths and types
+    assert len(with_lora) - len(base_plan) == 2 * len(info["targets"])  # and each adapter gets its A and B strategy
     with pytest.raises(ValueError, match="already has LoRA"):
         apply_lora(model, LoraConfig(), seed=0)
 
