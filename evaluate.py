@@ -22,7 +22,8 @@ schema, conf/validate.py), except that:
   - `tasks=[a,b]` and `eval.<key>=value` are not train.py keys: they are taken out before composing (parsed by
     Hydra's override parser) and checked against EvalConfig below. `tasks=[]` runs none; without `tasks=`
     every <tasks dir>/*.jsonl runs for a causal model (`python -m data.tasks build` writes them), none for BERT.
-    A name is <tasks dir>/<name>.jsonl, a path ending in .jsonl is itself.
+    A name is <tasks dir>/<name>.jsonl, a path ending in .jsonl is itself; an Alpaca file (data=instructions'
+    val.jsonl) is a generation task: its SFT prompt, scored by exact match / ROUGE-L against the output.
 Options: --out FILE (default CKPT/eval.json), --tasks-dir DIR (default ${MINDLAB_DATA_DIR:-~/.cache/mindlab/data}/tasks).
 
 Measures (causal models):

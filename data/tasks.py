@@ -129,8 +129,18 @@ def _check_item(item, where: str) -> str:
     return "multiple_choice"
 
 
+def alpaca_item(sample: dict) -> dict:
+    """An Alpaca sample (instruction, input, output; e.g. data=instructions' held-out val.jsonl) as a generation
+    item: the SFT prompt of the default template, the output as the answer, generation stopping at eos."""
+    from data.samples import TEMPLATES
+
+    template = TEMPLATES["alpaca"]["prompt_input" if sample.get("input") else "prompt_no_input"]
+    return {"prompt": template.format(instruction=sample["instruction"], input=sample.get("input", "")),
+            "answer": sample["output"]}
+
+
 def load_task(path: os.PathLike, name: Optional[str] = None) -> Task:
-    """Read and check a task file (all items of one format)."""
+    """Read and check a task file (all items of one format; Alpaca samples are generation items)."""
     path = Path(path)
     if not path.is_file():
         raise TaskError(f"{path}: no such task file (build the real tasks with `python -m data.tasks build`)")
@@ -144,6 +154,8 @@ def load_task(path: os.PathLike, name: Optional[str] = None) -> Task:
                 item = json.loads(line)
             except json.JSONDecodeError as err:
                 raise TaskError(f"{where}: not JSON ({err.msg} at column {err.colno})") from None
+            if isinstance(item, dict) and "instruction" in item and "output" in item:  # Alpaca (data/instructions)
+                item = alpaca_item(item)
             kind = _check_item(item, where)
             if kinds and kind not in kinds:
                 raise TaskError(f"{where}: a {kind.replace('_', '-')} item in a file of "

@@ -322,3 +322,12 @@ def test_cli_refuses_model_presets_and_bad_task_files(small_checkpoint, tmp_path
     (tmp_path / "bad.jsonl").write_text('{"context": "c", "choices": [" a"], "gold": 0}\n')
     assert E.main([small_checkpoint, "tasks=[bad]", "--tasks-dir", str(tmp_path)]) == 2
     assert f"{tmp_path / 'bad.jsonl'}:1: 'choices' must be a list of at least 2" in capsys.readouterr().err
+
+
+def test_alpaca_samples_are_generation_items_with_the_sft_prompt(tmp_path):
+    path = tmp_path / "val.jsonl"
+    path.write_text(json.dumps({"instruction": "Define the word \"cat\".", "input": "Dictionary: WordNet 3.0",
+                                "output": "n 1: a small feline", "task": "define_word"}) + "\n")
+    task = T.load_task(path)
+    assert task.kind == "generation" and task.items[0]["answer"] == "n 1: a small feline"
+    assert task.items[0]["prompt"].endswith("### Input:\nDictionary: WordNet 3.0\n\n### Response:\n")
