@@ -1,6 +1,6 @@
 """What happens around the steps, one concern per callback (OLMo-core style). The loop calls, in order,
-`on_step(step, result)` after every step and `close()` at the end; a callback that has something to report
-hands it to the sinks (metrics.jsonl, console, W&B: anything with log(dict) and close()).
+`on_step(step, result)` after every step; a callback that has something to report hands it to the sinks
+(metrics.jsonl, console, W&B: anything with log(dict) and close(); the loop closes them at the end).
 
     TrainMetrics   every trainer.log_every steps: loss, the objective's metrics, loss tokens per step (and
                    their fraction of the target tokens), lr, grad norm, tokens, speed
@@ -60,9 +60,6 @@ class TrainMetrics:
         n = float(np.mean([r.loss_tokens for r in self.window]))
         return {"loss_tokens": n, "loss_token_fraction": n / self.tokens_per_step}
 
-    def close(self) -> None:
-        pass
-
 
 class Evaluation:
     """val_loss (token-weighted over all sources), val_ppl, and per source val_loss/<source>; the objective's
@@ -87,9 +84,6 @@ class Evaluation:
             self.last = self.evaluate()
             self.sinks.log({"step": step, **self.last})
 
-    def close(self) -> None:
-        pass
-
 
 class Checkpointing:
     """`save(step)` writes a checkpoint (trainer/loop.py builds it: the module's weights and optimizer plus the
@@ -101,6 +95,3 @@ class Checkpointing:
     def on_step(self, step: int, result: StepResult) -> None:
         if (self.every and step % self.every == 0) or step == self.max_steps or self.preemption.signal:
             self.save(step)
-
-    def close(self) -> None:
-        pass
