@@ -59,6 +59,15 @@ def _worker_rank(proc: psutil.Process) -> Optional[int]:
     return int(env["MS_NODE_ID"]) if env.get("MS_ROLE") == "MS_WORKER" and "MS_NODE_ID" in env else None
 
 
+def _starting(proc: psutil.Process, msrun: subprocess.Popen) -> bool:
+    """A process msrun started whose environment has no MS_ROLE yet (between fork and exec): it may still become
+    a worker, so it must not be filed as something else."""
+    try:
+        return proc.ppid() == msrun.pid and "MS_ROLE" not in proc.environ()
+    except psutil.Error:  # exited meanwhile
+        return False
+
+
 def _kill_tree(msrun: subprocess.Popen, known: List[psutil.Process]) -> None:
     """SIGKILL msrun and everything it started: workers (own sessions), scheduler, log tails."""
     try:
@@ -86,8 +95,10 @@ def _watch(msrun: subprocess.Popen, run_dir: str) -> List[int]:
             children = []
         for child in children:
             if child not in seen:
-                seen.append(child)
                 rank = _worker_rank(child)
+                if rank is None and _starting(child, msrun):  # forked, environment not set yet: look again
+                    continue
+                seen.append(child)
                 if rank is not None and child.ppid() == msrun.pid:  # not a worker's own subprocess
                     workers[rank] = child
         failed = [rank for rank, proc in workers.items()
