@@ -2,8 +2,10 @@
 
     <run_dir>/checkpoints/
         step_000400/  model.safetensors      network weights (MindFormers names, 1:1 with Hugging Face's)
-                      optimizer.safetensors  AdamW moments and update count (drives the LR schedule)
-                      state.json             step, tokens, loss scale, data position, RNG states, run id, file sizes
+                      optimizer.safetensors  the optimizer's moments and update count (drives the LR schedule
+                                             and AdamW's bias correction)
+                      state.json             step, tokens, loss scale, data position, RNG states, run id, optimizer
+                                             (optim.name), file sizes
                       config.yaml            the run's resolved config
                       tokenizer.model        the sentencepiece model (so a checkpoint converts on its own)
         latest        name of the newest complete checkpoint, replaced last
@@ -139,6 +141,20 @@ def latest_intact(root: str, log=print) -> Optional[str]:
         except CheckpointError as err:
             log(f"[checkpoint] skipping damaged checkpoint: {err}")
     return None
+
+
+def check_optimizer(path: str, name: str) -> None:
+    """Refuse to resume optimizer state written by another optimizer preset: its update rule (and for some its
+    tensors) differ, so the run would not continue as it was. Checkpoints written before state.json recorded
+    the optimizer are nn.AdamWeightDecay's, which optim=adamw was until issue 17 and optim=adamw_bert is now."""
+    state = read_state(path)
+    saved = state.get("optimizer", "adamw_bert")
+    if saved != name:
+        old = "" if "optimizer" in state else " (written before checkpoints named their optimizer, by MindSpore's " \
+            "AdamWeightDecay: optim=adamw_bert)"
+        raise CheckpointError(f"{os.path.join(path, STATE)}: its optimizer state is optim={saved}'s{old} but this run "
+                              f"uses optim={name}; resume with optim={saved} to continue it exactly, or start from its "
+                              f"weights with a fresh optimizer: stage.init_from={path} trainer.resume=none")
 
 
 def _load_into(file: str, cell: nn.Cell, names: List[str], what: str) -> None:

@@ -116,17 +116,53 @@ class StageConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = MISSING
+    """What every optimizer preset shares: the schedule, clipping and the weight-decay groups. Each preset's
+    own typed config (below) adds its algorithm's keys; trainer/optimizer.py builds it from `name`."""
+
+    name: str = MISSING  # adamw | adamw_bert | came (conf/optim/<name>.yaml)
     lr: float = 3e-4
     min_lr: float = 3e-5  # where the decay ends
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
-    eps: float = 1e-8
-    weight_decay: float = 0.1
+    weight_decay: float = 0.1  # decoupled (w -= lr * weight_decay * w), on the decay group only
     no_decay: List[str] = field(default_factory=lambda: ["norm", "embedding", "bias"])  # name substrings
     schedule: str = "cosine"  # cosine | wsd (warmup-stable-decay) | constant
-    warmup_steps: int = 100
+    warmup_steps: Optional[int] = None  # None: warmup_fraction x trainer.max_steps, so any run length works
+    warmup_fraction: float = 0.1  # used only when warmup_steps is None
     decay_fraction: float = 0.2  # wsd: last fraction of max_steps that decays
     clip_grad_norm: float = 1.0  # 0 disables clipping
+
+
+@dataclass
+class AdamWConfig(OptimConfig):
+    """adamw (bias-corrected, as torch.optim.AdamW) and adamw_bert (BERT's AdamWeightDecay, no correction)."""
+
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+
+
+@dataclass
+class CameConfig(OptimConfig):
+    """CAME (Luo et al. 2023): Adafactor's factored second moment, with a confidence-weighted first moment."""
+
+    beta1: float = 0.9  # first moment
+    beta3: float = 0.99  # the instability (confidence) moment
+    decay_rate: float = 0.8  # second moment: beta2_t = 1 - t^-decay_rate
+    eps: List[float] = field(default_factory=lambda: [1e-30, 1e-16])  # added to g^2, and to the instability
+    clip_threshold: float = 1.0  # the update's RMS is clipped to this
+
+
+@dataclass
+class MuonConfig(OptimConfig):
+    """MindFormers' Muon keys. Not buildable here: conf/validate.py refuses it and says why."""
+
+    momentum: float = 0.95
+    nesterov: bool = True
+    ns_steps: int = 5  # Newton-Schulz iterations
+    matched_adamw_rms: float = 0.2
+    adamw_betas: List[float] = field(default_factory=lambda: [0.95, 0.95])  # for the non-matrix parameters
+
+
+# optim.name -> its typed config (presets start from base_optim_<config name>, e.g. base_optim_adamw)
+OPTIMIZERS = {"adamw": AdamWConfig, "adamw_bert": AdamWConfig, "came": CameConfig, "muon": MuonConfig}
 
 
 @dataclass
@@ -190,7 +226,7 @@ class Config:
     objective: Any = MISSING  # an objective's Config (objectives/<name>.py)
     peft: Any = MISSING  # none | lora (adapters/)
     stage: StageConfig = MISSING
-    optim: OptimConfig = MISSING
+    optim: Any = MISSING  # an optimizer preset's config (OPTIMIZERS)
     precision: PrecisionConfig = MISSING
     device: DeviceConfig = MISSING
     logger: LoggerConfig = MISSING
@@ -234,9 +270,11 @@ def register() -> None:
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
     for group, node in [("parallel", ParallelConfig), ("data", DataConfig), ("stage", StageConfig),
-                        ("optim", OptimConfig), ("precision", PrecisionConfig), ("device", DeviceConfig),
+                        ("precision", PrecisionConfig), ("device", DeviceConfig),
                         ("logger", LoggerConfig)]:
         cs.store(group=group, name=f"base_{group}", node=node)
+    for node in dict.fromkeys(OPTIMIZERS.values()):
+        cs.store(group="optim", name=f"base_optim_{node.__name__.removesuffix('Config').lower()}", node=node)
     for name in FAMILIES:
         cs.store(group="model", name=f"base_model_{name}", node=family(name).Config)
     for name in OBJECTIVES:

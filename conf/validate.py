@@ -10,7 +10,7 @@ import typing
 from omegaconf import DictConfig, OmegaConf
 
 from conf.errors import ConfigError, require as _require
-from conf.schema import SAMPLE_KINDS, Config, global_batch_size, is_sharded
+from conf.schema import OPTIMIZERS, SAMPLE_KINDS, Config, global_batch_size, is_sharded
 
 __all__ = ["ConfigError", "validate"]
 CHOICES = {
@@ -130,17 +130,35 @@ def _check_batch(cfg: DictConfig) -> None:
              f"grad_accum ({t.grad_accum}) = {derived}; fix one of them or leave global_batch_size unset")
 
 
+MUON_REFUSED = ("MindFormers 1.9's Muon (mindformers/core/optim/muon.py) runs only on a MindFormers mcore GPTModel "
+                "with multi-latent attention (it asks the model for its transformer config, Muon split/merge functions "
+                "and tp dims) and opens communication groups at construction; mindlab's Llama and BERT have none of "
+                "these. Choose optim=adamw, adamw_bert or came")
+
+
 def _check_optim(cfg: DictConfig) -> None:
     o, t = cfg.optim, cfg.trainer
+    _require(o.name in OPTIMIZERS and OmegaConf.get_type(o) is OPTIMIZERS[o.name], "optim.name",
+             f"got {o.name!r}; choose a preset: optim={', '.join(OPTIMIZERS)}")
+    _require(o.name != "muon", "optim", MUON_REFUSED)
     _require(0 < o.lr <= 1.0, "optim.lr", f"must be in (0, 1], got {o.lr}")
     _require(0 <= o.min_lr <= o.lr, "optim.min_lr", f"must be in [0, optim.lr={o.lr}], got {o.min_lr}")
-    _require(0 <= o.warmup_steps < t.max_steps, "optim.warmup_steps",
-             f"must be in [0, trainer.max_steps={t.max_steps}), got {o.warmup_steps}")
-    _require(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), "optim.betas",
-             f"must be two numbers in [0, 1), got {list(o.betas)}")
+    _require(o.warmup_steps is None or 0 <= o.warmup_steps < t.max_steps, "optim.warmup_steps",
+             f"must be in [0, trainer.max_steps={t.max_steps}), got {o.warmup_steps}; or leave it unset "
+             f"(null) for optim.warmup_fraction ({o.warmup_fraction}) of the run")
+    _require(0 <= o.warmup_fraction < 1, "optim.warmup_fraction", f"must be in [0, 1), got {o.warmup_fraction}")
     _require(o.weight_decay >= 0, "optim.weight_decay", f"must be >= 0, got {o.weight_decay}")
     _require(o.clip_grad_norm >= 0, "optim.clip_grad_norm", f"must be >= 0 (0 disables), got {o.clip_grad_norm}")
     _require(0 < o.decay_fraction <= 1, "optim.decay_fraction", f"must be in (0, 1], got {o.decay_fraction}")
+    if "betas" in o:
+        _require(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), "optim.betas",
+                 f"must be two numbers in [0, 1), got {list(o.betas)}")
+    if o.name == "came":
+        for key in ("beta1", "beta3", "decay_rate"):
+            _require(0 <= o[key] <= 1, f"optim.{key}", f"must be in [0, 1], got {o[key]}")
+        _require(len(o.eps) == 2 and all(e >= 0 for e in o.eps), "optim.eps",
+                 f"must be two numbers >= 0 (added to g^2, and to the instability), got {list(o.eps)}")
+        _require(o.clip_threshold > 0, "optim.clip_threshold", f"must be > 0, got {o.clip_threshold}")
 
 
 def _check_data(cfg: DictConfig) -> None:

@@ -9,7 +9,7 @@ import mindspore as ms
 from mindspore import Tensor
 from omegaconf import OmegaConf
 
-from conf.schema import OptimConfig
+from conf.schema import AdamWConfig
 from conftest import load_preset
 from models import build_model
 from objectives.clm import CausalLMLoss
@@ -23,7 +23,7 @@ ALLOW = Tensor(True)
 
 
 def optim_cfg(**overrides):
-    return OmegaConf.merge(OmegaConf.structured(OptimConfig), {"name": "adamw", "warmup_steps": 0, **overrides})
+    return OmegaConf.merge(OmegaConf.structured(AdamWConfig), {"name": "adamw", "warmup_steps": 0, **overrides})
 
 
 def setup(seed=0, clip=1.0):
@@ -141,7 +141,7 @@ def test_checkpoint_round_trip_restores_weights_and_optimizer_state(tmp_path):
     assert checkpoint.load(path, fresh, fresh_optimizer)["tokens_seen"] == 128
     for k, v in weights(fresh).items():
         np.testing.assert_array_equal(v, weights(model)[k])
-    for mine, theirs in zip(fresh_optimizer.moments1, optimizer.moments1):
+    for mine, theirs in zip(fresh_optimizer.exp_avg, optimizer.exp_avg):
         np.testing.assert_array_equal(mine.asnumpy(), theirs.asnumpy())
     assert int(fresh_optimizer.global_step.asnumpy()) == 1
     moments = ms.load_checkpoint(os.path.join(path, "optimizer.safetensors"), format="safetensors")

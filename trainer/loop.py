@@ -61,6 +61,7 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     state = {"step": 0, "run_id": uuid.uuid4().hex[:12], "skipped_steps": 0}
     resume_from = _resume_path(t.resume, ckpt_root)
     if resume_from:
+        checkpoint.check_optimizer(resume_from, cfg.optim.name)
         example = objective.batch(data.train.next_batch(), 0) if sharded else None  # sharded: compile before loading
         state = module.load(resume_from, example)
         data.train.load_state_dict(state["data"])
@@ -73,7 +74,7 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     tokens_per_step = global_batch_size(cfg) * cfg.data.seq_len
 
     def save(step: int) -> None:
-        snapshot = {"tokens_seen": step * tokens_per_step, "run_id": state["run_id"],
+        snapshot = {"tokens_seen": step * tokens_per_step, "run_id": state["run_id"], "optimizer": cfg.optim.name,
                     "data": data.train.state_dict(), "guard": guard.state_dict(), "rng": rng_state(),
                     "skipped_steps": skipped, "loss_scale": [scaler.scale, scaler.clean_steps] if scaler else None}
         module.save(ckpt_root, step, snapshot, cfg, str(data.tokenizer.path), rt.is_main)

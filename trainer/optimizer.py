@@ -1,28 +1,49 @@
-"""AdamW with per-group weight decay and its learning-rate schedule (MindFormers' schedule classes)."""
+"""The optimizer presets (conf/optim/<name>.yaml) with per-group weight decay, and their learning-rate schedule
+(MindFormers' schedule classes).
+
+    adamw       MindFormers' AdamW: bias-corrected moments and decoupled weight decay, the update of
+                torch.optim.AdamW (tests/test_step_reference.py checks whole training steps against it)
+    adamw_bert  MindSpore's nn.AdamWeightDecay: the same without bias correction (BERT's optimizer)
+    came        MindFormers' Came, its weight decay applied here per group (Came itself decays every parameter)
+
+Each optimizer's update count is its `global_step` parameter: it is saved in optimizer.safetensors, so the
+schedule and AdamW's bias correction (1 - beta^t) resume exactly. A step skipped for non-finite gradients
+does not call the optimizer, so it advances neither.
+"""
 from typing import List
 
-from mindspore import nn
+from mindspore import nn, ops
 from mindformers.core.lr.lr_schedule import CosineWithWarmUpLR, WarmUpStableDecayLR, ConstantWarmUpLR
+from mindformers.core.optim import AdamW, Came
 
 from conf.schema import OptimConfig
 
 
+def warmup_steps(cfg: OptimConfig, max_steps: int) -> int:
+    """optim.warmup_steps, or when unset warmup_fraction of the run."""
+    return cfg.warmup_steps if cfg.warmup_steps is not None else int(cfg.warmup_fraction * max_steps)
+
+
 def build_schedule(cfg: OptimConfig, max_steps: int) -> nn.learning_rate_schedule.LearningRateSchedule:
     """lr as a function of the number of applied updates (skipped fp16 overflow steps do not advance it)."""
+    warmup = warmup_steps(cfg, max_steps)
     if cfg.schedule == "cosine":
-        return CosineWithWarmUpLR(learning_rate=cfg.lr, warmup_steps=cfg.warmup_steps, total_steps=max_steps,
-                                  lr_end=cfg.min_lr)
+        return CosineWithWarmUpLR(learning_rate=cfg.lr, warmup_steps=warmup, total_steps=max_steps, lr_end=cfg.min_lr)
     if cfg.schedule == "wsd":
-        decay_start = max(cfg.warmup_steps, int(max_steps * (1 - cfg.decay_fraction)))
-        return WarmUpStableDecayLR(learning_rate=cfg.lr, lr_end=cfg.min_lr, warmup_steps=cfg.warmup_steps,
+        decay_start = max(warmup, int(max_steps * (1 - cfg.decay_fraction)))
+        return WarmUpStableDecayLR(learning_rate=cfg.lr, lr_end=cfg.min_lr, warmup_steps=warmup,
                                    total_steps=max_steps, decay_start_steps=decay_start)
-    return ConstantWarmUpLR(learning_rate=cfg.lr, warmup_steps=cfg.warmup_steps)
+    return ConstantWarmUpLR(learning_rate=cfg.lr, warmup_steps=warmup)
+
+
+def decays(name: str, cfg: OptimConfig) -> bool:
+    """Weight decay on matrices only: names containing any of `cfg.no_decay` (norms, embeddings, biases) are exempt."""
+    return not any(s in name for s in cfg.no_decay)
 
 
 def param_groups(params: List, cfg: OptimConfig) -> List[dict]:
-    """Weight decay on matrices only: names containing any of `cfg.no_decay` (norms, embeddings, biases) are exempt."""
-    decay = [p for p in params if not any(s in p.name for s in cfg.no_decay)]
-    no_decay = [p for p in params if any(s in p.name for s in cfg.no_decay)]
+    decay = [p for p in params if decays(p.name, cfg)]
+    no_decay = [p for p in params if not decays(p.name, cfg)]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}]
     if no_decay:
         groups.append({"params": no_decay, "weight_decay": 0.0})
@@ -30,6 +51,36 @@ def param_groups(params: List, cfg: OptimConfig) -> List[dict]:
 
 
 def build_optimizer(params: List, cfg: OptimConfig, max_steps: int) -> nn.Optimizer:
-    beta1, beta2 = cfg.betas
-    return nn.AdamWeightDecay(param_groups(params, cfg), learning_rate=build_schedule(cfg, max_steps),
-                              beta1=beta1, beta2=beta2, eps=cfg.eps)
+    lr = build_schedule(cfg, max_steps)
+    if cfg.name == "adamw":
+        return AdamW(param_groups(params, cfg), learning_rate=lr, betas=tuple(cfg.betas), eps=cfg.eps)
+    if cfg.name == "adamw_bert":
+        beta1, beta2 = cfg.betas
+        return nn.AdamWeightDecay(param_groups(params, cfg), learning_rate=lr, beta1=beta1, beta2=beta2, eps=cfg.eps)
+    if cfg.name == "came":
+        came = Came(params, learning_rate=lr, eps=(cfg.eps[0], 1e-3, cfg.eps[1]), clip_threshold=cfg.clip_threshold,
+                    decay_rate=cfg.decay_rate, beta1=cfg.beta1, beta3=cfg.beta3)
+        return GroupWeightDecay(came, [p for p in params if decays(p.name, cfg)], cfg.weight_decay)
+    raise ValueError(f"optim.name={cfg.name!r} has no builder (conf/validate.py admits only buildable ones)")
+
+
+class GroupWeightDecay(nn.Cell):
+    """`optimizer` (built without weight decay) after decoupled decay w -= lr * weight_decay * w of `decay`.
+
+    Looks like an nn.Optimizer to the step and the checkpoints: `parameters`, `get_lr()`, parameters_dict()."""
+
+    def __init__(self, optimizer: nn.Optimizer, decay: List, weight_decay: float):
+        super().__init__(auto_prefix=False)  # keep the optimizer's state names
+        self.optimizer = optimizer
+        self.parameters = optimizer.parameters
+        self.decay = decay
+        self.weight_decay = weight_decay
+
+    def get_lr(self):
+        return self.optimizer.get_lr()
+
+    def construct(self, gradients):
+        keep = 1.0 - self.optimizer.get_lr() * self.weight_decay  # the lr of this update (before global_step moves)
+        for param in self.decay:
+            ops.assign(param, param * keep)
+        return self.optimizer(gradients)
