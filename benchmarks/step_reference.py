@@ -1,13 +1,15 @@
 """The whole training step against PyTorch: per-step losses of mindlab and of an independent reference.
 
     scripts/venv.sh python -m benchmarks.step_reference [optim=adamw_bert] [trainer.grad_accum=2] [steps=120] ...
+    scripts/venv.sh python -m benchmarks.step_reference bert [steps=120] ...    # BERT MLM + NSP (data=wiki)
+    scripts/venv.sh python -m benchmarks.step_reference floor ...   # + PyTorch vs itself from weights 1 ulp away
 
-Both sides start from the same weights (mindlab's initialization, exported with the Hugging Face adapter,
-models/llama/hf.py) and see the same micro-batches in the same order (mindlab's loader). mindlab runs its own
-step (trainer/module.py LocalModule: accumulation weighted by loss tokens, global-norm clipping, the optimizer
-preset and its schedule); the reference is transformers' LlamaForCausalLM + torch.optim.AdamW over the same
-decay groups, the same warmup-cosine formula (MindFormers' CosineWithWarmUpLR) and
-torch.nn.utils.clip_grad_norm_. fp32 on CPU. The table prints the two losses and their relative difference;
+Both sides start from the same weights (mindlab's initialization, exported with the family's Hugging Face
+adapter, models/<family>/hf.py) and see the same micro-batches in the same order (mindlab's loader and
+objective, masks included). mindlab runs its own step (trainer/module.py LocalModule: accumulation weighted by
+loss tokens, global-norm clipping, the optimizer preset and its schedule); the reference is transformers'
+LlamaForCausalLM (clm) or BertForPreTraining (mlm) + torch.optim.AdamW over the same decay groups, the same
+warmup-cosine formula (MindFormers' CosineWithWarmUpLR) and torch.nn.utils.clip_grad_norm_. fp32 on CPU. The table prints the two losses and their relative difference;
 the pass criteria are the issue's: <= 1e-5 over the first 20 steps and <= 1e-3 from step 100 on.
 """
 import math
@@ -19,8 +21,11 @@ import boot  # noqa: F401  (MindSpore first, as in train.py)
 import numpy as np
 
 FIRST_STEPS, EARLY_TOL, LATE_STEP, LATE_TOL = 20, 1e-5, 100, 1e-3
-DEFAULTS = ["experiment=tiny_pretrain", "trainer.micro_batch_size=4", "data.seq_len=128", "optim.lr=2e-3",
-            "optim.min_lr=2e-4", "optim.warmup_steps=5"]
+DEFAULTS = {  # per model family: a small run of its README experiment, dropout off (the two sides draw differently)
+    "llama": ["experiment=tiny_pretrain", "trainer.micro_batch_size=4", "data.seq_len=128", "optim.lr=2e-3",
+              "optim.min_lr=2e-4", "optim.warmup_steps=5"],
+    "bert": ["experiment=bert_tiny_mlm", "trainer.micro_batch_size=8", "optim.lr=2e-3", "optim.min_lr=2e-4",
+             "optim.warmup_steps=5", "model.hidden_dropout=0", "model.attention_dropout=0"]}
 
 
 def reference_lr(optim, update: int, max_steps: int) -> float:
@@ -55,6 +60,7 @@ def mindlab_run(cfg, steps: int) -> Tuple[dict, List[List[tuple]], List[float]]:
     objective = plugin.Objective(cfg.objective, data.tokenizer, t.seed)
     module = LocalModule(model, objective, build_optimizer(model.trainable_params(), cfg.optim, t.max_steps),
                          cfg.optim.clip_grad_norm)
+
     def next_inputs() -> tuple:  # as trainer/loop.py: the batch's first sample index, then the batch
         sample = data.train.position
         return objective.batch(data.train.next_batch(), sample)
@@ -67,48 +73,82 @@ def mindlab_run(cfg, steps: int) -> Tuple[dict, List[List[tuple]], List[float]]:
     return initial, batches, losses
 
 
-def torch_run(cfg, initial: dict, batches: List[List[tuple]]) -> List[float]:
-    """The same steps in PyTorch: LlamaForCausalLM + torch.optim.AdamW, the same groups, schedule, clipping."""
+def torch_model(cfg, initial: dict):
+    """(the Hugging Face model holding `initial`, its parameter name -> mindlab name)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
-    from models.llama import hf
+    if cfg.model.family == "bert":
+        from transformers import BertConfig, BertForPreTraining
+
+        from models.bert import hf
+
+        model = BertForPreTraining(BertConfig(**hf.hf_config(cfg.model), attn_implementation="eager"))
+        names = {name: name for name in initial}  # the same names; the tied decoder aliases are not parameters
+    else:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        from models.llama import hf
+
+        model = LlamaForCausalLM(LlamaConfig(**hf.hf_config(cfg.model), attn_implementation="eager"))
+        names = {hf._rename(name, hf.HF_NAMES): name for name in initial}
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in hf.to_hf(initial).items()}, strict=True)
+    return model.float().train(), names
+
+
+def torch_loss(cfg, model, inputs: tuple):
+    """(the micro-batch's loss: a mean over its loss tokens, as mindlab's loss cell; how many there are)."""
+    import torch
+    from torch.nn.functional import cross_entropy
+
+    t = [torch.from_numpy(x.astype(np.int64)) for x in inputs]
+    if cfg.model.family == "bert":  # objective=mlm: masked-LM mean + the sentence task's mean over rows
+        input_ids, token_type_ids, attention_mask, labels, *sentence = t
+        out = model(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
+        loss = cross_entropy(out.prediction_logits.reshape(-1, out.prediction_logits.shape[-1]), labels.reshape(-1))
+        if sentence:
+            loss = loss + cross_entropy(out.seq_relationship_logits, sentence[0])
+        return loss, int((labels != -100).sum())
+    input_ids, labels = t  # objective=clm: rows of seq_len + 1 tokens
+    logits = model(input_ids[:, :-1]).logits
+    ignore = cfg.objective.ignore_index
+    labels = labels[:, 1:].reshape(-1)
+    return cross_entropy(logits.reshape(-1, logits.shape[-1]), labels, ignore_index=ignore), int((labels != ignore).sum())
+
+
+def torch_run(cfg, initial: dict, batches: List[List[tuple]]) -> List[float]:
+    """The same steps in PyTorch: the Hugging Face model + torch.optim.AdamW over the same decay groups, the
+    same schedule and global-norm clipping; micro-batches weighted by their share of the step's loss tokens."""
+    import torch
+
     from trainer.optimizer import decays
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**hf.hf_config(cfg.model), attn_implementation="eager")).float()
-    names = {hf._rename(name, hf.HF_NAMES): name for name in initial}  # HF name -> mindlab name
-    model.load_state_dict({k: torch.from_numpy(v) for k, v in hf.to_hf(initial).items()}, strict=True)
+    model, names = torch_model(cfg, initial)
     params = dict(model.named_parameters())
     o = cfg.optim
     groups = [{"params": [p for n, p in params.items() if decays(names[n], o)], "weight_decay": o.weight_decay},
               {"params": [p for n, p in params.items() if not decays(names[n], o)], "weight_decay": 0.0}]
     opt = torch.optim.AdamW(groups, lr=o.lr, betas=tuple(o.betas), eps=o.eps)
-    ignore = cfg.objective.ignore_index
     losses = []
     for update, micro in enumerate(batches):
-        counts = [int(np.count_nonzero(labels[:, 1:] != ignore)) for _, labels in micro]
-        loss_sum = 0.0
-        for (input_ids, labels), n in zip(micro, counts):
-            logits = model(torch.from_numpy(input_ids[:, :-1].astype(np.int64))).logits
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                     torch.from_numpy(labels[:, 1:].astype(np.int64)).reshape(-1),
-                                                     ignore_index=ignore)
-            (loss * n / sum(counts)).backward()
-            loss_sum += loss.item() * n / sum(counts)
+        outs = [torch_loss(cfg, model, inputs) for inputs in micro]  # (graphs kept until backward: small models)
+        total = sum(n for _, n in outs)
+        for loss, n in outs:
+            (loss * n / total).backward()
         if o.clip_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), o.clip_grad_norm)
         for group in opt.param_groups:
             group["lr"] = reference_lr(o, update, cfg.trainer.max_steps)
         opt.step()
         opt.zero_grad()
-        losses.append(loss_sum)
+        losses.append(sum(loss.item() * n / total for loss, n in outs))
     return losses
 
 
-def compare(overrides: List[str], steps: int) -> List[Tuple[int, float, float, float]]:
-    """(step, mindlab loss, PyTorch loss, relative difference) for `steps` steps of train.py's config with
-    DEFAULTS and `overrides`."""
+def compare(overrides: List[str], steps: int, family: str = "llama", floor: bool = False) -> List[tuple]:
+    """(step, mindlab loss, PyTorch loss, relative difference[, PyTorch's own: from weights one ulp away]) for
+    `steps` steps of train.py's config with DEFAULTS[family] and `overrides`. The last column is the fp32 noise
+    floor: how far PyTorch drifts from itself for rounding reasons alone."""
     from hydra import compose, initialize_config_dir
 
     from conf.schema import REPO_ROOT, register
@@ -116,17 +156,21 @@ def compare(overrides: List[str], steps: int) -> List[Tuple[int, float, float, f
 
     register()
     with initialize_config_dir(os.path.join(REPO_ROOT, "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=[*DEFAULTS, f"trainer.max_steps={steps}", *overrides])
+        cfg = compose("config", overrides=[*DEFAULTS[family], f"trainer.max_steps={steps}", *overrides])
     validate(cfg)
     initial, batches, ours = mindlab_run(cfg, steps)
     theirs = torch_run(cfg, initial, batches)
-    return [(i + 1, a, b, abs(a - b) / abs(b)) for i, (a, b) in enumerate(zip(ours, theirs))]
+    rows = [(i + 1, a, b, abs(a - b) / abs(b)) for i, (a, b) in enumerate(zip(ours, theirs))]
+    if not floor:
+        return rows
+    nudged = torch_run(cfg, {k: np.nextafter(v, np.float32(np.inf)) for k, v in initial.items()}, batches)
+    return [row + (abs(c - row[2]) / abs(row[2]),) for row, c in zip(rows, nudged)]
 
 
 def verdict(rows) -> List[str]:
     """The criteria each failing row breaks (empty: all pass)."""
-    failures = [f"step {s}: rel diff {d:.2e} > {EARLY_TOL:g}" for s, _, _, d in rows if s <= FIRST_STEPS and d > EARLY_TOL]
-    return failures + [f"step {s}: rel diff {d:.2e} > {LATE_TOL:g}" for s, _, _, d in rows if s >= LATE_STEP and d > LATE_TOL]
+    early = [f"step {r[0]}: rel diff {r[3]:.2e} > {EARLY_TOL:g}" for r in rows if r[0] <= FIRST_STEPS and r[3] > EARLY_TOL]
+    return early + [f"step {r[0]}: rel diff {r[3]:.2e} > {LATE_TOL:g}" for r in rows if r[0] >= LATE_STEP and r[3] > LATE_TOL]
 
 
 def main() -> None:
@@ -135,16 +179,19 @@ def main() -> None:
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
     args = sys.argv[1:]
+    family = args.pop(0) if args and args[0] in DEFAULTS else "llama"
     steps = next((int(a.split("=")[1]) for a in args if a.startswith("steps=")), 120)
-    overrides = [a for a in args if not a.startswith("steps=")]
-    rows = compare(overrides, steps)
-    print(f"overrides: {' '.join(DEFAULTS + overrides)}, {steps} steps, fp32 CPU")
-    print(f"{'step':>5} {'mindlab loss':>13} {'PyTorch loss':>13} {'rel diff':>10}")
-    for s, a, b, d in rows:
-        if s <= FIRST_STEPS or s % 10 == 0:
-            print(f"{s:>5} {a:>13.7f} {b:>13.7f} {d:>10.2e}")
-    early = max(d for s, _, _, d in rows if s <= FIRST_STEPS)
-    late = max((d for s, _, _, d in rows if s >= LATE_STEP), default=float("nan"))
+    floor = "floor" in args  # also PyTorch against itself from weights one ulp away
+    overrides = [a for a in args if not a.startswith("steps=") and a != "floor"]
+    rows = compare(overrides, steps, family, floor)
+    print(f"{family}: {' '.join(DEFAULTS[family] + overrides)}, {steps} steps, fp32 CPU")
+    print(f"{'step':>5} {'mindlab loss':>13} {'PyTorch loss':>13} {'rel diff':>10}" +
+          (f" {'PyTorch vs PyTorch 1 ulp':>25}" if floor else ""))
+    for row in rows:
+        if row[0] <= FIRST_STEPS or row[0] % 10 == 0:
+            print(f"{row[0]:>5} {row[1]:>13.7f} {row[2]:>13.7f} {row[3]:>10.2e}" + (f" {row[4]:>25.2e}" if floor else ""))
+    early = max(row[3] for row in rows if row[0] <= FIRST_STEPS)
+    late = max((row[3] for row in rows if row[0] >= LATE_STEP), default=float("nan"))
     failures = verdict(rows)
     print(f"max rel diff: steps 1-{FIRST_STEPS} {early:.2e} (<= {EARLY_TOL:g}), steps >= {LATE_STEP} {late:.2e} "
           f"(<= {LATE_TOL:g}): {'PASS' if not failures else f'FAIL ({len(failures)} steps)'}")

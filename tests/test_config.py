@@ -31,6 +31,9 @@ BAD = [
     (["optim.lr=2.0"], "optim.lr", "(0, 1]"),
     (["optim.warmup_steps=5000"], "optim.warmup_steps", "max_steps"),
     (["optim.min_lr=1.0"], "optim.min_lr", "optim.lr"),
+    (["optim=muon"], "optim", "multi-latent attention"),
+    (["optim=came", "optim.clip_threshold=0"], "optim.clip_threshold", "> 0"),
+    (["optim.warmup_fraction=1.0"], "optim.warmup_fraction", "[0, 1)"),
     (["precision=bf16"], "precision", "bf16"),
     (["model.flash_attention=true"], "model.flash_attention", "has no CPU kernel"),
     (["model.recompute=some"], "model.recompute", "none, full, selective"),
@@ -54,6 +57,24 @@ def test_bad_value_is_refused_naming_the_key(overrides, key, words):
         validate(compose_cfg(*overrides))
     assert err.value.key == key
     assert words in str(err.value)
+
+
+@pytest.mark.parametrize("max_steps, warmup", [(60, 6), (1000, 100), (5, 0)])
+def test_unset_warmup_is_a_tenth_of_any_run_length(max_steps, warmup):
+    """`python train.py trainer.max_steps=60` was refused while the default warmup was a fixed 100 steps."""
+    from trainer.optimizer import warmup_steps
+
+    for optim in ("adamw", "adamw_bert", "came"):
+        cfg = compose_cfg(f"optim={optim}", f"trainer.max_steps={max_steps}")
+        validate(cfg)
+        assert cfg.optim.warmup_steps is None and warmup_steps(cfg.optim, max_steps) == warmup
+
+
+def test_optimizer_keys_belong_to_their_preset():
+    """Each preset is its own typed config: AdamW's betas are not a CAME key."""
+    with pytest.raises(Exception, match="betas"):
+        compose_cfg("optim=came", "optim.betas=[0.9,0.99]")
+    assert compose_cfg("optim=came").optim.decay_rate == 0.8
 
 
 @pytest.mark.parametrize("model", ["tiny", "small", "125m", "350m", "1b", "7b", "13b", "70b"])

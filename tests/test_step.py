@@ -9,7 +9,7 @@ import mindspore as ms
 from mindspore import Tensor
 from omegaconf import OmegaConf
 
-from conf.schema import AdamWConfig
+from conf.schema import OPTIMIZERS
 from conftest import load_preset
 from models import build_model
 from objectives.clm import CausalLMLoss
@@ -22,8 +22,8 @@ ONE = Tensor(1.0, ms.float32)
 ALLOW = Tensor(True)
 
 
-def optim_cfg(**overrides):
-    return OmegaConf.merge(OmegaConf.structured(AdamWConfig), {"name": "adamw", "warmup_steps": 0, **overrides})
+def optim_cfg(name="adamw", **overrides):
+    return OmegaConf.merge(OmegaConf.structured(OPTIMIZERS[name]), {"name": name, "warmup_steps": 0, **overrides})
 
 
 def setup(seed=0, clip=1.0):
@@ -116,6 +116,37 @@ def test_weight_decay_spares_norms_and_embeddings():
     assert not any("norm" in n or "embedding" in n for n in decayed)
 
 
+@pytest.mark.parametrize("name", ["adamw", "adamw_bert", "came"])
+def test_weight_decay_is_decoupled_and_spares_the_no_decay_group(name):
+    """With zero gradients every preset's update is zero, so one step is the decay alone: w * (1 - lr * wd) on
+    matrices, norms and embeddings untouched."""
+    model = build_model(load_preset("model", "tiny"), 32, "fp32", "CPU", seed=0)
+    optimizer = build_optimizer(model.trainable_params(), optim_cfg(name, lr=1e-2, weight_decay=0.5,
+                                                                    schedule="constant"), 10)
+    before = weights(model)
+    ApplyUpdate(optimizer, optimizer.parameters.clone(prefix="zero_grad", init="zeros"), 1.0)(ONE, ALLOW)
+    for k, v in weights(model).items():
+        keep = 1.0 if any(s in k for s in ("norm", "embedding")) else 1 - 1e-2 * 0.5
+        np.testing.assert_allclose(v, before[k] * keep, rtol=1e-6, err_msg=k)
+    assert int(optimizer.parameters_dict()["global_step"].asnumpy()) == 1  # the update count, saved with the state
+
+
+def test_adamw_first_update_is_bias_corrected_and_adamw_bert_is_not():
+    """Step 1 on a constant gradient g: AdamW moves each weight by lr * g / (|g| + eps) (~lr), BERT's
+    AdamWeightDecay by lr * (1 - beta1) g / (sqrt(1 - beta2) |g| + eps) (~0.447 lr at betas 0.9/0.95)."""
+    moved = {}
+    for name in ("adamw", "adamw_bert"):
+        model = build_model(load_preset("model", "tiny"), 32, "fp32", "CPU", seed=0)
+        optimizer = build_optimizer(model.trainable_params(), optim_cfg(name, lr=1e-3, weight_decay=0.0,
+                                                                        schedule="constant"), 10)
+        grads = optimizer.parameters.clone(prefix="grad", init="ones")
+        before = weights(model)
+        ApplyUpdate(optimizer, grads, 0.0)(ONE, ALLOW)
+        moved[name] = np.concatenate([(before[k] - v).ravel() for k, v in weights(model).items()])
+    np.testing.assert_allclose(moved["adamw"], 1e-3, rtol=1e-4)
+    np.testing.assert_allclose(moved["adamw_bert"], 1e-3 * 0.1 / (np.sqrt(0.05) + 1e-8), rtol=1e-4)
+
+
 def test_a_skipped_step_discards_its_gradients():
     model, optimizer, fb, update = setup()
     before = weights(model)
@@ -146,6 +177,20 @@ def test_checkpoint_round_trip_restores_weights_and_optimizer_state(tmp_path):
     assert int(fresh_optimizer.global_step.asnumpy()) == 1
     moments = ms.load_checkpoint(os.path.join(path, "optimizer.safetensors"), format="safetensors")
     assert not set(moments) & set(weights(model))  # optimizer file: moments and step only
+    assert int(moments["global_step"].asnumpy()) == 1  # AdamW's bias correction resumes from it
+
+
+@pytest.mark.parametrize("saved, message", [(None, "optim=adamw_bert's (written before"), ("came", "optim=came's")])
+def test_resuming_another_optimizers_state_is_refused_naming_the_fix(tmp_path, saved, message):
+    """A checkpoint from before issue 17 holds nn.AdamWeightDecay moments under the names MindFormers' AdamW
+    uses too: it would load silently into optim=adamw and continue another update rule."""
+    state = {"tokens_seen": 0, **({"optimizer": saved} if saved else {})}
+    checkpoint.write_state(str(tmp_path), {"step": 5, **state})
+    with pytest.raises(checkpoint.CheckpointError) as err:
+        checkpoint.check_optimizer(str(tmp_path), "adamw")
+    assert message in str(err.value) and "but this run uses optim=adamw" in str(err.value)
+    assert f"stage.init_from={tmp_path} trainer.resume=none" in str(err.value)
+    checkpoint.check_optimizer(str(tmp_path), saved or "adamw_bert")  # the same preset resumes
 
 
 

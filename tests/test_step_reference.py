@@ -1,0 +1,30 @@
+"""The whole training step against an independent implementation: transformers' LlamaForCausalLM +
+torch.optim.AdamW from the same weights on the same batches (benchmarks/step_reference.py prints the table).
+This is the check that would have caught optim=adamw lacking AdamW's bias correction."""
+import os
+
+import pytest
+
+from benchmarks.step_reference import FIRST_STEPS, compare, verdict
+from conftest import CORPORA
+
+pytestmark = pytest.mark.slow  # ~20 s each: a graph compile and 20 steps on each side
+
+
+@pytest.mark.parametrize("grad_accum", [1, 2])
+def test_twenty_adamw_steps_equal_pytorch_within_1e5(grad_accum):
+    rows = compare([f"trainer.grad_accum={grad_accum}"], FIRST_STEPS)
+    assert not verdict(rows), verdict(rows)
+    assert rows[-1][1] < rows[0][1] - 1.0  # the steps did train: the check compared moving weights
+
+
+def test_the_check_fails_on_adamweightdecay():
+    """optim=adamw_bert (no bias correction) is what optim=adamw was: the same comparison must reject it."""
+    assert verdict(compare(["optim=adamw_bert"], FIRST_STEPS))
+
+
+@pytest.mark.skipif(not os.path.isdir(os.path.join(CORPORA, "reference_en")), reason="needs ../shared/corpora (data=wiki)")
+def test_twenty_bert_mlm_nsp_steps_equal_bert_for_pretraining_within_1e5():
+    """BERT-Tiny, masked LM + next-sentence prediction, padding masks: against transformers' BertForPreTraining."""
+    rows = compare([], FIRST_STEPS, family="bert")
+    assert not verdict(rows), verdict(rows)
