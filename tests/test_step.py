@@ -180,6 +180,25 @@ def test_checkpoint_round_trip_restores_weights_and_optimizer_state(tmp_path):
     assert int(moments["global_step"].asnumpy()) == 1  # AdamW's bias correction resumes from it
 
 
+@pytest.mark.parametrize("name", ["adamw_bert", "came"])
+def test_every_presets_state_round_trips_through_a_checkpoint(tmp_path, name):
+    """Moments, CAME's factored statistics and step counters: all of it is what a resumed run continues from."""
+    cfg = optim_cfg(name, lr=1e-2, schedule="constant")
+    model = build_model(load_preset("model", "tiny"), 32, "fp32", "CPU", seed=0)
+    optimizer = build_optimizer(model.trainable_params(), cfg, 10)
+    fb = ForwardBackward(CausalLMLoss(model), optimizer.parameters)
+    fb(ONE, batch(4), batch(4))
+    ApplyUpdate(optimizer, fb.grad_buffers, 1.0)(ONE, ALLOW)
+    path = checkpoint.save(str(tmp_path), 1, model, optimizer, {}, OmegaConf.create({"a": 1}))
+    fresh = build_model(load_preset("model", "tiny"), 32, "fp32", "CPU", seed=1)
+    fresh_optimizer = build_optimizer(fresh.trainable_params(), cfg, 10)
+    checkpoint.load(path, fresh, fresh_optimizer)
+    state = {k: v.asnumpy() for k, v in optimizer.parameters_dict().items()}
+    assert int(state["global_step"]) == 1 and any(v.any() for k, v in state.items() if k.startswith(("adam_v", "exp_avg_sq")))
+    for k, v in fresh_optimizer.parameters_dict().items():
+        np.testing.assert_array_equal(v.asnumpy(), state[k], err_msg=k)
+
+
 @pytest.mark.parametrize("saved, message", [(None, "optim=adamw_bert's (written before"), ("came", "optim=came's")])
 def test_resuming_another_optimizers_state_is_refused_naming_the_fix(tmp_path, saved, message):
     """A checkpoint from before issue 17 holds nn.AdamWeightDecay moments under the names MindFormers' AdamW
