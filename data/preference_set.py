@@ -79,20 +79,17 @@ def facts(text: str) -> List[re.Match]:
 
 def fact_swap(sample: dict, by_task: Dict[str, List[dict]], rng: random.Random) -> Optional[str]:
     mine = facts(sample["output"])
-    if not mine:
-        return None
-    target = rng.choice(mine)
-    kind = target.group()[0].isdigit()
-    others = by_task[sample["task"]]
-    for _ in range(20):  # another entry's fact of the same kind, different from this one
-        other = others[rng.randrange(len(others))]
-        if other is sample:
-            continue
-        choices = [m.group() for m in facts(other["output"])
-                   if m.group()[0].isdigit() == kind and m.group() != target.group()]
-        if choices:
-            out = sample["output"]
-            return out[:target.start()] + rng.choice(choices) + out[target.end():]
+    rng.shuffle(mine)
+    others = [s for s in by_task[sample["task"]] if s is not sample]
+    for target in mine:  # the first of this answer's facts that another entry has a different one of its kind for
+        kind = target.group()[0].isdigit()
+        for _ in range(min(20, len(others))):
+            other = others[rng.randrange(len(others))]
+            choices = [m.group() for m in facts(other["output"])
+                       if m.group()[0].isdigit() == kind and m.group() != target.group()]
+            if choices:
+                out = sample["output"]
+                return out[:target.start()] + rng.choice(choices) + out[target.end():]
     return None
 
 
