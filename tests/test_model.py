@@ -9,7 +9,6 @@ from omegaconf import OmegaConf
 from conftest import load_preset
 from models import build_model
 from models.llama.accounting import parameter_count
-from models.llama.model import rope_tables
 from objectives.clm import CausalLMLoss
 from trainer.step import ForwardBackward
 
@@ -66,15 +65,6 @@ def test_grouped_query_attention_equals_mha_with_shared_kv_heads():
         mha_params[p.name].set_data(Tensor(value))
     x = tokens((2, 16))
     np.testing.assert_allclose(gqa(x).asnumpy(), mha(x).asnumpy(), atol=1e-5)
-
-
-def test_rope_scaling():
-    cos, sin = rope_tables(32, 64, 10000.0, "none", 1.0)
-    cos2, sin2 = rope_tables(32, 128, 10000.0, "linear", 2.0)
-    np.testing.assert_allclose(cos2[::2][:64], cos, atol=1e-6)  # position 2p scaled == position p
-    cos_ntk, _ = rope_tables(32, 256, 10000.0, "ntk", 4.0)
-    np.testing.assert_allclose(cos_ntk[:64, 0], cos[:, 0], atol=1e-6)  # highest frequency untouched
-    np.testing.assert_allclose(cos_ntk[::4, 15], cos[:, 15], atol=1e-5)  # lowest frequency slowed by the factor
 
 
 def test_clm_loss_matches_numpy_reference_and_ignores_masked_labels():

@@ -27,6 +27,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
+from models.llama import rope
 from models.llama.config import LlamaConfig
 
 DTYPES = {"fp32": ms.float32, "fp16": ms.float16, "bf16": ms.bfloat16}
@@ -68,21 +69,11 @@ class RMSNorm(nn.Cell):
         return self.scale(normed, self.weight).astype(x.dtype)
 
 
-def rope_tables(head_dim: int, max_positions: int, theta: float, scaling_type: str, factor: float):
-    """cos/sin tables [max_positions, head_dim] in fp32, with the long-context scaling hook.
-
-    linear: positions are divided by `factor` (position interpolation, Chen et al. 2023).
-    ntk:    the base is raised to theta * factor^(d/(d-2)) ("NTK-aware" scaling, bloc97 2023).
-    """
-    if scaling_type == "ntk":
-        theta = theta * factor ** (head_dim / (head_dim - 2))
-    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    positions = np.arange(max_positions, dtype=np.float64)
-    if scaling_type == "linear":
-        positions = positions / factor
-    angles = np.outer(positions, inv_freq)
-    angles = np.concatenate([angles, angles], axis=-1)
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+def rope_tables(cfg: LlamaConfig, length=None):
+    """cos/sin tables [window, head_dim] fp32 for the config's RoPE and long-context scaling (rope.py has the
+    methods): window = max_position_embeddings x factor when scaled; `length` is dynamic NTK's current length."""
+    return rope.tables(cfg.hidden_size // cfg.num_heads, rope.window(cfg), cfg.rope_theta, cfg.rope_scaling,
+                       cfg.max_position_embeddings, length)
 
 
 def rotate_half(x):
@@ -137,7 +128,7 @@ class Attention(nn.Cell):
         self.wv = Linear(h, self.n_kv * self.head_dim, std, rng, compute_dtype)
         self.wo = Linear(self.n_heads * self.head_dim, h, std, rng, compute_dtype)
         self.core = (FlashCoreAttention(self.head_dim, self.n_heads) if use_flash
-                     else CoreAttention(self.head_dim, cfg.max_position_embeddings, compute_dtype))
+                     else CoreAttention(self.head_dim, rope.window(cfg), compute_dtype))
         self.compute_dtype = compute_dtype
         self.qk_cached, self.pv_cached = ops.BatchMatMul(transpose_b=True), ops.BatchMatMul()  # inference only
 
@@ -238,10 +229,18 @@ class LlamaModel(nn.Cell):
         self.layers = nn.CellList([DecoderLayer(cfg, rng, compute_dtype, use_flash)
                                    for _ in range(cfg.num_layers)])
         self.norm_out = RMSNorm(cfg.hidden_size, cfg.norm_eps)
-        cos, sin = rope_tables(cfg.hidden_size // cfg.num_heads, cfg.max_position_embeddings, cfg.rope_theta,
-                               cfg.rope_scaling.type, cfg.rope_scaling.factor)
-        self.cos, self.sin = Tensor(cos), Tensor(sin)
-        self.future = Tensor(np.triu(np.ones((cfg.max_position_embeddings,) * 2, np.float32), k=1))  # 1: j > i
+        self.rope_cfg = cfg
+        self.set_rope_length(None)
+        self.future = Tensor(np.triu(np.ones((rope.window(cfg),) * 2, np.float32), k=1))  # 1: j > i
+
+    def set_rope_length(self, length):
+        """Dynamic NTK's tables for sequences of `length` tokens (identity up to max_position_embeddings);
+        other scalings do not depend on the length. models/llama build() sets the training length, evaluation
+        each context length, generation the cache length. In graph mode a new length is a new input shape,
+        hence a new graph that takes the new tables."""
+        if length is None or self.rope_cfg.rope_scaling.type == "dynamic":
+            cos, sin = rope_tables(self.rope_cfg, length)
+            self.cos, self.sin = Tensor(cos), Tensor(sin)
 
     def construct(self, tokens, positions=None, segments=None):
         """`positions` [B, S] (restarting per packed sample) and `segments` [B, S] (the sample of every token)
