@@ -47,6 +47,10 @@ def validate(cfg: DictConfig, world_size: int = 1) -> None:
     _check_data(cfg)
     if not cfg.dry_run:
         _check_machine(cfg, world_size)
+        _require(cfg.stage.name != "long_context" or cfg.stage.init_from or cfg.stage.allow_random_init,
+                 "stage.init_from", "stage=long_context extends a pretrained model's context: set "
+                 "stage.init_from=<checkpoint dir> (trained at model.max_position_embeddings), or "
+                 "stage.allow_random_init=true")
 
 
 def _check_known_keys(cfg: DictConfig) -> None:

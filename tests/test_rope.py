@@ -103,3 +103,17 @@ def test_bad_rope_scaling_is_one_clear_error(overrides, key, words):
 def test_scaled_window_admits_longer_sequences():
     validate(compose_cfg("model=tiny", "model.max_position_embeddings=128", "model.rope_scaling.type=yarn",
                          "model.rope_scaling.factor=4", "data.seq_len=512"))
+
+
+def test_long_context_stage_needs_init_from_and_sets_the_recipe():
+    with pytest.raises(ConfigError) as err:
+        validate(compose_cfg("stage=long_context", "model=small", "model.max_position_embeddings=256",
+                             "model.rope_scaling.factor=4"))
+    assert err.value.key == "stage.init_from" and "extends a pretrained model" in str(err.value)
+    cfg = compose_cfg("stage=long_context", "stage.init_from=/ckpt/step_000300", "model=small",
+                      "model.max_position_embeddings=256", "model.rope_scaling.factor=4")
+    validate(cfg)
+    assert (cfg.data.name, cfg.objective.packing, cfg.model.rope_scaling.type) == ("long_docs", "documents", "yarn")
+    assert cfg.data.tokenizer.path == "/ckpt/step_000300/tokenizer.model" and cfg.optim.weight_decay == 0.0
+    # the planner's dry run needs no checkpoint; 7b (4096 pretrained) x 8 holds 32k
+    validate(compose_cfg("stage=long_context", "model=7b", "parallel=tp8pp2", "data.seq_len=32768", "dry_run=true"))
