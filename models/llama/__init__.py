@@ -31,8 +31,10 @@ def build(cfg: Config, seq_len: int, compute_dtype: str, use_flash: bool, seed: 
 
 
 def recompute_cells(model, mode: str) -> list:
-    """full: each decoder layer; selective: only the attention core (scores/softmax)."""
-    return [layer if mode == "full" else layer.attention.core for layer in model.layers()]
+    """full: each decoder layer; selective: only the attention core's scores/softmax block (each query block
+    when model.attention_chunk is set)."""
+    return [layer if mode == "full" else getattr(layer.attention.core, "block", layer.attention.core)
+            for layer in model.layers()]
 
 
 def check(cfg) -> None:
@@ -42,6 +44,9 @@ def check(cfg) -> None:
         require(m[key] > 0, f"model.{key}", f"must be positive, got {m[key]}")
     require(m.impl in ("native", "mindformers"), "model.impl", f"got {m.impl!r}; choose one of native, mindformers")
     check_rope_scaling(m)
+    require(m.attention_chunk >= 0, "model.attention_chunk", f"must be >= 0 (0: off), got {m.attention_chunk}")
+    require(not (m.attention_chunk and m.flash_attention), "model.attention_chunk",
+            "flash attention already works in blocks; set model.attention_chunk=0 or model.flash_attention=false")
     require(m.hidden_size % m.num_heads == 0, "model.num_heads",
             f"hidden_size={m.hidden_size} is not divisible by num_heads={m.num_heads}")
     require((m.hidden_size // m.num_heads) % 2 == 0, "model.num_heads",

@@ -48,3 +48,6 @@ class LlamaConfig:
     init_std: float = 0.02
     flash_attention: Optional[bool] = None  # null: on where the device has the kernel (Ascend); true | false
     recompute: str = "none"  # none | full (whole decoder layer) | selective (attention core only)
+    # query rows per attention block (0: all S at once); with recompute=selective only one block's scores are
+    # alive at a time: long sequences on CPU (model.py CoreAttention)
+    attention_chunk: int = 0
