@@ -136,11 +136,12 @@ def pack_sources(tokens_dir: Path, out: Path, sources: List[str], splits: List[s
 
 
 def load_split(tokens_dir: Path, source: str, split: str) -> Split:
-    """What stage 1 wrote for one source's split (the loss mask only for instruction samples)."""
-    mask = tokens_dir / f"{source}.{split}.loss_mask.npy"
+    """What stage 1 wrote for one source's split (the loss mask only for samples, margins only for pairs)."""
+    mask, margin = (tokens_dir / f"{source}.{split}.{what}.npy" for what in ("loss_mask", "margin"))
     return Split(f"data source '{source}' ({split})", np.load(tokens_dir / f"{source}.{split}.npy", mmap_mode="r"),
                  np.load(tokens_dir / f"{source}.{split}.offsets.npy"),
-                 np.load(mask, mmap_mode="r") if mask.exists() else None)
+                 np.load(mask, mmap_mode="r") if mask.exists() else None,
+                 np.load(margin) if margin.exists() else None)
 
 
 def _write_shard(path: Path, rows: List[dict], schema: dict, index_fields) -> None:

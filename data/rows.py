@@ -18,6 +18,7 @@ class Split:
     tokens: np.ndarray  # the documents (samples), each followed by eos
     offsets: np.ndarray  # int64: start of every document, then the end
     loss_mask: Optional[np.ndarray] = None  # samples only (uint8, like tokens): 1 where the token carries loss
+    margin: Optional[np.ndarray] = None  # preference pairs only (float32, one per pair = two samples)
 
 
 @dataclass(frozen=True)
