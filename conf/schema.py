@@ -111,7 +111,7 @@ class StageConfig:
     """A stage preset (conf/stage/<name>.yaml, `@package _global_`) sets several groups at once (data, model.*,
     optim.*, objective) and this node: where the weights come from."""
 
-    name: str = MISSING  # pretrain | sft | rm | dpo (conf/stage/)
+    name: str = MISSING  # pretrain | sft | rm | dpo | long_context (conf/stage/)
     init_from: Optional[str] = None  # checkpoint (or .safetensors) to start from; None: random init
     allow_random_init: bool = False  # a fine-tuning stage without init_from: refused unless true
 
