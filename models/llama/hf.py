@@ -27,7 +27,11 @@ HF_NAMES = {  # mindlab / MindFormers -> Hugging Face; {i} is the layer index
     "model.layers.{i}.ffn_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
     "model.norm_out.weight": "model.norm.weight",
     "lm_head.weight": "lm_head.weight",
+    "score.weight": "score.weight",  # a reward model's scalar head (objectives/rm.py)
 }
+# config.json of a reward model (objective=rm): transformers' sequence classifier with one label, which
+# scores the last token that is not padding, as objectives/rm.py reads the eos closing the response
+REWARD_MODEL = {"architectures": ["LlamaForSequenceClassification"], "num_labels": 1}
 # special token ids of data/tokenizer.py's sentencepiece models
 PAD_ID, BOS_ID, EOS_ID = 0, 2, 3  # unk is 1
 
