@@ -35,7 +35,6 @@ MindFormers' PackingHandler, which labels the pad at sample boundaries).
 """
 from __future__ import annotations
 
-import bisect
 import gzip
 import json
 import time
@@ -48,7 +47,7 @@ import numpy as np
 from conf.schema import INSTRUCTION_KINDS, PREFERENCE_KINDS, DataConfig, TemplateConfig
 from data.documents import split_documents
 from data.errors import DataError
-from data.rows import RowSpec, Split
+from data.rows import RowSpec, Split, best_fit
 from data.sources import source_files
 from data.tokenizer import Tokenizer, build_tokenizer
 from omegaconf import OmegaConf
@@ -299,7 +298,8 @@ def sft_rows(packing: bool, truncate: bool, split: Split, seq_len: int, tokenize
             raise DataError(f"{split.where}: sample {i + 1} has {b - a} tokens, more than data.seq_len + 1 = {size}; "
                             f"raise data.seq_len, or set objective.truncate=true to cut such samples")
     spans = [(a, min(b, a + size)) for a, b in spans]
-    rows = _best_fit(spans, size) if packing else [[span] for span in spans]
+    rows = [[spans[i] for i in row] for row in best_fit([b - a for a, b in spans], size)] if packing \
+        else [[span] for span in spans]
     used = sum(b - a for a, b in spans)
     print(f"[data] {split.where}: {len(spans):,} samples in {len(rows):,} rows of {size} tokens, "
           f"{used / max(len(rows) * size, 1):.1%} of row tokens are sample tokens"
@@ -321,25 +321,6 @@ def sft_rows(packing: bool, truncate: bool, split: Split, seq_len: int, tokenize
             out["segment_ids"][at:at + n] = segment
             at += n
         yield out
-
-
-def _best_fit(spans: List[Tuple[int, int]], size: int) -> List[List[Tuple[int, int]]]:
-    """Rows of at most `size` tokens: each sample, longest first, goes to the open row with the least room that
-    still holds it (best fit decreasing), else starts a row."""
-    rows: List[List[Tuple[int, int]]] = []
-    free: List[Tuple[int, int]] = []  # (room, row index), sorted
-    for span in sorted(spans, key=lambda s: s[0] - s[1]):
-        n = span[1] - span[0]
-        k = bisect.bisect_left(free, (n, -1))
-        if k < len(free):
-            room, i = free.pop(k)
-        else:
-            room, i = size, len(rows)
-            rows.append([])
-        rows[i].append(span)
-        if room - n > 0:
-            bisect.insort(free, (room - n, i))
-    return rows
 
 
 def sft_row_spec(packing: bool, truncate: bool) -> RowSpec:
