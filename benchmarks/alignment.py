@@ -63,7 +63,8 @@ def main() -> None:
                                         f"objective.reward_model={rm_ckpt}", f"trainer.max_steps={args.ppo_steps}",
                                         f"optim.lr={args.ppo_lr}", "objective.max_new_tokens=48",
                                         "trainer.log_every=4", "logger.progress_bar=false", *overrides], workdir)
-        ppo_logs = [json.loads(line) for line in open(os.path.join(workdir, "ppo", "metrics.jsonl"))]    print(f"{args.model}: SFT {args.sft_steps} steps (lr {args.sft_lr}) from {args.base}: held-out response loss "
+        ppo_logs = [json.loads(line) for line in open(os.path.join(workdir, "ppo", "metrics.jsonl"))]
+    print(f"{args.model}: SFT {args.sft_steps} steps (lr {args.sft_lr}) from {args.base}: held-out response loss "
           f"{sft_val['val_loss']:.4f}, token accuracy {sft_val['val_mean_token_accuracy']:.4f}; "
           f"{sft['tokens_per_sec']:.0f} tokens/s, {sft['peak_rss_gb']:.2f} GiB")
     rm, dpo = runs["rm"], runs["dpo"]
