@@ -29,7 +29,7 @@ def full_checkpoint(tmp_path_factory):
     model = build_model(cfg.model, 64, "fp32", "CPU", seed=0)
     optimizer = build_optimizer(model.trainable_params(), cfg.optim, 10)
     rng = np.random.default_rng(1)
-    for param in optimizer.moments1 + optimizer.moments2:  # AdamWeightDecay's m and v
+    for param in optimizer.exp_avg + optimizer.exp_avg_sq:  # AdamW's m and v
         param.set_data(ms.Tensor(rng.normal(size=param.shape).astype(np.float32)))
     path = checkpoint.save(str(tmp_path_factory.mktemp("ckpt")), 7, model, optimizer, {"run_id": "r"}, cfg)
     tensors = {**load_tensors(os.path.join(path, checkpoint.WEIGHTS)),
