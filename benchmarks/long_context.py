@@ -44,8 +44,8 @@ def evaluate(ckpt, overrides, base_len, window, out, log, a):
         csv = ",".join(str(n) for n in doublings(base_len, window))
         run([sys.executable, "-m", "evaluate", ckpt, "tasks=[]", f"eval.batches={a.eval_batches}",
              f"eval.position_bucket={base_len}", f"eval.context_lengths=[{window}]", f"eval.passkey_lengths=[{csv}]",
-             f"eval.passkey_trials={a.passkey_trials}", f"eval.passkey_depths=[{a.passkey_depths}]", "data=long_docs", f"data.seq_len={base_len}", "objective=clm",
-             "trainer.micro_batch_size=2", *overrides, "--out", out], log)
+             f"eval.passkey_trials={a.passkey_trials}", f"eval.passkey_depths=[{a.passkey_depths}]", "data=long_docs",
+             f"data.seq_len={base_len}", "objective=clm", "trainer.micro_batch_size=2", *overrides, "--out", out], log)
     r = json.load(open(out))
     return {int(k): v["all"] for k, v in r["data_eval"]["context_lengths"].items()}, r.get("passkey", {})
 
