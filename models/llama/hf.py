@@ -10,6 +10,8 @@ from typing import Dict
 
 import numpy as np
 
+from conf.errors import UserError
+
 ARCHITECTURES = ("LlamaForCausalLM",)  # config.json architectures this adapter imports
 HF_NAMES = {  # mindlab / MindFormers -> Hugging Face; {i} is the layer index
     "model.tok_embeddings.embedding_weight": "model.embed_tokens.weight",
@@ -77,7 +79,7 @@ def config_from_hf(hf: dict, where: str) -> dict:
     if scaling.get("rope_type", scaling.get("type")) == "linear":
         model["rope_scaling"] = {"type": "linear", "factor": scaling["factor"]}
     elif scaling:
-        raise ValueError(f"{where}: rope_scaling {scaling} has no mindlab equivalent")
+        raise UserError(f"{where}: rope_scaling {scaling} has no mindlab equivalent; mindlab imports linear scaling only")
     return model
 
 
