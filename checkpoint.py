@@ -168,7 +168,8 @@ def weights_file(path: str) -> str:
     """The weights file of a checkpoint directory (or the .safetensors file given); CheckpointError if absent."""
     file = os.path.join(path, WEIGHTS) if os.path.isdir(path) else path
     if not os.path.isfile(file):
-        raise CheckpointError(f"{file}: no such checkpoint")
+        raise CheckpointError(f"{file}: no such checkpoint; give a checkpoint directory (.../checkpoints/step_N) "
+                              f"or its {WEIGHTS}")
     return file
 
 
