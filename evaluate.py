@@ -38,6 +38,8 @@ Measures (causal models):
                  cross-entropy on the same target tokens, also in bits per byte.
   by position    mean NLL per bucket of target positions in the row (`loss_by_position`), at data.seq_len and at
                  every eval.context_lengths entry (rows re-packed at that length: only the packing is redone).
+  passkey        eval.passkey_lengths: accuracy of picking the hidden key among 10 by log-likelihood, per
+                 length and depth (`passkey_accuracy`; the tokenizer only, no data).
   tasks          multiple choice: acc / acc_norm / chance (summed log-likelihood of each choice given the
                  context, `LoglikelihoodScorer`: batched, lengths padded to multiples of 32 so graph mode
                  compiles a few shapes, an eos in front as at a document start, contexts cut on the left to
@@ -89,6 +91,11 @@ class EvalConfig:
     data: bool = True  # the per-source evaluation (false: tasks only, no data is prepared)
     max_items: int = 0  # items per task (the first ones); 0: all
     max_new_tokens: int = 64  # generation tasks
+    # passkey retrieval (Mohtashami & Jaggi 2023): a 5-digit key hidden at each depth (fraction of the filler
+    # before it) of a prompt of each length; scored by log-likelihood of the key against 9 other keys
+    passkey_lengths: List[int] = field(default_factory=list)
+    passkey_depths: List[float] = field(default_factory=lambda: [0.1, 0.5, 0.9])
+    passkey_trials: int = 10  # keys per (length, depth); chance is 1/10
 
 
 # ------------------------------------------------------------------------------------------ configuration
@@ -540,10 +547,10 @@ def evaluate_sources(cfg: DictConfig, eval_cfg: EvalConfig, model, log=print) ->
         for length in eval_cfg.context_lengths:
             if length == seq_len:
                 continue
-            if not 2 <= length <= cfg.model.max_position_embeddings:
-                raise ConfigError("eval.context_lengths", f"{length} is outside [2, model.max_position_embeddings="
-                                  f"{cfg.model.max_position_embeddings}]; raise it with model.rope_scaling and "
-                                  "model.max_position_embeddings")
+            if not 2 <= length <= model_window(cfg.model):
+                raise ConfigError("eval.context_lengths", f"{length} is outside [2, {model_window(cfg.model)}] (model."
+                                  "max_position_embeddings, x model.rope_scaling.factor when scaled); raise it with "
+                                  "model.rope_scaling or model.max_position_embeddings")
             data_l = OmegaConf.merge(cfg, {"data": {"seq_len": int(length)}}).data  # (interpolations resolve)
             from data import DataError
 
@@ -554,6 +561,7 @@ def evaluate_sources(cfg: DictConfig, eval_cfg: EvalConfig, model, log=print) ->
                 log(f"[eval] context length {length}: skipped ({err})")
                 continue
             start = time.perf_counter()
+            set_rope_length(model, length)
             nll = np.concatenate([token_nll(cell, [b["input_ids"] for b in bs]) for bs in batches.values()])
             by_length[int(length)] = {"all": loss_by_position(nll, eval_cfg.position_bucket), "rows": int(len(nll)),
                                       "loss": float(nll.mean())}
@@ -598,6 +606,65 @@ def evaluate_sources(cfg: DictConfig, eval_cfg: EvalConfig, model, log=print) ->
     return out, tokenizer
 
 
+def model_window(m) -> int:
+    """The longest sequence the model serves (RoPE scaling widens a Llama's max_position_embeddings)."""
+    from models.llama.rope import window
+
+    return window(m) if "rope_scaling" in m else m.max_position_embeddings
+
+
+def set_rope_length(model, length: int) -> None:
+    """Dynamic NTK's tables for rows of `length` tokens (models/llama/rope.py); nothing for other models."""
+    inner = getattr(model, "model", None)
+    if hasattr(inner, "set_rope_length"):
+        inner.set_rope_length(length)
+
+
+PASSKEY_FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+PASSKEY_NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key. "
+PASSKEY_QUESTION = "What is the pass key? The pass key is"
+
+
+def passkey_rows(tokenizer, length: int, depth: float, key: int, candidates: Sequence[int]):
+    """(input_ids [len(candidates), length + 1], candidate token counts): eos, filler with the needle at `depth`
+    of it, the question, then each candidate key; the filler is cut so every row is exactly length + 1."""
+    needle, question = tokenizer.encode(PASSKEY_NEEDLE.format(key=key)), tokenizer.encode(PASSKEY_QUESTION)
+    unit = tokenizer.encode(PASSKEY_FILLER)
+    rows, counts = [], []
+    for cand in candidates:
+        answer = tokenizer.encode(f" {cand}")
+        room = length + 1 - 1 - len(needle) - len(question) - len(answer)
+        if room < 0:
+            raise ConfigError("eval.passkey_lengths", f"{length} tokens cannot hold the needle and the question "
+                              f"({length + 1 - room} tokens); use lengths >= 64")
+        filler = (unit * (room // len(unit) + 1))[:room]
+        cut = int(round(depth * room))
+        rows.append([tokenizer.eos_id] + filler[:cut] + needle + filler[cut:] + question + answer)
+        counts.append(len(answer))
+    return np.array(rows, np.int32), counts
+
+
+def passkey_accuracy(cell, tokenizer, lengths: Sequence[int], depths: Sequence[float], trials: int,
+                     model=None, seed: int = 0) -> dict:
+    """{length: {depth: accuracy}}: the share of trials where the hidden key has the highest summed
+    log-likelihood among itself and 9 other random 5-digit keys (chance 0.1)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for length in lengths:
+        set_rope_length(model, length)
+        out[str(length)] = {}
+        for depth in depths:
+            hits = 0
+            for _ in range(trials):
+                keys = rng.choice(np.arange(10000, 100000), 10, replace=False)
+                rows, counts = passkey_rows(tokenizer, int(length), float(depth), int(keys[0]), keys)
+                nll = token_nll(cell, [rows])
+                scores = [-nll[i, -c:].sum() for i, c in enumerate(counts)]
+                hits += int(np.argmax(scores) == 0)
+            out[str(length)][str(depth)] = hits / trials
+    return out
+
+
 # ------------------------------------------------------------------------------------------------- report
 
 def _f(value, digits: int = 4) -> str:
@@ -634,6 +701,13 @@ def format_report(results: dict) -> str:
             lines += ["", f"{'source':<16} " + " ".join(f"{k:>{max(len(k), 8)}}" for k in metrics)]
             for name, r in sources.items():
                 lines.append(f"{name:<16} " + " ".join(f"{_f(r.get(k)):>{max(len(k), 8)}}" for k in metrics))
+    passkey = results.get("passkey")
+    if passkey:
+        depths = list(next(iter(passkey.values())))
+        lines += ["", "passkey accuracy (10 candidate keys, chance 0.10) by length and depth",
+                  f"{'length':>8} " + " ".join(f"{'depth ' + d:>10}" for d in depths)]
+        for length, by_depth in passkey.items():
+            lines.append(f"{length:>8} " + " ".join(f"{by_depth[d]:>10.2f}" for d in depths))
     tasks = results.get("tasks") or {}
     if tasks:
         lines += ["", f"{'task':<18} {'kind':<15} {'n':>5} {'acc':>7} {'acc_norm':>8} {'chance':>7} "
@@ -665,6 +739,15 @@ def run(ckpt: str, cfg: DictConfig, eval_cfg: EvalConfig, tasks: list, log=print
     if eval_cfg.data:
         results["data_eval"], tokenizer = evaluate_sources(cfg, eval_cfg, model, log)
     tokenizer = tokenizer or Tokenizer(cfg.data.tokenizer.path or os.path.join(ckpt, "tokenizer.model"))
+    if eval_cfg.passkey_lengths:
+        for length in eval_cfg.passkey_lengths:
+            if not 64 <= length <= model_window(cfg.model):
+                raise ConfigError("eval.passkey_lengths", f"{length} is outside [64, {model_window(cfg.model)}]")
+        start = time.perf_counter()
+        results["passkey"] = passkey_accuracy(token_nll_cell(model), tokenizer, eval_cfg.passkey_lengths,
+                                              eval_cfg.passkey_depths, eval_cfg.passkey_trials, model,
+                                              cfg.trainer.seed)
+        log(f"[eval] passkey in {time.perf_counter() - start:.1f}s")
     if tasks:
         from models import family
 

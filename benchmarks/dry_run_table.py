@@ -11,6 +11,7 @@ call. Recompute is the model preset's (none). Flash attention is auto, on for as
 """
 import boot  # noqa: F401  (first: MindSpore before anything that loads protobuf)
 
+import argparse
 import os
 
 from hydra import compose, initialize_config_dir
@@ -27,18 +28,18 @@ COMMON = ["precision=bf16", "data.seq_len=4096", "trainer.micro_batch_size=1", "
 LAYOUTS = sorted(f[:-5] for f in os.listdir(os.path.join(REPO_ROOT, "conf", "parallel")) if f.endswith(".yaml"))
 
 
-def plan(model: str, layout: str, device: str):
+def plan(model: str, layout: str, device: str, extra=()):
     """The composed config and its memory plan, as train.py's dry run computes them (ConfigError if refused)."""
-    cfg = compose("config", overrides=[f"model={model}", f"parallel={layout}", f"device={device}", *COMMON])
+    cfg = compose("config", overrides=[f"model={model}", f"parallel={layout}", f"device={device}", *COMMON, *extra])
     validate(cfg)  # dry_run=true: the rules on the launching machine are skipped, as in train.py
     m, p = cfg.model, cfg.parallel
     return cfg, memory_plan(m, p, cfg.data.seq_len, cfg.trainer.micro_batch_size, cfg.precision.compute_dtype,
                             m.recompute, use_flash_attention(m, cfg.device.target))
 
 
-def row(model: str, layout: str) -> list:
+def row(model: str, layout: str, extra=()) -> list:
     try:
-        planned = [plan(model, layout, device) for device in DEVICES]
+        planned = [plan(model, layout, device, extra) for device in DEVICES]
     except ConfigError as err:
         return [model, layout, f"refused: {err}"] + ["-"] * 6
     cfg, first = planned[0]
@@ -55,12 +56,16 @@ def row(model: str, layout: str) -> list:
 
 
 def main() -> None:
+    """Extra arguments are more overrides, e.g. long context (the issue-14 table in the README):
+    python -m benchmarks.dry_run_table stage=long_context data.seq_len=32768 model.recompute=full"""
+    extra = argparse.ArgumentParser().parse_known_args()[1]
     register()
     head = ["model", "layout", "devices", "params/device", "weights+grads+optimizer GiB",
             "activations GiB (910B / H100)", "total GiB (910B / H100)", "fits ascend910b (64)", "fits h100 (80)"]
     with initialize_config_dir(config_dir=os.path.join(REPO_ROOT, "conf"), version_base="1.3"):
-        rows = [row(model, layout) for model in MODELS for layout in LAYOUTS]
-    print("bf16, seq_len 4096, micro_batch_size 1, recompute none; flash attention on for 910B, off for H100\n")
+        rows = [row(model, layout, extra) for model in MODELS for layout in LAYOUTS]
+    print("bf16, seq_len 4096, micro_batch_size 1, recompute none; flash attention on for 910B, off for H100"
+          + (f"; then {' '.join(extra)}" if extra else "") + "\n")
     for line in [head, ["---"] * len(head), *rows]:
         print("| " + " | ".join(line) + " |")
 

@@ -29,7 +29,9 @@ class ParallelConfig:
     sequence_parallel: bool = False  # norms/dropout sharded over tp along the sequence
 
 
-SAMPLE_KINDS = ("alpaca", "chat", "prompt_completion")  # source kinds holding instruction samples, not documents
+INSTRUCTION_KINDS = ("alpaca", "chat", "prompt_completion")  # source kinds holding instruction samples (SFT)
+PREFERENCE_KINDS = ("preference",)  # {prompt, chosen, rejected} pairs (reward model, DPO: data/preferences.py)
+SAMPLE_KINDS = INSTRUCTION_KINDS + PREFERENCE_KINDS  # samples (a loss mask per token), not documents
 
 
 @dataclass
@@ -109,7 +111,7 @@ class StageConfig:
     """A stage preset (conf/stage/<name>.yaml, `@package _global_`) sets several groups at once (data, model.*,
     optim.*, objective) and this node: where the weights come from."""
 
-    name: str = MISSING  # pretrain | sft (align, long_context come later)
+    name: str = MISSING  # pretrain | sft | rm | dpo | long_context (conf/stage/)
     init_from: Optional[str] = None  # checkpoint (or .safetensors) to start from; None: random init
     allow_random_init: bool = False  # a fine-tuning stage without init_from: refused unless true
 

@@ -47,6 +47,10 @@ def validate(cfg: DictConfig, world_size: int = 1) -> None:
     _check_data(cfg)
     if not cfg.dry_run:
         _check_machine(cfg, world_size)
+        _require(cfg.stage.name != "long_context" or cfg.stage.init_from or cfg.stage.allow_random_init,
+                 "stage.init_from", "stage=long_context extends a pretrained model's context: set "
+                 "stage.init_from=<checkpoint dir> (trained at model.max_position_embeddings), or "
+                 "stage.allow_random_init=true")
 
 
 def _check_known_keys(cfg: DictConfig) -> None:
@@ -91,8 +95,14 @@ def _check_plugins(cfg: DictConfig) -> None:
 
 def _check_model(cfg: DictConfig) -> None:
     m = cfg.model
-    _require(cfg.data.seq_len <= m.max_position_embeddings, "data.seq_len",
-             f"{cfg.data.seq_len} exceeds model.max_position_embeddings={m.max_position_embeddings}; "
+    scaling = m.get("rope_scaling")
+    if scaling is not None and scaling.type != "none":  # RoPE scaled: the pretrained window x the factor
+        window = int(m.max_position_embeddings * scaling.factor)
+        _require(cfg.data.seq_len <= window, "data.seq_len",
+                 f"{cfg.data.seq_len} exceeds model.max_position_embeddings x model.rope_scaling.factor = "
+                 f"{m.max_position_embeddings} x {scaling.factor} = {window}; lower data.seq_len or raise the factor")
+    _require(cfg.data.seq_len <= m.max_position_embeddings or scaling is not None and scaling.type != "none",
+             "data.seq_len", f"{cfg.data.seq_len} exceeds model.max_position_embeddings={m.max_position_embeddings}; "
              "lower data.seq_len or raise max_position_embeddings (with model.rope_scaling for long context)")
     _require(cfg.data.seq_len >= 2, "data.seq_len", f"must be at least 2, got {cfg.data.seq_len}")
     _require(cfg.data.tokenizer.vocab_size == m.vocab_size, "data.tokenizer.vocab_size",

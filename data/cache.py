@@ -28,12 +28,12 @@ import numpy as np
 import sentencepiece as spm
 from omegaconf import OmegaConf
 
-from conf.schema import DataConfig
+from conf.schema import SAMPLE_KINDS, DataConfig
 from data.documents import build_documents
 from data.errors import DataError
 from data.packing import PACKED, pack_sources
 from data.rows import RowSpec
-from data.samples import SAMPLE_KINDS, build_samples
+from data.samples import build_samples
 from data.sources import source_files
 from data.tokenizer import Tokenizer, pretrained_path
 

@@ -27,7 +27,7 @@ from mindspore.mindrecord import FileWriter
 from tqdm import tqdm
 
 from data.errors import DataError
-from data.rows import RowSpec, Split
+from data.rows import RowSpec, Split, best_fit
 
 WRITE_BATCH = 2048  # rows per FileWriter.write_raw_data call
 PACK_CHUNK = 65536  # PACKED rows materialized at a time
@@ -43,10 +43,57 @@ def packed_rows(split: Split, seq_len: int, tokenizer=None) -> Iterator[dict]:
         yield from _rows(split.tokens, split.offsets, seq_len, start, min(start + PACK_CHUNK, n))
 
 
-PACKED = RowSpec(
-    name="packed", columns=("input_ids",), build=packed_rows, index=("first_doc",),
-    schema=lambda seq_len: {"input_ids": {"type": "int32", "shape": [seq_len + 1]},
-                            "segment_starts": {"type": "int32", "shape": [-1]}, "first_doc": {"type": "int64"}})
+def _packed_schema(seq_len: int) -> dict:
+    return {"input_ids": {"type": "int32", "shape": [seq_len + 1]}, "segment_starts": {"type": "int32", "shape": [-1]},
+            "first_doc": {"type": "int64"}}
+
+
+PACKED = RowSpec(name="packed", columns=("input_ids",), build=packed_rows, index=("first_doc",), schema=_packed_schema)
+
+
+def keep_documents_whole(tokens: np.ndarray, offsets: np.ndarray, seq_len: int):
+    """The documents reordered so that PACKED cutting splits none that fits in a row (`objective.packing=documents`).
+
+    Documents of <= seq_len tokens (eos included) go whole into rows by best-fit decreasing; each row's gap is
+    filled with the next tokens of the documents longer than seq_len (split anyway), whose rest follows as
+    whole rows. Only if the long documents run out before the gaps do are the short documents of the rows
+    left unfilled appended as a plain stream (where the cutting may split them: no padding exists in PACKED
+    rows). Returns (tokens, offsets of the pieces, number of documents that fit but may be split)."""
+    starts, lengths = offsets[:-1], np.diff(offsets)
+    short = np.flatnonzero(lengths <= seq_len)
+    rows = [[int(short[i]) for i in row] for row in best_fit(lengths[short], seq_len)]  # document ids per row
+    gaps = {row: seq_len - int(lengths[docs].sum()) for row, docs in enumerate(rows)
+            if lengths[docs].sum() < seq_len}
+    long_docs = [(starts[d], starts[d] + lengths[d]) for d in np.flatnonzero(lengths > seq_len)]
+    pieces, leftover, at_risk = [], [], 0  # (start, stop) ranges of `tokens`, in the new order
+    for row, docs in enumerate(rows):
+        row_pieces = [(starts[d], starts[d] + lengths[d]) for d in docs]
+        need = gaps.get(row, 0)
+        while need and long_docs:
+            lo, hi = long_docs[0]
+            take = min(need, hi - lo)
+            row_pieces.append((lo, lo + take))
+            long_docs[0] = (lo + take, hi)
+            if lo + take == hi:
+                long_docs.pop(0)
+            need -= take
+        (leftover if need else pieces).extend(row_pieces)
+        at_risk += len(docs) if need else 0
+    pieces += long_docs + leftover
+    sizes = np.array([hi - lo for lo, hi in pieces], np.int64)
+    order = np.concatenate([np.arange(lo, hi) for lo, hi in pieces]) if pieces else np.zeros(0, np.int64)
+    new_offsets = np.concatenate([[0], np.cumsum(sizes)])
+    return np.asarray(tokens)[order], new_offsets, at_risk
+
+
+def document_rows(split: Split, seq_len: int, tokenizer=None) -> Iterator[dict]:
+    tokens, offsets, _ = keep_documents_whole(split.tokens, split.offsets, seq_len)
+    yield from packed_rows(Split(split.where, tokens, offsets), seq_len)
+
+
+# PACKED's layout over keep_documents_whole's order (objective.packing=documents; stage=long_context sets it)
+DOCUMENT_PACKED = RowSpec(name="packed-docs", columns=("input_ids",), build=document_rows, index=("first_doc",),
+                          schema=_packed_schema)
 
 
 def pack_sources(tokens_dir: Path, out: Path, sources: List[str], splits: List[str], seq_len: int,
@@ -78,11 +125,12 @@ def pack_sources(tokens_dir: Path, out: Path, sources: List[str], splits: List[s
 
 
 def load_split(tokens_dir: Path, source: str, split: str) -> Split:
-    """What stage 1 wrote for one source's split (the loss mask only for instruction samples)."""
-    mask = tokens_dir / f"{source}.{split}.loss_mask.npy"
+    """What stage 1 wrote for one source's split (the loss mask only for samples, margins only for pairs)."""
+    mask, margin = (tokens_dir / f"{source}.{split}.{what}.npy" for what in ("loss_mask", "margin"))
     return Split(f"data source '{source}' ({split})", np.load(tokens_dir / f"{source}.{split}.npy", mmap_mode="r"),
                  np.load(tokens_dir / f"{source}.{split}.offsets.npy"),
-                 np.load(mask, mmap_mode="r") if mask.exists() else None)
+                 np.load(mask, mmap_mode="r") if mask.exists() else None,
+                 np.load(margin) if margin.exists() else None)
 
 
 def _write_shard(path: Path, rows: List[dict], schema: dict, index_fields) -> None:

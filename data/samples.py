@@ -6,6 +6,12 @@ Formats (each JSONL line, or each element of a JSON list for alpaca `.json` file
 - `chat`: {"messages": [{"role": "system" | "user" | "assistant", "content": ...}, ...]}, multi-turn; at
   least one assistant turn.
 - `prompt_completion`: {"prompt", "completion"}.
+- `preference` (reward model, DPO: objectives/rm.py, objectives/dpo.py): {"chosen", "rejected"} and the
+  prompt as {"instruction", "input"} (the template's prompt, as alpaca) or {"prompt"} (plain text, as
+  prompt_completion); or "chosen" and "rejected" as chat `messages` lists that hold the prompt themselves.
+  Optional "margin" (a number >= 0, default 0: how much better chosen is). A pair becomes two samples,
+  chosen then rejected, side by side in the stream (sample 2i and 2i + 1) with their margin in
+  `.margin.npy`; a pair is held out or kept whole.
 
 Templates (`data.template`): a sample becomes parts of text that carry loss or not, in order: the prompt
 (template text, instruction, input, user and system turns) carries none; every response (assistant turn,
@@ -29,7 +35,6 @@ MindFormers' PackingHandler, which labels the pad at sample boundaries).
 """
 from __future__ import annotations
 
-import bisect
 import gzip
 import json
 import time
@@ -39,10 +44,10 @@ from typing import Dict, Iterator, List, Tuple
 
 import numpy as np
 
-from conf.schema import SAMPLE_KINDS, DataConfig, TemplateConfig
+from conf.schema import INSTRUCTION_KINDS, PREFERENCE_KINDS, DataConfig, TemplateConfig
 from data.documents import split_documents
 from data.errors import DataError
-from data.rows import RowSpec, Split
+from data.rows import RowSpec, Split, best_fit
 from data.sources import source_files
 from data.tokenizer import Tokenizer, build_tokenizer
 from omegaconf import OmegaConf
@@ -95,6 +100,20 @@ def render(sample: dict, kind: str, t: Dict[str, str]) -> List[Part]:
         else:
             parts.append((t[message["role"]].format(content=message["content"]), False))
     return parts
+
+
+def render_pair(pair: dict, t: Dict[str, str]) -> List[List[Part]]:
+    """A preference pair's two samples, [chosen parts, rejected parts]: the same prompt, rendered as alpaca
+    (instruction/input), prompt_completion (prompt) or chat (messages lists)."""
+    def sample(response):
+        if isinstance(response, list):
+            return render({"messages": response}, "chat", t)
+        if "instruction" in pair:
+            return render({"instruction": pair["instruction"], "input": pair.get("input", ""), "output": response},
+                          "alpaca", t)
+        return render({"prompt": pair["prompt"], "completion": response}, "prompt_completion", t)
+
+    return [sample(pair["chosen"]), sample(pair["rejected"])]
 
 
 def encode_parts(tokenizer: Tokenizer, parts: List[Part]) -> Tuple[List[int], List[int]]:
@@ -155,6 +174,8 @@ def _records(path: Path) -> Iterator[Tuple[object, str]]:
 def _checked(record: object, kind: str, where: str) -> dict:
     if not isinstance(record, dict):
         raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    if kind in PREFERENCE_KINDS:
+        return _checked_pair(record, where)
     required = {"alpaca": ("instruction", "output"), "prompt_completion": ("prompt", "completion"),
                 "chat": ("messages",)}[kind]
     for key in required:
@@ -179,6 +200,34 @@ def _checked(record: object, kind: str, where: str) -> dict:
     return record
 
 
+def _checked_pair(pair: dict, where: str) -> dict:
+    for key in ("chosen", "rejected"):
+        if key not in pair:
+            raise DataError(f"{where}: no field '{key}' (keys: {', '.join(sorted(pair))[:200]}); a preference pair "
+                            f"needs chosen, rejected and a prompt (instruction, prompt, or chat messages)")
+    chat = [isinstance(pair[k], list) for k in ("chosen", "rejected")]
+    if chat == [True, True]:
+        for key in ("chosen", "rejected"):
+            _checked({"messages": pair[key]}, "chat", f"{where}: '{key}'")
+    elif chat == [False, False]:
+        if "instruction" not in pair and "prompt" not in pair:
+            raise DataError(f"{where}: no prompt; a preference pair with text responses needs 'instruction' (with "
+                            f"optional 'input') or 'prompt'")
+        for key in ("instruction", "input", "prompt", "chosen", "rejected"):
+            if key in pair and not isinstance(pair[key], str):
+                raise DataError(f"{where}: field '{key}' is {type(pair[key]).__name__}, expected a string")
+        if not (pair["chosen"].strip() and pair["rejected"].strip()):
+            raise DataError(f"{where}: empty response; chosen and rejected must both be non-empty")
+    else:
+        raise DataError(f"{where}: 'chosen' and 'rejected' must both be strings or both be chat message lists")
+    if pair["chosen"] == pair["rejected"]:
+        raise DataError(f"{where}: chosen and rejected are identical, so the pair says nothing; drop it")
+    margin = pair.get("margin", 0.0)
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not margin >= 0:
+        raise DataError(f"{where}: 'margin' must be a number >= 0, got {margin!r}")
+    return pair
+
+
 def build_samples(cfg: DataConfig, out: Path) -> dict:
     """Stage 1 for instruction sources into the empty directory `out`; returns the meta it wrote."""
     start = time.perf_counter()
@@ -190,21 +239,27 @@ def build_samples(cfg: DataConfig, out: Path) -> dict:
     (out / "tokens").mkdir()
     counts = {}
     for source in cfg.sources:
-        samples = [render(s, source.kind, parts) for s, _ in read_samples(source)]
-        if not samples:
+        pairs = source.kind in PREFERENCE_KINDS
+        records = [s for s, _ in read_samples(source)]
+        if not records:
             raise DataError(f"data source '{source.name}' has no samples; check data.sources[].paths")
         if source.val_paths:  # the held-out file(s)
             held_out = OmegaConf.merge(source, {"paths": list(source.val_paths)})
-            splits = {"train": samples, "val": [render(s, source.kind, parts) for s, _ in read_samples(held_out)]}
-        else:
-            keys = [json.dumps(p) for p in samples]
+            splits = {"train": records, "val": [s for s, _ in read_samples(held_out)]}
+        else:  # split by the rendered sample (a pair: both of its samples)
+            keys = [json.dumps(render_pair(r, parts) if pairs else render(r, source.kind, parts)) for r in records]
             val_keys = set(split_documents(keys, cfg.val_fraction)[1])
-            splits = {"train": [p for p, k in zip(samples, keys) if k not in val_keys],
-                      "val": [p for p, k in zip(samples, keys) if k in val_keys]}
+            splits = {"train": [r for r, k in zip(records, keys) if k not in val_keys],
+                      "val": [r for r, k in zip(records, keys) if k in val_keys]}
         counts[source.name] = {"docs_read": sum(map(len, splits.values())), "removed": {},
                                "docs_kept": sum(map(len, splits.values()))}
         for split, chosen in splits.items():
-            encoded = [encode_parts(tokenizer, p) for p in chosen]
+            rendered = [p for r in chosen for p in render_pair(r, parts)] if pairs else \
+                [render(r, source.kind, parts) for r in chosen]
+            if pairs:
+                np.save(out / "tokens" / f"{source.name}.{split}.margin.npy",
+                        np.array([float(r.get("margin", 0.0)) for r in chosen], np.float32))
+            encoded = [encode_parts(tokenizer, p) for p in rendered]
             lengths = [len(ids) for ids, _ in encoded]
             offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
             tokens = np.array([i for ids, _ in encoded for i in ids], tokenizer.token_dtype)
@@ -212,9 +267,10 @@ def build_samples(cfg: DataConfig, out: Path) -> dict:
             np.save(out / "tokens" / f"{source.name}.{split}.npy", tokens)
             np.save(out / "tokens" / f"{source.name}.{split}.offsets.npy", offsets)
             np.save(out / "tokens" / f"{source.name}.{split}.loss_mask.npy", mask)
-            counts[source.name][split] = {"docs": len(chosen), "tokens": int(offsets[-1]),
+            counts[source.name][split] = {"docs": len(rendered), "tokens": int(offsets[-1]),
                                           "loss_tokens": int(mask.sum())}
-        print(f"[data] {source.name}: {len(samples):,} samples, {counts[source.name]['val']['docs']:,} held out; "
+        print(f"[data] {source.name}: {len(splits['train']):,} {'pairs' if pairs else 'samples'}, "
+              f"{len(splits['val']):,} held out; "
               f"{counts[source.name]['train']['loss_tokens'] / max(counts[source.name]['train']['tokens'], 1):.1%} "
               f"of the training tokens carry loss", flush=True)
     meta = {"name": cfg.name, "dtype": tokenizer.token_dtype.name, "splits": ["train", "val"], "samples": True,
@@ -234,7 +290,7 @@ def sft_rows(packing: bool, truncate: bool, split: Split, seq_len: int, tokenize
     """The rows of one split (see the module docstring); prints how full the rows are."""
     if split.loss_mask is None:
         raise DataError(f"{split.where}: holds documents, not instruction samples; objective=sft trains on sources "
-                        f"of kind {', '.join(SAMPLE_KINDS)}")
+                        f"of kind {', '.join(INSTRUCTION_KINDS)}")
     size = seq_len + 1
     spans = [(int(a), int(b)) for a, b in zip(split.offsets[:-1], split.offsets[1:])]
     for i, (a, b) in enumerate(spans):
@@ -242,7 +298,8 @@ def sft_rows(packing: bool, truncate: bool, split: Split, seq_len: int, tokenize
             raise DataError(f"{split.where}: sample {i + 1} has {b - a} tokens, more than data.seq_len + 1 = {size}; "
                             f"raise data.seq_len, or set objective.truncate=true to cut such samples")
     spans = [(a, min(b, a + size)) for a, b in spans]
-    rows = _best_fit(spans, size) if packing else [[span] for span in spans]
+    rows = [[spans[i] for i in row] for row in best_fit([b - a for a, b in spans], size)] if packing \
+        else [[span] for span in spans]
     used = sum(b - a for a, b in spans)
     print(f"[data] {split.where}: {len(spans):,} samples in {len(rows):,} rows of {size} tokens, "
           f"{used / max(len(rows) * size, 1):.1%} of row tokens are sample tokens"
@@ -264,25 +321,6 @@ def sft_rows(packing: bool, truncate: bool, split: Split, seq_len: int, tokenize
             out["segment_ids"][at:at + n] = segment
             at += n
         yield out
-
-
-def _best_fit(spans: List[Tuple[int, int]], size: int) -> List[List[Tuple[int, int]]]:
-    """Rows of at most `size` tokens: each sample, longest first, goes to the open row with the least room that
-    still holds it (best fit decreasing), else starts a row."""
-    rows: List[List[Tuple[int, int]]] = []
-    free: List[Tuple[int, int]] = []  # (room, row index), sorted
-    for span in sorted(spans, key=lambda s: s[0] - s[1]):
-        n = span[1] - span[0]
-        k = bisect.bisect_left(free, (n, -1))
-        if k < len(free):
-            room, i = free.pop(k)
-        else:
-            room, i = size, len(rows)
-            rows.append([])
-        rows[i].append(span)
-        if room - n > 0:
-            bisect.insort(free, (room - n, i))
-    return rows
 
 
 def sft_row_spec(packing: bool, truncate: bool) -> RowSpec:

@@ -1,6 +1,7 @@
 """Convert mindlab checkpoints to Hugging Face (and, for Llama, MindFormers), and Hugging Face back.
 
     python -m models.convert runs/a/checkpoints/step_000400 --to hf out/hf_model
+    python -m models.convert runs/rm/checkpoints/step_000300 --to hf out/rm    # LlamaForSequenceClassification
     python -m models.convert runs/a/checkpoints/step_000400 --to mindformers out/mf_model
     python -m models.convert out/hf_model --to mindlab out/init     # then: train.py stage.init_from=out/init
     python -m models.convert runs/sft/checkpoints/step_000500 --to hf out/adapter             # a LoRA run: PEFT adapter
@@ -85,7 +86,10 @@ def export_hf(ckpt_dir: str, out_dir: str, merge_lora: bool = False) -> None:
     os.makedirs(out_dir, exist_ok=True)
     save_file(adapter.to_hf(weights), os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(adapter.hf_config(cfg.model), f, indent=2)
+        config = adapter.hf_config(cfg.model)
+        if OmegaConf.select(cfg, "objective.name") == "rm":  # the decoder and a scalar head
+            config.update(adapter.REWARD_MODEL)
+        json.dump(config, f, indent=2)
     tokenizer = os.path.join(ckpt_dir, "tokenizer.model")
     if os.path.exists(tokenizer):
         adapter.save_tokenizer(tokenizer, out_dir)

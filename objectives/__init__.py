@@ -13,12 +13,34 @@ An objective module exposes:
                          `sample` -> the step's inputs (numpy arrays, in `inputs` order)
     loss_tokens(inputs)  how many tokens of the batch carry loss (the step normalizes by the global count)
     loss_cell(model)     nn.Cell: construct(*inputs) -> (loss, *metrics), loss the mean over its loss tokens
+  and optionally
+    attach(model, cfg)   after the weights are loaded (and LoRA applied), before the optimizer: returns the
+                         cell that is trained and saved (the reward model's head on the decoder), and may
+                         build what the loss needs besides it (DPO's frozen reference model)
 """
 import importlib
 import pkgutil
 from types import ModuleType
 
 OBJECTIVES = {m.name: f"objectives.{m.name}" for m in pkgutil.iter_modules(__path__)}
+
+
+def check_fine_tuning(cfg, name: str, kinds, data_hint: str) -> None:
+    """The rules every fine-tuning objective of a causal decoder shares: the native model, a starting
+    checkpoint (or random weights on purpose) and data sources of `kinds`."""
+    from conf.errors import require
+    from models import family
+
+    require(family(cfg.model.family).CAUSAL, "objective", f"objective={name} fine-tunes a causal decoder; "
+            f"model.family={cfg.model.family} is not one")
+    require(cfg.model.get("impl", "native") == "native", "model.impl", f"objective={name} needs the native model; "
+            f"set model.impl=native")
+    require(cfg.stage.init_from or cfg.stage.allow_random_init, "stage.init_from", f"objective={name} fine-tunes a "
+            "pretrained model: set stage.init_from=<checkpoint dir>, or stage.allow_random_init=true (and "
+            "data.tokenizer.path) to start from random weights on purpose")
+    other = sorted({s.kind for s in cfg.data.sources if s.kind not in kinds})
+    require(not other, "data.sources", f"objective={name} trains on sources of kind {', '.join(kinds)}, not "
+            f"{', '.join(other)}; {data_hint}")
 
 
 def objective(name: str) -> ModuleType:

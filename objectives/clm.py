@@ -13,13 +13,16 @@ from mindspore import nn, ops
 from omegaconf import MISSING
 
 from conf.errors import require
-from data.packing import PACKED
+from data.packing import DOCUMENT_PACKED, PACKED
 
 
 @dataclass
 class Config:
     name: str = MISSING  # clm
     ignore_index: int = -100  # labels with this value carry no loss
+    # stream: documents back to back, cut every seq_len tokens (data/packing.py PACKED); documents: rows
+    # reordered so no document that fits in a row is split (DOCUMENT_PACKED; stage=long_context sets it)
+    packing: str = "stream"
 
 
 def check(cfg) -> None:
@@ -27,10 +30,12 @@ def check(cfg) -> None:
 
     require(family(cfg.model.family).CAUSAL, "objective", f"clm trains a causal decoder; model.family="
             f"{cfg.model.family} attends both ways, so it would see the token it predicts (use objective=mlm)")
+    require(cfg.objective.packing in ("stream", "documents"), "objective.packing",
+            f"got {cfg.objective.packing!r}; choose one of stream, documents")
 
 
 def row_spec(cfg: Config):
-    return PACKED
+    return DOCUMENT_PACKED if cfg.packing == "documents" else PACKED
 
 
 class Objective:

@@ -15,7 +15,9 @@ from mindspore import nn, ops
 from omegaconf import MISSING
 
 from conf.errors import require
-from data.samples import IGNORE_INDEX, SAMPLE_KINDS, sft_row_spec
+from conf.schema import INSTRUCTION_KINDS
+from data.samples import IGNORE_INDEX, sft_row_spec
+from objectives import check_fine_tuning
 
 
 @dataclass
@@ -26,22 +28,10 @@ class Config:
 
 
 def check(cfg) -> None:
-    from models import family
-
-    require(family(cfg.model.family).CAUSAL, "objective", f"objective=sft fine-tunes a causal decoder; "
-            f"model.family={cfg.model.family} is not one")
-    require(cfg.model.get("impl", "native") == "native", "model.impl", "objective=sft needs the native model "
-            "(position and segment ids for packed samples); set model.impl=native")
+    check_fine_tuning(cfg, "sft", INSTRUCTION_KINDS, "use data=instructions or your own alpaca/chat JSONL")
     require(not (cfg.objective.packing and cfg.model.flash_attention), "model.flash_attention",
             "packed samples need the segment mask of plain attention (the flash kernel's actual_seq_len path is not "
             "wired); set model.flash_attention=false, or objective.packing=false")
-    require(cfg.stage.init_from or cfg.stage.allow_random_init, "stage.init_from", "objective=sft fine-tunes a "
-            "pretrained model: set stage.init_from=<checkpoint dir>, or stage.allow_random_init=true (and "
-            "data.tokenizer.path) to start from random weights on purpose")
-    kinds = sorted({s.kind for s in cfg.data.sources if s.kind not in SAMPLE_KINDS})
-    require(not kinds, "data.sources", f"objective=sft trains on instruction samples (kinds "
-            f"{', '.join(SAMPLE_KINDS)}), not documents of kind {', '.join(kinds)}; use data=instructions or "
-            f"your own alpaca/chat JSONL")
 
 
 def row_spec(cfg: Config):

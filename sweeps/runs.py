@@ -67,6 +67,15 @@ class Run:
         return {k.split("/", 1)[1]: v for k, v in last.items() if k.startswith("val_loss/")}
 
     @property
+    def final_val_metrics(self) -> dict:
+        """The objective's metrics at the last evaluation, over all sources (e.g. DPO's rewards/accuracies):
+        val_<metric> keys other than the loss, perplexity and the per-source ones."""
+        last = self.evals[-1] if self.evals else {}
+        sources = tuple(f"/{s}" for s in self.final_val_by_source)
+        return {k[4:]: v for k, v in last.items() if k.startswith("val_") and k not in ("val_loss", "val_ppl")
+                and not k.endswith(sources)}
+
+    @property
     def tokens_per_step(self) -> Optional[int]:
         if not self.config:
             return None

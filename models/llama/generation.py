@@ -216,6 +216,7 @@ class Generator:
         if width < lengths.max():
             raise ValueError(f"prompt_len={width} is shorter than the longest prompt ({lengths.max()} tokens)")
         total = width + max_new_tokens  # cache columns L
+        self.model.model.set_rope_length(total)  # dynamic NTK: one table for the whole cache (rope.py)
         pads = width - lengths
         tokens = np.full((batch, total), pad_id, np.int32)  # the whole sequence, left-padded
         valid = np.zeros((batch, total), bool)

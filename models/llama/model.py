@@ -27,6 +27,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
+from models.llama import rope
 from models.llama.config import LlamaConfig
 
 DTYPES = {"fp32": ms.float32, "fp16": ms.float16, "bf16": ms.bfloat16}
@@ -68,21 +69,11 @@ class RMSNorm(nn.Cell):
         return self.scale(normed, self.weight).astype(x.dtype)
 
 
-def rope_tables(head_dim: int, max_positions: int, theta: float, scaling_type: str, factor: float):
-    """cos/sin tables [max_positions, head_dim] in fp32, with the long-context scaling hook.
-
-    linear: positions are divided by `factor` (position interpolation, Chen et al. 2023).
-    ntk:    the base is raised to theta * factor^(d/(d-2)) ("NTK-aware" scaling, bloc97 2023).
-    """
-    if scaling_type == "ntk":
-        theta = theta * factor ** (head_dim / (head_dim - 2))
-    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    positions = np.arange(max_positions, dtype=np.float64)
-    if scaling_type == "linear":
-        positions = positions / factor
-    angles = np.outer(positions, inv_freq)
-    angles = np.concatenate([angles, angles], axis=-1)
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+def rope_tables(cfg: LlamaConfig, length=None):
+    """cos/sin tables [window, head_dim] fp32 for the config's RoPE and long-context scaling (rope.py has the
+    methods): window = max_position_embeddings x factor when scaled; `length` is dynamic NTK's current length."""
+    return rope.tables(cfg.hidden_size // cfg.num_heads, rope.window(cfg), cfg.rope_theta, cfg.rope_scaling,
+                       cfg.max_position_embeddings, length)
 
 
 def rotate_half(x):
@@ -90,25 +81,58 @@ def rotate_half(x):
     return ops.cat((-x[..., half:], x[..., :half]), -1)
 
 
-class CoreAttention(nn.Cell):
-    """softmax(q k^T / sqrt(d) + mask) v on [B, heads, S, D]; the part selective recompute redoes. The mask is
-    causal, or, with `mask` given (packed samples), that additive [B, 1, S, S] bias."""
+class AttentionBlock(nn.Cell):
+    """softmax(q k^T / sqrt(d) + bias) v for a block of query rows against their keys; scores, softmax and
+    probabilities live only inside it, so recomputing it (model.recompute=selective) frees them."""
 
-    def __init__(self, head_dim: int, max_positions: int, compute_dtype):
+    def __init__(self, head_dim: int, compute_dtype):
         super().__init__()
         self.scale = 1.0 / math.sqrt(head_dim)
         self.compute_dtype = compute_dtype
         self.qk = ops.BatchMatMul(transpose_b=True)
         self.pv = ops.BatchMatMul()
-        mask = np.triu(np.full((max_positions, max_positions), -1e9, np.float32), k=1)
-        self.causal_mask = Tensor(mask)
 
-    def construct(self, q, k, v, mask=None):
-        seq = q.shape[2]
-        bias = self.causal_mask[:seq, :seq] if mask is None else mask
+    def construct(self, q, k, v, bias):
         scores = self.qk(q, k).astype(ms.float32) * self.scale + bias
         probs = ops.softmax(scores, -1).astype(self.compute_dtype)
         return self.pv(probs, v)
+
+
+class CoreAttention(nn.Cell):
+    """softmax(q k^T / sqrt(d) + mask) v on [B, heads, S, D]; the part selective recompute redoes. The mask is
+    causal, or, with `mask` given (packed samples), that additive [B, 1, S, S] bias.
+
+    `chunk` > 0 (model.attention_chunk): query rows in blocks of `chunk`, block i against keys 0..end of the
+    block only (the causal future is skipped: about half the FLOPs). Each row's softmax sees the same unmasked
+    scores as in one block (masked ones are exp(-1e9) = 0 either way), so outputs and gradients are equal up to
+    float summation order. With model.recompute=selective each block is recomputed in the backward, so only
+    one block's [B, heads, chunk, S] scores are alive at a time instead of [B, heads, S, S] per layer."""
+
+    def __init__(self, head_dim: int, max_positions: int, compute_dtype, chunk: int = 0):
+        super().__init__()
+        self.block = AttentionBlock(head_dim, compute_dtype)
+        self.chunk = chunk
+        mask = np.triu(np.full((max_positions, max_positions), -1e9, np.float32), k=1)
+        self.causal_mask = None if chunk else Tensor(mask)  # chunked: each block's causal bias is built in-graph
+
+    def construct(self, q, k, v, mask=None):
+        seq = q.shape[2]
+        if not self.chunk or seq <= self.chunk:
+            return self.block(q, k, v, self.causal_bias(0, seq) if mask is None else mask)
+        outs = []
+        for start in range(0, seq, self.chunk):
+            stop = min(start + self.chunk, seq)
+            bias = self.causal_bias(start, stop) if mask is None else mask[:, :, start:stop, :stop]
+            outs.append(self.block(q[:, :, start:stop], k[:, :, :stop], v[:, :, :stop], bias))
+        return ops.cat(outs, 2)
+
+    def causal_bias(self, start: int, stop: int):
+        """[stop - start, stop]: -1e9 where key j > query i (rows start..stop-1), else 0."""
+        if self.causal_mask is not None:
+            return self.causal_mask[start:stop, :stop]
+        rows = ops.arange(start, stop, dtype=ms.int32).reshape(-1, 1)
+        cols = ops.arange(0, stop, dtype=ms.int32).reshape(1, -1)
+        return (cols > rows).astype(ms.float32) * -1e9
 
 
 class FlashCoreAttention(nn.Cell):
@@ -137,7 +161,7 @@ class Attention(nn.Cell):
         self.wv = Linear(h, self.n_kv * self.head_dim, std, rng, compute_dtype)
         self.wo = Linear(self.n_heads * self.head_dim, h, std, rng, compute_dtype)
         self.core = (FlashCoreAttention(self.head_dim, self.n_heads) if use_flash
-                     else CoreAttention(self.head_dim, cfg.max_position_embeddings, compute_dtype))
+                     else CoreAttention(self.head_dim, rope.window(cfg), compute_dtype, cfg.attention_chunk))
         self.compute_dtype = compute_dtype
         self.qk_cached, self.pv_cached = ops.BatchMatMul(transpose_b=True), ops.BatchMatMul()  # inference only
 
@@ -238,10 +262,18 @@ class LlamaModel(nn.Cell):
         self.layers = nn.CellList([DecoderLayer(cfg, rng, compute_dtype, use_flash)
                                    for _ in range(cfg.num_layers)])
         self.norm_out = RMSNorm(cfg.hidden_size, cfg.norm_eps)
-        cos, sin = rope_tables(cfg.hidden_size // cfg.num_heads, cfg.max_position_embeddings, cfg.rope_theta,
-                               cfg.rope_scaling.type, cfg.rope_scaling.factor)
-        self.cos, self.sin = Tensor(cos), Tensor(sin)
-        self.future = Tensor(np.triu(np.ones((cfg.max_position_embeddings,) * 2, np.float32), k=1))  # 1: j > i
+        self.rope_cfg = cfg
+        self.set_rope_length(None)
+        self.future = Tensor(np.triu(np.ones((rope.window(cfg),) * 2, np.float32), k=1))  # 1: j > i
+
+    def set_rope_length(self, length):
+        """Dynamic NTK's tables for sequences of `length` tokens (identity up to max_position_embeddings);
+        other scalings do not depend on the length. models/llama build() sets the training length, evaluation
+        each context length, generation the cache length. In graph mode a new length is a new input shape,
+        hence a new graph that takes the new tables."""
+        if length is None or self.rope_cfg.rope_scaling.type == "dynamic":
+            cos, sin = rope_tables(self.rope_cfg, length)
+            self.cos, self.sin = Tensor(cos), Tensor(sin)
 
     def construct(self, tokens, positions=None, segments=None):
         """`positions` [B, S] (restarting per packed sample) and `segments` [B, S] (the sample of every token)
@@ -296,11 +328,14 @@ class LlamaForCausalLM(nn.Cell):
         return self.model.layers
 
     def construct(self, tokens, positions=None, segments=None):
-        h = self.model(tokens, positions, segments)
+        return self.head(self.model(tokens, positions, segments))
+
+    def head(self, h):
+        """Final hidden states [..., hidden] -> fp32 logits [..., vocab] (the LM head, or the tied embedding)."""
         if self.tie_embeddings:
-            b, s, d = h.shape
             w = self.model.tok_embeddings.embedding_weight.astype(self.compute_dtype)
-            logits = self.head_matmul(h.reshape(-1, d).astype(self.compute_dtype), w).reshape(b, s, -1)
+            logits = self.head_matmul(h.reshape(-1, h.shape[-1]).astype(self.compute_dtype), w)
+            logits = logits.reshape(h.shape[:-1] + (-1,))
         else:
             logits = self.lm_head(h)
         return logits.astype(ms.float32)
@@ -309,13 +344,7 @@ class LlamaForCausalLM(nn.Cell):
         """Inference step (see Attention.cached): fp32 logits [B, vocab] of the last column only (with left
         padding, every row's newest token), and the updated caches."""
         h, k_caches, v_caches = self.model.cached(tokens, positions, bias, k_caches, v_caches, slot)
-        h = h[:, -1]
-        if self.tie_embeddings:
-            w = self.model.tok_embeddings.embedding_weight.astype(self.compute_dtype)
-            logits = self.head_matmul(h.astype(self.compute_dtype), w)
-        else:
-            logits = self.lm_head(h)
-        return logits.astype(ms.float32), k_caches, v_caches
+        return self.head(h[:, -1]), k_caches, v_caches
 
     def generate(self, prompts, max_new_tokens: int, **options):
         """Token ids of each prompt (lists of ints) -> their continuations, with a KV cache: see

@@ -23,7 +23,7 @@ on the last. MindSpore compiles sharded graphs only for Ascend/GPU: on CPU this 
 import re
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from models.llama.model import CoreAttention, Embedding, Linear, LlamaForCausalLM, RMSNorm
+from models.llama.model import AttentionBlock, Embedding, Linear, LlamaForCausalLM, RMSNorm
 
 COLUMN = ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3", "lm_head")
 ROW = ("attention.wo", "feed_forward.w2")
@@ -52,7 +52,7 @@ def tensor_parallel_strategies(model: LlamaForCausalLM, dp: int, tp: int,
             if lora:
                 plan[f"{name}.lora_A.matmul"] = ((dp, tp), (1, tp))
                 plan[f"{name}.lora_B.matmul"] = ((dp, 1), (1, 1))
-        elif isinstance(cell, CoreAttention):
+        elif isinstance(cell, AttentionBlock):
             plan[f"{name}.qk"] = plan[f"{name}.pv"] = ((dp, tp, 1, 1), (dp, tp, 1, 1))
         elif isinstance(cell, Embedding):
             plan[f"{name}.gather"] = ((tp, 1), (dp, 1))

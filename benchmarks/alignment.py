@@ -1,0 +1,75 @@
+"""The alignment pipeline on the shared corpora, measured: SFT from a pretrained checkpoint, then a reward model
+and DPO from the SFT checkpoint, on the rule-built preference set (data/preference_set.py), with held-out
+preference accuracy along the way.
+
+    scripts/venv.sh python -m data.instructions && scripts/venv.sh python -m data.preference_set   # once
+    scripts/venv.sh python -m benchmarks.alignment --base CKPT [--model tiny] [--sft-steps 300] [--steps 200]
+
+CKPT is a pretraining checkpoint of --model (e.g. `make train`'s last one for tiny). Each run is its own
+train.py process with the stage preset's recipe, except the learning rates below (small models take larger
+ones than the 7B recipes the presets cite). Printed: each held-out evaluation of the RM (pair accuracy vs
+chance 0.5, loss) and of DPO (rewards/accuracies, margins, KL to the reference), with tokens/s and peak RSS.
+"""
+import argparse
+import json
+import os
+import tempfile
+
+import boot  # noqa: F401  (first: MindSpore before anything that loads protobuf)
+
+from benchmarks.measure import train_and_measure
+
+COMMON = ["trainer.micro_batch_size=8", "trainer.log_every=10", "trainer.eval_batches=16", "logger.progress_bar=false"]
+
+
+def evals(run_dir: str) -> list:
+    return [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl")) if '"val_loss"' in line]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base", required=True, help="a pretraining checkpoint of --model")
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--sft-steps", type=int, default=300)
+    parser.add_argument("--steps", type=int, default=200, help="RM and DPO steps")
+    parser.add_argument("--sft-lr", default="1e-3")
+    parser.add_argument("--rm-lr", default="1e-4")
+    parser.add_argument("--dpo-lr", default="5e-5")
+    args, overrides = parser.parse_known_args()
+    model = f"model={args.model}"
+    with tempfile.TemporaryDirectory() as workdir:
+        sft = train_and_measure("sft", ["stage=sft", model, "data=instructions", f"stage.init_from={args.base}",
+                                        "data.seq_len=256", "objective.truncate=true", f"trainer.max_steps={args.sft_steps}",
+                                        f"trainer.eval_every={args.sft_steps}", f"optim.lr={args.sft_lr}",
+                                        *COMMON, *overrides], workdir)
+        sft_ckpt = os.path.join(workdir, "sft", "checkpoints", f"step_{args.sft_steps:06d}")
+        sft_val = evals(os.path.join(workdir, "sft"))[-1]
+        every = max(args.steps // 4, 1)
+        runs = {}
+        for stage, lr in (("rm", args.rm_lr), ("dpo", args.dpo_lr)):
+            runs[stage] = train_and_measure(stage, [f"stage={stage}", model, "data=preferences",
+                                                    f"stage.init_from={sft_ckpt}", f"trainer.max_steps={args.steps}",
+                                                    f"trainer.eval_every={every}", f"optim.lr={lr}", *COMMON,
+                                                    *overrides], workdir)
+            runs[stage]["evals"] = evals(os.path.join(workdir, stage))
+    print(f"{args.model}: SFT {args.sft_steps} steps (lr {args.sft_lr}) from {args.base}: held-out response loss "
+          f"{sft_val['val_loss']:.4f}, token accuracy {sft_val['val_mean_token_accuracy']:.4f}; "
+          f"{sft['tokens_per_sec']:.0f} tokens/s, {sft['peak_rss_gb']:.2f} GiB")
+    rm, dpo = runs["rm"], runs["dpo"]
+    print(f"\nreward model ({args.steps} steps, lr {args.rm_lr}; {rm['tokens_per_sec']:.0f} tokens/s, "
+          f"{rm['peak_rss_gb']:.2f} GiB): held-out pairs ({COMMON[2].split('=')[1]} batches of 8)")
+    print(f"{'step':>6} {'accuracy':>9} {'loss':>8} {'margin':>8} {'mean reward':>12}")
+    for m in rm["evals"]:
+        print(f"{m['step']:>6} {m['val_accuracy']:>9.3f} {m['val_loss']:>8.4f} {m['val_margin']:>8.3f} "
+              f"{m['val_mean_reward']:>12.3f}")
+    print(f"\nDPO ({args.steps} steps, lr {args.dpo_lr}, beta 0.1; {dpo['tokens_per_sec']:.0f} tokens/s, "
+          f"{dpo['peak_rss_gb']:.2f} GiB): held-out pairs; step 0 is the SFT model (loss ln 2, margins 0)")
+    print(f"{'step':>6} {'rewards/acc':>11} {'margins':>8} {'loss':>8} {'kl':>9} {'logps/chosen':>13} {'logps/rejected':>15}")
+    for m in dpo["evals"]:
+        print(f"{m['step']:>6} {m['val_rewards/accuracies']:>11.3f} {m['val_rewards/margins']:>8.3f} "
+              f"{m['val_loss']:>8.4f} {m['val_kl']:>9.5f} {m['val_logps/chosen']:>13.2f} "
+              f"{m['val_logps/rejected']:>15.2f}")
+
+
+if __name__ == "__main__":
+    main()

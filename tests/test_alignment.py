@@ -1,0 +1,280 @@
+"""Alignment: preference pairs (format, rows, the rule-built set), the reward model's and DPO's losses against
+hand computations, short real RM and DPO runs, and their bad inputs."""
+import json
+
+import numpy as np
+import pytest
+
+from conf.validate import ConfigError, validate
+from conftest import compose_cfg, load_preset
+from data import DataError
+from data.samples import IGNORE_INDEX
+
+PAIRS = [{"instruction": "Name the colour of the sky.", "chosen": "Blue.", "rejected": "Green.", "margin": 0.5},
+         {"prompt": "2 + 3 =", "chosen": " 5", "rejected": " 6"},
+         {"chosen": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}],
+          "rejected": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello hello hello"}]}]
+
+
+def write_jsonl(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(path)
+
+
+def pair_cfg(tmp_path, base, stage, train, val, *overrides):
+    return compose_cfg(f"stage={stage}", f"stage.init_from={base}", "model=tiny",
+                       f"data.sources=[{{name: prefs, kind: preference, paths: [{train}], val_paths: [{val}]}}]",
+                       "data.name=prefs", "data.seq_len=128", f"data.cache_dir={tmp_path / 'cache'}",
+                       "logger.progress_bar=false", *overrides)
+
+
+def test_pairs_become_rows_with_loss_on_the_responses_only(tmp_path, base_checkpoint):
+    from data import build_data
+    from objectives import objective
+
+    path = write_jsonl(tmp_path / "pairs.jsonl", PAIRS)
+    cfg = pair_cfg(tmp_path, base_checkpoint, "dpo", path, path)
+    data = build_data(cfg.data, 3, spec=objective("dpo").row_spec(cfg.objective), eval_batches=1)
+    rows = data.val["prefs"][0]
+    tok = data.tokenizer
+    assert rows["margin"].reshape(-1).tolist() == [0.5, 0.0, 0.0]
+    for i in range(3):
+        c_ids, r_ids = rows["chosen_ids"][i], rows["rejected_ids"][i]
+        c_lab, r_lab = rows["chosen_labels"][i], rows["rejected_labels"][i]
+        prompt = int(np.argmax(c_lab != IGNORE_INDEX))  # the first loss token starts the response
+        assert prompt > 0 and np.array_equal(c_ids[:prompt], r_ids[:prompt])  # one prompt, no loss on it
+        assert (c_lab[:prompt] == IGNORE_INDEX).all() and (r_lab[:prompt] == IGNORE_INDEX).all()
+        for ids, labels in ((c_ids, c_lab), (r_ids, r_lab)):
+            end = int(np.nonzero(labels != IGNORE_INDEX)[0][-1])
+            assert ids[end] == tok.eos_id and labels[end] == tok.eos_id  # the eos closing the response counts
+            assert (ids[end + 1:] == tok.pad_id).all() and (labels[end + 1:] == IGNORE_INDEX).all()
+            assert ids[-1] == tok.pad_id  # a side holds at most seq_len tokens
+        assert tok.decode(c_ids[prompt:end].tolist()).strip() in ("Blue.", "5", "Hello.")
+    assert "Hello hello hello" in tok.decode(rows["rejected_ids"][2].tolist())
+
+
+@pytest.mark.parametrize("record,message", [
+    ({"instruction": "x", "chosen": "same", "rejected": "same"}, r"pairs.jsonl:2: chosen and rejected are identical"),
+    ({"instruction": "x", "chosen": "a"}, r"pairs.jsonl:2: no field 'rejected' \(keys: chosen, instruction\)"),
+    ({"chosen": "a", "rejected": "b"}, r"pairs.jsonl:2: no prompt"),
+    ({"prompt": "x", "chosen": "a", "rejected": [{"role": "assistant", "content": "b"}]},
+     r"pairs.jsonl:2: 'chosen' and 'rejected' must both be strings or both be chat message lists"),
+    ({"prompt": "x", "chosen": "a", "rejected": "b", "margin": -1}, r"pairs.jsonl:2: 'margin' must be a number >= 0"),
+], ids=["identical", "missing-field", "no-prompt", "mixed-types", "negative-margin"])
+def test_bad_pairs_name_the_file_and_line(tmp_path, base_checkpoint, record, message):
+    from data import prepare
+
+    path = write_jsonl(tmp_path / "pairs.jsonl", [PAIRS[0], record])
+    cfg = pair_cfg(tmp_path, base_checkpoint, "rm", path, path)
+    with pytest.raises(DataError, match=message):
+        prepare(cfg.data)
+    assert not list((tmp_path / "cache").glob("*/tokens"))  # nothing half-built was left
+
+
+def test_rule_built_pairs_follow_their_rules():
+    from data.preference_set import MARGINS, make_pairs, sentences
+
+    entries = ["apple", "Banana", "cherry", "date", "elder"]
+    samples = [{"instruction": f"Define {e}.", "input": "", "task": "define", "entry": e,
+                "output": f"The {e} grows in Spain since 1850. It is sweet and round. People in Peru eat it raw."}
+               for e in entries]
+    pairs = make_pairs([dict(s) for s in samples], seed=0)
+    assert [p["corruption"] for p in pairs] == ["neighbour", "loop", "fact_swap", "shuffle", "truncate"]
+    by_rule = {p["corruption"]: p for p in pairs}
+    assert by_rule["neighbour"]["rejected"] == samples[1]["output"]  # apple's neighbour in casefolded order
+    assert all(p["margin"] == MARGINS[p["corruption"]] for p in pairs)
+    loop = by_rule["loop"]["rejected"].split()
+    assert loop[-3:] == loop[-6:-3] == loop[-9:-6]  # the same 3 words over and over
+    swapped = by_rule["fact_swap"]
+    assert swapped["rejected"] != swapped["chosen"] and len(swapped["rejected"].split()) == len(swapped["chosen"].split())
+    assert sorted(sentences(by_rule["shuffle"]["rejected"])) == sorted(sentences(by_rule["shuffle"]["chosen"]))
+    cut = by_rule["truncate"]
+    assert cut["chosen"].startswith(cut["rejected"]) and not cut["rejected"].endswith(".")
+
+
+@pytest.fixture(scope="module")
+def models():
+    from models import build_model
+
+    cfg = load_preset("model", "tiny")
+    reference = build_model(cfg, 32, "fp32", "CPU", seed=1)
+    reference.update_parameters_name("reference.")  # as objectives/dpo.py names its copy
+    return build_model(cfg, 32, "fp32", "CPU", seed=0), reference
+
+
+def sequence_logps(model, ids, labels):
+    """Per row: the sum of log p(label) over labelled targets, and their count (NumPy, float64)."""
+    import mindspore as ms
+
+    logits = model(ms.Tensor(ids[:, :-1])).asnumpy().astype(np.float64)
+    logp = logits - logits.max(-1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+    target, keep = labels[:, 1:], labels[:, 1:] != IGNORE_INDEX
+    picked = np.take_along_axis(logp, np.where(keep, target, 0)[..., None], -1)[..., 0]
+    return (picked * keep).sum(1), keep.sum(1), logp, keep
+
+
+def softplus(x):
+    return np.log1p(np.exp(-np.abs(x))) + np.maximum(x, 0)
+
+
+@pytest.mark.parametrize("loss,ls,nll", [("sigmoid", 0.0, 0.0), ("sigmoid", 0.2, 0.5), ("ipo", 0.0, 0.0),
+                                         ("hinge", 0.0, 0.0)])
+def test_dpo_losses_and_metrics_equal_a_hand_computation(pynative, models, loss, ls, nll):
+    import mindspore as ms
+    from omegaconf import OmegaConf
+
+    from objectives.dpo import Config, PreferenceLoss
+
+    policy, reference = models
+    rng = np.random.default_rng(0)
+    ids = rng.integers(4, 4096, (4, 33)).astype(np.int32)
+    labels = np.where(np.arange(33) >= rng.integers(5, 20, (4, 1)), ids, IGNORE_INDEX).astype(np.int32)
+    beta = 0.3
+    cfg = OmegaConf.merge(OmegaConf.structured(Config), {"name": "dpo", "beta": beta, "loss": loss,
+                                                         "label_smoothing": ls, "nll_coefficient": nll})
+    out = [float(x.asnumpy()) for x in PreferenceLoss(policy, reference, cfg)(
+        *(ms.Tensor(x) for x in (ids[:2], labels[:2], ids[2:], labels[2:])))]
+    pi, n, logp, keep = sequence_logps(policy, ids, labels)
+    ref, _, ref_logp, _ = sequence_logps(reference, ids, labels)
+    lp, lr_ = (pi / n, ref / n) if loss == "ipo" else (pi, ref)
+    h = (lp[:2] - lp[2:]) - (lr_[:2] - lr_[2:])
+    expected = {"sigmoid": (1 - ls) * softplus(-beta * h) + ls * softplus(beta * h),
+                "ipo": (h - 1 / (2 * beta)) ** 2, "hinge": np.maximum(0, 1 - beta * h)}[loss].mean()
+    expected -= nll * pi[:2].sum() / n[:2].sum()
+    rc, rr = beta * (lp[:2] - lr_[:2]), beta * (lp[2:] - lr_[2:])  # ipo: per-token means, as TRL
+    kl = ((np.exp(logp) * (logp - ref_logp)).sum(-1) * keep).sum() / keep.sum()
+    want = [expected, rc.mean(), rr.mean(), (rc > rr).mean(), (rc - rr).mean(), pi[:2].mean(), pi[2:].mean(), kl]
+    np.testing.assert_allclose(out, want, rtol=2e-4, atol=1e-6)
+    assert kl > 0
+
+
+def test_reward_model_loss_and_metrics_equal_a_hand_computation(pynative, models):
+    import mindspore as ms
+
+    from objectives.rm import PairwiseLoss, RewardModel
+
+    lm, _ = models
+    reward_model = RewardModel(lm, seed=0)
+    assert {p.name for p in reward_model.get_parameters()} == \
+        {p.name for p in lm.get_parameters() if not p.name.startswith("lm_head")} | {"score.weight"}
+    w = reward_model.score.asnumpy()
+    assert abs(w.std() - 1 / np.sqrt(w.shape[1] + 1)) < 0.2 / np.sqrt(w.shape[1])
+    rng = np.random.default_rng(2)
+    ids = rng.integers(4, 4096, (4, 32)).astype(np.int32)
+    ends = np.array([31, 7, 20, 12], np.int32)
+    margin = np.array([0.0, 1.0], np.float32)
+    hidden = lm.model(ms.Tensor(ids)).asnumpy().astype(np.float64)
+    rewards = hidden[np.arange(4), ends] @ w[0]
+    diff = rewards[:2] - rewards[2:]
+    out = [float(x.asnumpy()) for x in PairwiseLoss(reward_model, 0.1)(
+        *(ms.Tensor(x) for x in (ids[:2], ends[:2], ids[2:], ends[2:], margin)))]
+    want = [softplus(margin - diff).mean() + 0.1 * ((rewards[:2] + rewards[2:]) ** 2).mean(), (diff > 0).mean(),
+            diff.mean(), rewards.mean(), (rewards ** 2).mean(), rewards.min(), rewards.max()]
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-6)
+
+
+def synthetic_pairs(n, seed):
+    """Prompts that ask for a word n times; chosen does it, rejected loops on the wrong word or stops short."""
+    rng = np.random.default_rng(seed)
+    words = ["apple", "river", "stone", "cloud", "green", "quick", "silent", "table"]
+    pairs = []
+    for i in range(n):
+        w, other = rng.choice(words, 2, replace=False)
+        k = int(rng.integers(2, 6))
+        bad = " ".join([other] * k) if i % 2 else " ".join([w] * (k - 1)) + " and"
+        pairs.append({"instruction": f"Repeat {w} {k} times.", "chosen": " ".join([w] * k), "rejected": bad,
+                      "margin": 1.0})
+    return pairs
+
+
+@pytest.fixture(scope="module")
+def alignment_runs(tmp_path_factory, base_checkpoint):
+    """DPO (a LoRA policy, reference = its frozen base) and a reward model, 20 steps each from the same
+    checkpoint on the synthetic pairs, evaluated on held-out pairs at steps 10 and 20."""
+    from trainer.loop import train
+
+    tmp = tmp_path_factory.mktemp("align")
+    train_path = write_jsonl(tmp / "train.jsonl", synthetic_pairs(160, 0))
+    val_path = write_jsonl(tmp / "val.jsonl", synthetic_pairs(32, 1))
+    common = ("trainer.micro_batch_size=8", "trainer.eval_batches=4", "trainer.log_every=1", "data.seq_len=96", "optim.warmup_steps=2")
+    runs = {}
+    for stage, extra in (("dpo", ("peft=lora", "objective.reference=lora_base", "optim.lr=1e-2")),
+                         ("rm", ("optim.lr=1e-3",))):
+        cfg = pair_cfg(tmp, base_checkpoint, stage, train_path, val_path, "trainer.max_steps=20",
+                       "trainer.eval_every=10", *common, *extra)
+        validate(cfg)
+        train(cfg, str(tmp / stage))
+        lines = [json.loads(line) for line in open(tmp / stage / "metrics.jsonl")]
+        runs[stage] = [m for m in lines if "val_loss" in m], [m for m in lines if "loss" in m]
+    return tmp, runs
+
+
+@pytest.mark.slow
+def test_dpo_with_a_lora_policy_raises_held_out_preference_accuracy(alignment_runs):
+    tmp, runs = alignment_runs
+    evals, steps = runs["dpo"]
+    assert steps[0]["loss"] == pytest.approx(np.log(2), abs=1e-3)  # policy == reference before the first update
+    assert steps[0]["kl"] < 1e-6 < evals[-1]["val_kl"]
+    assert evals[-1]["val_rewards/accuracies"] >= 0.8 and evals[-1]["val_rewards/margins"] > 0
+    assert evals[-1]["val_loss"] < np.log(2) - 0.05
+
+
+@pytest.mark.slow
+def test_reward_model_learns_held_out_pairs_and_saves_its_head(alignment_runs):
+    from safetensors.numpy import load_file
+
+    tmp, runs = alignment_runs
+    evals, _ = runs["rm"]
+    assert evals[-1]["val_accuracy"] >= 0.8 and evals[-1]["val_loss"] < np.log(2) - 0.05
+    weights = load_file(str(tmp / "rm" / "checkpoints" / "step_000020" / "model.safetensors"))
+    assert "score.weight" in weights and weights["score.weight"].shape == (1, 128)
+    assert not any(k.startswith("lm_head") for k in weights)
+
+
+@pytest.mark.parametrize("overrides,key,message", [
+    (["stage=dpo"], "stage.init_from", "objective=dpo fine-tunes a pretrained model"),
+    (["stage=rm", "stage.init_from=/x", "data=instructions"], "data.sources",
+     "objective=rm trains on sources of kind preference, not alpaca"),
+    (["stage=dpo", "stage.init_from=/x", "data=preferences", "objective.beta=0"], "objective.beta", "must be > 0"),
+    (["stage=dpo", "stage.init_from=/x", "data=preferences", "objective.loss=kto"], "objective.loss",
+     "choose one of sigmoid, ipo, hinge"),
+    (["stage=dpo", "stage.init_from=/x", "data=preferences", "objective.reference=lora_base"], "objective.reference",
+     "set peft=lora"),
+    (["stage=dpo", "stage.init_from=/x", "data=preferences", "objective.loss=ipo", "objective.label_smoothing=0.1"],
+     "objective.label_smoothing", "applies to loss=sigmoid only"),
+], ids=["no-init", "instructions", "beta", "loss", "lora-base", "smoothing"])
+def test_bad_alignment_configs_are_refused(overrides, key, message):
+    with pytest.raises(ConfigError) as err:
+        validate(compose_cfg(*overrides))
+    assert err.value.key == key and message in str(err.value)
+
+
+def test_reward_model_exports_as_a_sequence_classifier_with_equal_scores(tmp_path, models, pynative):
+    """A reward-model checkpoint -> transformers' LlamaForSequenceClassification: equal scores on right-padded
+    rows (it reads the last non-pad token, we read the eos)."""
+    import mindspore as ms
+    import torch
+    from transformers import LlamaForSequenceClassification
+
+    import checkpoint
+    from models.convert import export_hf
+    from models.llama.hf import EOS_ID, PAD_ID
+    from objectives.rm import RewardModel
+
+    lm, _ = models
+    reward_model = RewardModel(lm, seed=4)
+    cfg = compose_cfg("model=tiny", "stage=rm", "stage.init_from=/x", "data=preferences")
+    ckpt = checkpoint.save(str(tmp_path / "rm"), 1, reward_model, ms.nn.SGD(reward_model.trainable_params()), {},
+                           cfg, None)
+    export_hf(ckpt, str(tmp_path / "hf"))
+    hf = LlamaForSequenceClassification.from_pretrained(str(tmp_path / "hf")).eval()
+    rng = np.random.default_rng(5)
+    ids = rng.integers(4, 4096, (3, 24)).astype(np.int32)
+    ends = np.array([23, 9, 15], np.int32)
+    for row, end in zip(ids, ends):
+        row[end], row[end + 1:] = EOS_ID, PAD_ID
+    ours = reward_model(ms.Tensor(ids), ms.Tensor(ends)).asnumpy()
+    with torch.no_grad():
+        theirs = hf(torch.tensor(ids, dtype=torch.long)).logits[:, 0].numpy()
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
