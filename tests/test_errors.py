@@ -39,6 +39,7 @@ ENTRIES = {
     "evaluate": ("evaluate", "python -m evaluate"),
     "instructions": ("data.instructions", "python -m data.instructions"),
     "tasks": ("data.tasks", "python -m data.tasks"),
+    "preferences": ("data.preference_set", "python -m data.preference_set"),
 }
 
 
@@ -80,6 +81,8 @@ class World:
         self.write("data/prompts_field.jsonl", b'{"text": "a"}\n')
         self.write("data/task_bad.jsonl", b'{"context": "x"}\n')
         self.write("afile", b"a file where a directory is expected\n")
+        self.write("inst_bad/train.jsonl", b'{"instruction": "a", "output": "b", "task": "t", "entry": "e"}\n{"instr\n')
+        self.write("inst_field/train.jsonl", b'{"instruction": "define x", "output": "y"}\n')
         self.data = d
         # checkpoints: the good one and its broken copies
         self.truncated = self.copy_ckpt("truncated")
@@ -154,7 +157,8 @@ CASES = [
       "a typo in a key"),
     C("unknown key without +", "train", lambda w: w.train("trainer.max_step=5"), ["trainer.max_step"], 2),
     C("wrong type", "train", lambda w: w.train("trainer.micro_batch_size=abc"), ["trainer.micro_batch_size"], 2),
-    C("unknown preset", "train", lambda w: w.train("data=nope"), ["data=nope", "corpora_5dom"], 2,
+    C("unknown preset", "train", lambda w: w.train("data=nope"), ["data=nope", "corpora_5dom"], 2),
+    C("unknown precision preset", "train", lambda w: w.train("precision=fp8"), ["precision=fp8", "bf16"], 2,
       "a preset that does not exist"),
     C("unknown experiment", "train", lambda w: w.train("experiment=nope"), ["experiment=nope", "tiny_pretrain"], 2),
     C("override syntax", "train", lambda w: w.train("optim.lr=1e-3)"), ["optim.lr=1e-3)"], 2),
@@ -266,6 +270,14 @@ CASES = [
     C("tasks: missing corpora", "tasks", lambda w: ["build", "--corpora", w.path("nowhere")],
       lambda w: [w.path("nowhere"), "--corpora"], 2),
     C("tasks: no command", "tasks", [], ["command"], 2),
+    C("preferences: no instruction set", "preferences", lambda w: ["--instructions", w.path("nowhere"),
+                                                                    "--out", w.path("prefs")],
+      lambda w: [w.path("nowhere", "train.jsonl"), "data.instructions"], 2),
+    C("preferences: bad JSON", "preferences", lambda w: ["--instructions", w.path("inst_bad"), "--out", w.path("prefs")],
+      lambda w: [w.path("inst_bad", "train.jsonl") + ":2"], 1),
+    C("preferences: not a sample", "preferences",
+      lambda w: ["--instructions", w.path("inst_field"), "--out", w.path("prefs")],
+      lambda w: [w.path("inst_field", "train.jsonl") + ":1", "entry"], 1),
 ]
 
 ERROR_LINE = re.compile(r"^(config )?error: ")
