@@ -323,6 +323,36 @@ def sft_rows(packing: bool, truncate: bool, split: Split, seq_len: int, tokenize
         yield out
 
 
+def prompt_rows(max_prompt_len: int, split: Split, seq_len: int, tokenizer) -> Iterator[dict]:
+    """PPO's rows: each sample's prompt (its tokens before the first that carries loss), left-aligned and
+    padded to seq_len + 1, and its length; prompts longer than `max_prompt_len` are left out (counted)."""
+    if split.loss_mask is None or split.margin is not None:
+        raise DataError(f"{split.where}: holds {'documents' if split.loss_mask is None else 'preference pairs'}, "
+                        f"not instruction samples; objective=ppo samples responses to the prompts of kinds "
+                        f"{', '.join(INSTRUCTION_KINDS)} (data=instructions)")
+    tokens, mask = np.asarray(split.tokens), np.asarray(split.loss_mask)
+    kept = 0
+    for a, b in zip(split.offsets[:-1], split.offsets[1:]):
+        n = int(np.argmax(mask[a:b] > 0)) if mask[a:b].any() else int(b - a)
+        if not 0 < n <= max_prompt_len:
+            continue
+        ids = np.full(seq_len + 1, tokenizer.pad_id, np.int32)
+        ids[:n] = tokens[a:a + n]
+        kept += 1
+        yield {"prompt_ids": ids, "prompt_len": np.array([n], np.int32)}
+    print(f"[data] {split.where}: {kept:,} of {len(split.offsets) - 1:,} prompts of at most {max_prompt_len} tokens",
+          flush=True)
+
+
+def prompt_row_spec(max_prompt_len: int) -> RowSpec:
+    from functools import partial
+
+    return RowSpec(name=f"prompts-{max_prompt_len}", columns=("prompt_ids", "prompt_len"),
+                   schema=lambda seq_len: {"prompt_ids": {"type": "int32", "shape": [seq_len + 1]},
+                                           "prompt_len": {"type": "int32", "shape": [1]}},
+                   build=partial(prompt_rows, max_prompt_len))
+
+
 def sft_row_spec(packing: bool, truncate: bool) -> RowSpec:
     from functools import partial
 
