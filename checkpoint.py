@@ -144,14 +144,16 @@ def latest_intact(root: str, log=print) -> Optional[str]:
 
 
 def _load_into(file: str, cell: nn.Cell, names: List[str], what: str, whole: bool = False) -> None:
-    """`whole`: the file must hold nothing but `names` (a checkpoint of a bigger model is not loaded in part)."""
+    """`whole`: the file may hold no more of this model's structure than `names` (a checkpoint of a bigger model
+    is not loaded in part); weights outside it, such as a PPO value head (`value_head.*`), are left out."""
     try:
         params = ms.load_checkpoint(file, format="safetensors")
     except Exception as err:  # MindSpore raises bare RuntimeError/ValueError for unreadable files
         raise CheckpointError(f"{file}: cannot be read ({str(err).splitlines()[0]}); the file is truncated or "
                               f"not safetensors: copy it again or use an earlier checkpoint") from None
     own = cell.parameters_dict()
-    extra = sorted(set(params) - set(names)) if whole else []
+    roots = {name.split(".")[0] for name in names}  # e.g. model, lm_head
+    extra = sorted(n for n in set(params) - set(names) if n.split(".")[0] in roots) if whole else []
     if extra:
         raise CheckpointError(f"{file}: holds {len(extra)} weights this model does not have (e.g. {extra[0]}): "
                               f"the checkpoint is of another model; set model= to the one it was trained with")

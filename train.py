@@ -67,11 +67,8 @@ def run(cfg: DictConfig):
     status(run_dir, "running")
     try:
         metrics = train(cfg, run_dir)
-    except UserError as err:  # a bad file, checkpoint or credential; a config value found while building
-        status(run_dir, "failed", error=str(err))
-        raise
-    except BaseException as err:
-        status(run_dir, "failed", error=f"{type(err).__name__}: {err}")
+    except BaseException as err:  # a user error (bad file, checkpoint, credential) says itself; a bug its type too
+        status(run_dir, "failed", error=str(err) if isinstance(err, UserError) else f"{type(err).__name__}: {err}")
         raise
     status(run_dir, "preempted" if metrics.get("preempted") else "finished", step=metrics.get("step"))
     if launched_world_size() > 1:

@@ -385,6 +385,26 @@ def test_wandb_online_without_key_says_why_in_status_json(world):
     assert status["status"] == "failed" and "WANDB_API_KEY" in status["error"]
 
 
+def test_a_checkpoint_with_a_stage_head_still_loads(world, pynative):
+    """The other-model refusal is about the model's own weights: a PPO checkpoint's value_head.weight beside
+    them is left out (generate, evaluate and stage.init_from take a PPO policy)."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    import checkpoint
+    from conftest import compose_cfg
+    from models import build_model
+
+    path = world.copy_ckpt("ppo")
+    file = os.path.join(path, "model.safetensors")
+    weights = load_file(file)
+    save_file({**weights, "value_head.weight": np.zeros((1, 128), np.float32)}, file)
+    model = build_model(compose_cfg("model=tiny").model, 64, "fp32", "CPU", seed=1)
+    checkpoint.load_weights(path, model)
+    name = "model.tok_embeddings.embedding_weight"
+    assert np.array_equal(model.parameters_dict()[name].asnumpy(), weights[name])
+
+
 def test_a_bug_still_shows_its_traceback(monkeypatch):
     """Not a user error: the contract must not swallow it."""
     prepare_cli = importlib.import_module("data.prepare")  # `data.prepare` is also data's prepare()
