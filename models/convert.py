@@ -76,6 +76,7 @@ def export_hf(ckpt_dir: str, out_dir: str, merge_lora: bool = False) -> None:
     from safetensors.numpy import save_file
 
     cfg, weights = _read_weights(ckpt_dir, merge_lora)
+    weights = {k: v for k, v in weights.items() if not k.startswith("value_head.")}  # a PPO policy's critic
     adapter = model_family(cfg).hf
     if os.path.isfile(os.path.join(ckpt_dir, ADAPTER_CONFIG)) and not merge_lora:
         from adapters.lora import peft_adapter_files, single_name, write_peft_adapter
