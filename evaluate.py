@@ -481,7 +481,8 @@ def load_tasks(names: Optional[List[str]], tasks_dir: Optional[str], max_items: 
 
 def evaluate_sources(cfg: DictConfig, eval_cfg: EvalConfig, model, log=print) -> Tuple[dict, object]:
     """Per-source results over the validation batches (and the DataBundle's tokenizer)."""
-    from data import build_data, prepare
+    from data import build_data
+    from data.cache import prepare
     from data.loader import validation_batches
     from objectives import objective as objective_plugin
     from trainer.callbacks import Evaluation, Sinks

@@ -407,7 +407,7 @@ def test_a_checkpoint_with_a_stage_head_still_loads(world, pynative):
 
 def test_a_bug_still_shows_its_traceback(monkeypatch):
     """Not a user error: the contract must not swallow it."""
-    prepare_cli = importlib.import_module("data.prepare")  # `data.prepare` is also data's prepare()
+    prepare_cli = importlib.import_module("data.prepare")  # the CLI module (the function is data.cache.prepare)
 
     def broken(*args, **kwargs):
         raise KeyError("a bug")
