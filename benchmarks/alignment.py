@@ -1,14 +1,16 @@
 """The alignment pipeline on the shared corpora, measured: SFT from a pretrained checkpoint, then a reward model
-and DPO from the SFT checkpoint, on the rule-built preference set (data/preference_set.py), with held-out
-preference accuracy along the way.
+and DPO from the SFT checkpoint on the rule-built preference set (data/preference_set.py), then PPO from the
+SFT checkpoint against that reward model, with held-out preference accuracy and the PPO reward along the way.
 
     scripts/venv.sh python -m data.instructions && scripts/venv.sh python -m data.preference_set   # once
     scripts/venv.sh python -m benchmarks.alignment --base CKPT [--model tiny] [--sft-steps 300] [--steps 200]
+        [--ppo-steps 100] [--workdir DIR]     # DIR keeps the runs (default: a temporary directory)
 
 CKPT is a pretraining checkpoint of --model (e.g. `make train`'s last one for tiny). Each run is its own
 train.py process with the stage preset's recipe, except the learning rates below (small models take larger
 ones than the 7B recipes the presets cite). Printed: each held-out evaluation of the RM (pair accuracy vs
-chance 0.5, loss) and of DPO (rewards/accuracies, margins, KL to the reference), with tokens/s and peak RSS.
+chance 0.5, loss) and of DPO (rewards/accuracies, margins, KL to the reference), PPO's RM score and KL per
+rollout, with tokens/s and peak RSS.
 """
 import argparse
 import json
@@ -35,9 +37,13 @@ def main() -> None:
     parser.add_argument("--sft-lr", default="1e-3")
     parser.add_argument("--rm-lr", default="1e-4")
     parser.add_argument("--dpo-lr", default="5e-5")
+    parser.add_argument("--ppo-steps", type=int, default=100)
+    parser.add_argument("--ppo-lr", default="1e-4")
+    parser.add_argument("--workdir")
     args, overrides = parser.parse_known_args()
     model = f"model={args.model}"
-    with tempfile.TemporaryDirectory() as workdir:
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = args.workdir or tmp
         sft = train_and_measure("sft", ["stage=sft", model, "data=instructions", f"stage.init_from={args.base}",
                                         "data.seq_len=256", "objective.truncate=true", f"trainer.max_steps={args.sft_steps}",
                                         f"trainer.eval_every={args.sft_steps}", f"optim.lr={args.sft_lr}",
@@ -52,6 +58,12 @@ def main() -> None:
                                                     f"trainer.eval_every={every}", f"optim.lr={lr}", *COMMON,
                                                     *overrides], workdir)
             runs[stage]["evals"] = evals(os.path.join(workdir, stage))
+        rm_ckpt = os.path.join(workdir, "rm", "checkpoints", f"step_{args.steps:06d}")
+        ppo = train_and_measure("ppo", ["stage=ppo", model, f"stage.init_from={sft_ckpt}",
+                                        f"objective.reward_model={rm_ckpt}", f"trainer.max_steps={args.ppo_steps}",
+                                        f"optim.lr={args.ppo_lr}", "objective.max_new_tokens=48",
+                                        "trainer.log_every=4", "logger.progress_bar=false", *overrides], workdir)
+        ppo_logs = [json.loads(line) for line in open(os.path.join(workdir, "ppo", "metrics.jsonl"))]
     print(f"{args.model}: SFT {args.sft_steps} steps (lr {args.sft_lr}) from {args.base}: held-out response loss "
           f"{sft_val['val_loss']:.4f}, token accuracy {sft_val['val_mean_token_accuracy']:.4f}; "
           f"{sft['tokens_per_sec']:.0f} tokens/s, {sft['peak_rss_gb']:.2f} GiB")
@@ -69,6 +81,14 @@ def main() -> None:
         print(f"{m['step']:>6} {m['val_rewards/accuracies']:>11.3f} {m['val_rewards/margins']:>8.3f} "
               f"{m['val_loss']:>8.4f} {m['val_kl']:>9.5f} {m['val_logps/chosen']:>13.2f} "
               f"{m['val_logps/rejected']:>15.2f}")
+    print(f"\nPPO ({args.ppo_steps} steps = {args.ppo_steps // 4} rollouts of 8 prompts x 4 epochs, lr {args.ppo_lr}, "
+          f"kl_coef 0.05; {ppo['tokens_per_sec']:.0f} tokens/s, {ppo['peak_rss_gb']:.2f} GiB): per logged step, the "
+          f"rollout it trained on")
+    print(f"{'step':>6} {'RM score':>9} {'KL':>8} {'rlhf reward':>12} {'gen_len':>8} {'eos':>6} {'clipfrac':>9}")
+    for m in ppo_logs:
+        print(f"{m['step']:>6} {m['objective/scores']:>9.3f} {m['objective/kl']:>8.3f} "
+              f"{m['objective/rlhf_reward']:>12.3f} {m['gen_len']:>8.1f} {m['eos_fraction']:>6.2f} "
+              f"{m['policy/clipfrac']:>9.3f}")
 
 
 if __name__ == "__main__":

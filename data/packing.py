@@ -16,7 +16,6 @@ Written into `out` (one directory per spec and seq_len):
 """
 from __future__ import annotations
 
-import bisect
 import itertools
 import json
 import time
@@ -28,7 +27,7 @@ from mindspore.mindrecord import FileWriter
 from tqdm import tqdm
 
 from data.errors import DataError
-from data.rows import RowSpec, Split
+from data.rows import RowSpec, Split, best_fit
 
 WRITE_BATCH = 2048  # rows per FileWriter.write_raw_data call
 PACK_CHUNK = 65536  # PACKED rows materialized at a time
@@ -62,19 +61,9 @@ def keep_documents_whole(tokens: np.ndarray, offsets: np.ndarray, seq_len: int):
     rows). Returns (tokens, offsets of the pieces, number of documents that fit but may be split)."""
     starts, lengths = offsets[:-1], np.diff(offsets)
     short = np.flatnonzero(lengths <= seq_len)
-    rows: List[List[int]] = []  # document ids per row
-    free: List[tuple] = []  # sorted (free tokens, row)
-    for d in short[np.argsort(-lengths[short], kind="stable")]:
-        k = bisect.bisect_left(free, (lengths[d], -1))
-        if k < len(free):
-            space, row = free.pop(k)
-        else:
-            space, row = seq_len, len(rows)
-            rows.append([])
-        rows[row].append(d)
-        if space > lengths[d]:
-            bisect.insort(free, (space - lengths[d], row))
-    gaps = {row: space for space, row in free}
+    rows = [[int(short[i]) for i in row] for row in best_fit(lengths[short], seq_len)]  # document ids per row
+    gaps = {row: seq_len - int(lengths[docs].sum()) for row, docs in enumerate(rows)
+            if lengths[docs].sum() < seq_len}
     long_docs = [(starts[d], starts[d] + lengths[d]) for d in np.flatnonzero(lengths > seq_len)]
     pieces, leftover, at_risk = [], [], 0  # (start, stop) ranges of `tokens`, in the new order
     for row, docs in enumerate(rows):

@@ -4,8 +4,9 @@ row layout is one spec, not edits to the pipeline.
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional, Tuple
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -32,3 +33,22 @@ class RowSpec:
 
     def dir_name(self, seq_len: int) -> str:
         return f"rows-{seq_len}" if self.name == "packed" else f"rows-{self.name}-{seq_len}"
+
+
+def best_fit(lengths: Sequence[int], size: int) -> List[List[int]]:
+    """Indices of `lengths` grouped into rows of at most `size`: each item, longest first (ties in order), goes
+    to the open row with the least room that still holds it (best fit decreasing), else starts a row."""
+    rows: List[List[int]] = []
+    free: List[Tuple[int, int]] = []  # (room, row index), sorted
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        n = int(lengths[i])
+        k = bisect.bisect_left(free, (n, -1))
+        if k < len(free):
+            room, row = free.pop(k)
+        else:
+            room, row = size, len(rows)
+            rows.append([])
+        rows[row].append(i)
+        if room - n > 0:
+            bisect.insort(free, (room - n, row))
+    return rows

@@ -35,7 +35,6 @@ MindFormers' PackingHandler, which labels the pad at sample boundaries).
 """
 from __future__ import annotations
 
-import bisect
 import gzip
 import json
 import time
@@ -48,7 +47,7 @@ import numpy as np
 from conf.schema import INSTRUCTION_KINDS, PREFERENCE_KINDS, DataConfig, TemplateConfig
 from data.documents import split_documents
 from data.errors import DataError
-from data.rows import RowSpec, Split
+from data.rows import RowSpec, Split, best_fit
 from data.sources import source_files
 from data.tokenizer import Tokenizer, build_tokenizer
 from omegaconf import OmegaConf
@@ -299,7 +298,8 @@ def sft_rows(packing: bool, truncate: bool, split: Split, seq_len: int, tokenize
             raise DataError(f"{split.where}: sample {i + 1} has {b - a} tokens, more than data.seq_len + 1 = {size}; "
                             f"raise data.seq_len, or set objective.truncate=true to cut such samples")
     spans = [(a, min(b, a + size)) for a, b in spans]
-    rows = _best_fit(spans, size) if packing else [[span] for span in spans]
+    rows = [[spans[i] for i in row] for row in best_fit([b - a for a, b in spans], size)] if packing \
+        else [[span] for span in spans]
     used = sum(b - a for a, b in spans)
     print(f"[data] {split.where}: {len(spans):,} samples in {len(rows):,} rows of {size} tokens, "
           f"{used / max(len(rows) * size, 1):.1%} of row tokens are sample tokens"
@@ -323,23 +323,34 @@ def sft_rows(packing: bool, truncate: bool, split: Split, seq_len: int, tokenize
         yield out
 
 
-def _best_fit(spans: List[Tuple[int, int]], size: int) -> List[List[Tuple[int, int]]]:
-    """Rows of at most `size` tokens: each sample, longest first, goes to the open row with the least room that
-    still holds it (best fit decreasing), else starts a row."""
-    rows: List[List[Tuple[int, int]]] = []
-    free: List[Tuple[int, int]] = []  # (room, row index), sorted
-    for span in sorted(spans, key=lambda s: s[0] - s[1]):
-        n = span[1] - span[0]
-        k = bisect.bisect_left(free, (n, -1))
-        if k < len(free):
-            room, i = free.pop(k)
-        else:
-            room, i = size, len(rows)
-            rows.append([])
-        rows[i].append(span)
-        if room - n > 0:
-            bisect.insort(free, (room - n, i))
-    return rows
+def prompt_rows(max_prompt_len: int, split: Split, seq_len: int, tokenizer) -> Iterator[dict]:
+    """PPO's rows: each sample's prompt (its tokens before the first that carries loss), left-aligned and
+    padded to seq_len + 1, and its length; prompts longer than `max_prompt_len` are left out (counted)."""
+    if split.loss_mask is None or split.margin is not None:
+        raise DataError(f"{split.where}: holds {'documents' if split.loss_mask is None else 'preference pairs'}, "
+                        f"not instruction samples; objective=ppo samples responses to the prompts of kinds "
+                        f"{', '.join(INSTRUCTION_KINDS)} (data=instructions)")
+    tokens, mask = np.asarray(split.tokens), np.asarray(split.loss_mask)
+    kept = 0
+    for a, b in zip(split.offsets[:-1], split.offsets[1:]):
+        n = int(np.argmax(mask[a:b] > 0)) if mask[a:b].any() else int(b - a)
+        if not 0 < n <= max_prompt_len:
+            continue
+        ids = np.full(seq_len + 1, tokenizer.pad_id, np.int32)
+        ids[:n] = tokens[a:a + n]
+        kept += 1
+        yield {"prompt_ids": ids, "prompt_len": np.array([n], np.int32)}
+    print(f"[data] {split.where}: {kept:,} of {len(split.offsets) - 1:,} prompts of at most {max_prompt_len} tokens",
+          flush=True)
+
+
+def prompt_row_spec(max_prompt_len: int) -> RowSpec:
+    from functools import partial
+
+    return RowSpec(name=f"prompts-{max_prompt_len}", columns=("prompt_ids", "prompt_len"),
+                   schema=lambda seq_len: {"prompt_ids": {"type": "int32", "shape": [seq_len + 1]},
+                                           "prompt_len": {"type": "int32", "shape": [1]}},
+                   build=partial(prompt_rows, max_prompt_len))
 
 
 def sft_row_spec(packing: bool, truncate: bool) -> RowSpec:

@@ -17,12 +17,18 @@ An objective module exposes:
     attach(model, cfg)   after the weights are loaded (and LoRA applied), before the optimizer: returns the
                          cell that is trained and saved (the reward model's head on the decoder), and may
                          build what the loss needs besides it (DPO's frozen reference model)
+  and, for an objective that makes its own batches (PPO samples them: objectives/ppo.py),
+    next_inputs(draw)    the next micro-batch's inputs, calling draw() -> (rows, sample) for rows as it needs
+                         them (no held-out evaluation is run on rows then)
+    state_dict() / load_state_dict(state)   what a checkpoint must hold besides the weights (JSON)
+    logged               a dict of host-side numbers logged with each step
 """
 import importlib
 import pkgutil
 from types import ModuleType
 
-OBJECTIVES = {m.name: f"objectives.{m.name}" for m in pkgutil.iter_modules(__path__)}
+OBJECTIVES = {m.name: f"objectives.{m.name}" for m in pkgutil.iter_modules(__path__)
+              if not m.name.startswith("_")}  # _name.py: helpers several objectives share
 
 
 def check_fine_tuning(cfg, name: str, kinds, data_hint: str) -> None:

@@ -13,11 +13,9 @@ and the eos: what SFT puts loss on),
 mean over pairs (the step normalizes by pairs across micro-batches and replicas), plus `nll_coefficient`
 times the mean next-token loss on the chosen responses (RPO, Pang et al. 2024; TRL's `rpo_alpha`).
 
-The reference (`objective.reference`):
-    copy       a frozen copy of the starting weights, its own parameters ("reference." + name)
-    lora_base  with peft=lora: the policy's own frozen base weights, shared, without the adapters: no second
-               copy of the model in memory (the reference is exactly the starting model, as B starts at 0)
-Both run inside the step's graph under stop_gradient.
+The reference (`objective.reference`, objectives/_reference.py): `copy`, a frozen copy of the starting
+weights, or with peft=lora `lora_base`, the policy's own frozen base without the adapters (no second copy in
+memory). Either runs inside the step's graph under stop_gradient.
 
 Logged with TRL's names: `rewards/chosen` and `rewards/rejected` (beta times the policy/reference log-ratio
 of each side; per-token means under ipo, as TRL), `rewards/accuracies` (chosen's above rejected's), `rewards/margins`, `logps/chosen`,
@@ -29,17 +27,16 @@ KL(pi || ref) at the data's positions (on both sides).
 from dataclasses import dataclass
 
 import mindspore as ms
-from mindspore import Tensor, nn, ops
+from mindspore import nn, ops
 from omegaconf import MISSING
 
 from conf.errors import require
 from conf.schema import PREFERENCE_KINDS
 from data.preferences import pair_row_spec
 from data.samples import IGNORE_INDEX
-from objectives import check_fine_tuning
+from objectives import _reference, check_fine_tuning
 
 LOSSES = ("sigmoid", "ipo", "hinge")
-REFERENCES = ("copy", "lora_base")
 
 
 @dataclass
@@ -63,10 +60,7 @@ def check(cfg) -> None:
     require(o.label_smoothing == 0 or o.loss == "sigmoid", "objective.label_smoothing",
             f"applies to loss=sigmoid only, not {o.loss}; set it to 0")
     require(o.nll_coefficient >= 0, "objective.nll_coefficient", f"must be >= 0, got {o.nll_coefficient}")
-    require(o.reference in REFERENCES, "objective.reference", f"got {o.reference!r}; choose one of "
-            f"{', '.join(REFERENCES)}")
-    require(o.reference != "lora_base" or cfg.peft.name == "lora", "objective.reference",
-            "lora_base is the frozen base of a LoRA policy; set peft=lora, or objective.reference=copy")
+    _reference.check(cfg, "objective.reference")
 
 
 def row_spec(cfg: Config):
@@ -89,22 +83,7 @@ class Objective:
 
     def attach(self, model: nn.Cell, cfg) -> nn.Cell:
         """Builds the frozen reference from `model` as it is now (the starting weights) and returns `model`."""
-        from models import build_model
-
-        reference = build_model(cfg.model, cfg.data.seq_len, cfg.precision.compute_dtype, cfg.device.target,
-                                cfg.trainer.seed)
-        policy = {p.name: p for p in model.get_parameters()}
-        if self.cfg.reference == "lora_base":
-            for _, cell in reference.cells_and_names():
-                for key, param in list(cell._params.items()):
-                    cell._params[key] = policy[param.name]  # the same Parameter: frozen under LoRA
-        else:
-            for param in reference.get_parameters():
-                param.set_data(Tensor(policy[param.name].asnumpy()))
-                param.requires_grad = False
-            reference.update_parameters_name("reference.")
-        reference.set_train(False)
-        self.reference = reference
+        self.reference = _reference.build_reference(model, cfg, self.cfg.reference)
         return model
 
     def loss_cell(self, model: nn.Cell) -> nn.Cell:

@@ -35,9 +35,12 @@ def render(sweep_dir: str, runs: list, varied: list, best: Optional[Run], figure
     parts += ["<h2>Runs</h2>", runs_table(runs, varied, best),
               "<p>tokens/s and MFU: median over the logged intervals after the first (graph compilation).</p>"]
     parts += attention(runs)
-    sources = source_table(runs, varied, best)
+    sources = final_table(runs, varied, best, lambda r: r.final_val_by_source, "sources", bold_lowest=True)
     if sources:
         parts += ["<h2>Validation loss per data source</h2>", sources]
+    metrics = final_table(runs, varied, best, lambda r: r.final_val_metrics, "metrics", bold_lowest=False)
+    if metrics:
+        parts += ["<h2>The objective's validation metrics</h2>", metrics]
     parts.append("<h2>Curves</h2>")
     for caption, name, data in figures:
         parts.append(f'<figure><img alt="{escape(caption)}" data-file="{escape(name)}" '
@@ -83,23 +86,26 @@ def attention(runs: list) -> list:
     return ["<h2>Runs that did not finish</h2>", f'<ul id="unfinished">{"".join(items)}</ul>']
 
 
-def source_table(runs: list, varied: list, best: Optional[Run]) -> Optional[str]:
-    """Final val loss per data source, lowest per source in bold; None when runs have no per-source losses."""
-    scored = [r for r in runs if r.final_val_by_source]
-    sources = sorted({s for r in scored for s in r.final_val_by_source})
-    if not sources:
+def final_table(runs: list, varied: list, best: Optional[Run], values, table_id: str,
+                bold_lowest: bool) -> Optional[str]:
+    """One row per run of `values(run)` (name -> number at the last evaluation: the val loss per data source,
+    or the objective's metrics), the lowest per column in bold if `bold_lowest`; None when no run has any."""
+    scored = [r for r in runs if values(r)]
+    names = sorted({s for r in scored for s in values(r)})
+    if not names:
         return None
-    lowest = {s: min(r.final_val_by_source.get(s, float("inf")) for r in scored) for s in sources}
+    lowest = {s: min(values(r).get(s, float("inf")) for r in scored) for s in names}
     rows = []
     for run in scored:
         cells = []
-        for s in sources:
-            v = run.final_val_by_source.get(s)
+        for s in names:
+            v = values(run).get(s)
             text = "—" if v is None else f"{v:.4f}"
-            cells.append(f'<td data-value="{v!r}">{"<b>" + text + "</b>" if v == lowest[s] else text}</td>')
+            bold = bold_lowest and v == lowest[s]
+            cells.append(f'<td data-value="{v!r}">{"<b>" + text + "</b>" if bold else text}</td>')
         row_class = ' class="best"' if run is best else ""
-        names = [run.name] + [run.overrides.get(k, "—") for k in varied]
+        labels = [run.name] + [run.overrides.get(k, "—") for k in varied]
         rows.append(f'<tr{row_class} data-run="{escape(run.name)}">'
-                    + "".join(f'<td class="text">{escape(n)}</td>' for n in names) + "".join(cells) + "</tr>")
-    head = "".join(f"<th>{escape(t)}</th>" for t in ["run", *varied, *sources])
-    return f'<table id="sources"><thead><tr>{head}</tr></thead><tbody>' + "".join(rows) + "</tbody></table>"
+                    + "".join(f'<td class="text">{escape(n)}</td>' for n in labels) + "".join(cells) + "</tr>")
+    head = "".join(f"<th>{escape(t)}</th>" for t in ["run", *varied, *names])
+    return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>' + "".join(rows) + "</tbody></table>"

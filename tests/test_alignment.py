@@ -62,7 +62,7 @@ def test_pairs_become_rows_with_loss_on_the_responses_only(tmp_path, base_checkp
     ({"prompt": "x", "chosen": "a", "rejected": "b", "margin": -1}, r"pairs.jsonl:2: 'margin' must be a number >= 0"),
 ], ids=["identical", "missing-field", "no-prompt", "mixed-types", "negative-margin"])
 def test_bad_pairs_name_the_file_and_line(tmp_path, base_checkpoint, record, message):
-    from data import prepare
+    from data.cache import prepare
 
     path = write_jsonl(tmp_path / "pairs.jsonl", [PAIRS[0], record])
     cfg = pair_cfg(tmp_path, base_checkpoint, "rm", path, path)
@@ -248,3 +248,33 @@ def test_bad_alignment_configs_are_refused(overrides, key, message):
     with pytest.raises(ConfigError) as err:
         validate(compose_cfg(*overrides))
     assert err.value.key == key and message in str(err.value)
+
+
+def test_reward_model_exports_as_a_sequence_classifier_with_equal_scores(tmp_path, models, pynative):
+    """A reward-model checkpoint -> transformers' LlamaForSequenceClassification: equal scores on right-padded
+    rows (it reads the last non-pad token, we read the eos)."""
+    import mindspore as ms
+    import torch
+    from transformers import LlamaForSequenceClassification
+
+    import checkpoint
+    from models.convert import export_hf
+    from models.llama.hf import EOS_ID, PAD_ID
+    from objectives.rm import RewardModel
+
+    lm, _ = models
+    reward_model = RewardModel(lm, seed=4)
+    cfg = compose_cfg("model=tiny", "stage=rm", "stage.init_from=/x", "data=preferences")
+    ckpt = checkpoint.save(str(tmp_path / "rm"), 1, reward_model, ms.nn.SGD(reward_model.trainable_params()), {},
+                           cfg, None)
+    export_hf(ckpt, str(tmp_path / "hf"))
+    hf = LlamaForSequenceClassification.from_pretrained(str(tmp_path / "hf")).eval()
+    rng = np.random.default_rng(5)
+    ids = rng.integers(4, 4096, (3, 24)).astype(np.int32)
+    ends = np.array([23, 9, 15], np.int32)
+    for row, end in zip(ids, ends):
+        row[end], row[end + 1:] = EOS_ID, PAD_ID
+    ours = reward_model(ms.Tensor(ids), ms.Tensor(ends)).asnumpy()
+    with torch.no_grad():
+        theirs = hf(torch.tensor(ids, dtype=torch.long)).logits[:, 0].numpy()
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)

@@ -216,6 +216,23 @@ def test_report_lists_every_run_with_its_varied_values_and_the_numbers_of_its_me
     assert sorted(i["data-file"] for i in dom.images) == ["curves_optim.lr.png", "val_loss_by_source.png"]
 
 
+def test_report_shows_the_objectives_final_val_metrics(tmp_path):
+    """A DPO sweep: the objective's metrics at the last evaluation, one column each (per-source copies left out)."""
+    root = tmp_path / "multirun"
+    for num, (acc, kl) in enumerate([(0.6, 0.01), (0.8, 0.05)]):
+        evals = [{**eval_line(10, 0.69), "val_rewards/accuracies": 0.5, "val_kl": 0.0},
+                 {**eval_line(20, 0.6 - num / 10), "val_rewards/accuracies": acc, "val_kl": kl,
+                  "val_rewards/accuracies/code": acc, "val_kl/code": kl}]
+        write_job(root, num, f"0.00{num + 1}", [train_line(10, 0.7, 900.0), train_line(20, 0.6, 900.0), *evals],
+                  {"status": "finished", "step": 20})
+    html = open(build(str(root), use_wandb=False)).read()
+    table = html[html.index('<table id="metrics">'):]
+    table = table[:table.index("</table>")]
+    assert "<th>kl</th><th>rewards/accuracies</th></tr>" in table and "/code" not in table
+    assert table.count('data-run="') == 2 and '<td data-value="0.8">0.8000</td>' in table
+    assert '<td data-value="0.05">0.0500</td>' in table
+
+
 def test_report_renders_in_headless_chromium(synthetic_sweep, tmp_path):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:

@@ -80,7 +80,7 @@ class Evaluation:
         return out
 
     def on_step(self, step: int, result: StepResult) -> None:
-        if (self.every and step % self.every == 0) or step == self.max_steps:
+        if self.val and ((self.every and step % self.every == 0) or step == self.max_steps):
             self.last = self.evaluate()
             self.sinks.log({"step": step, **self.last})
 

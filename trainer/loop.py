@@ -28,7 +28,15 @@ from trainer.step import DynamicLossScale
 def train(cfg: DictConfig, run_dir: str) -> dict:
     """Train as `cfg` says, writing metrics.jsonl and checkpoints to `run_dir`; returns the last metrics."""
     rt = init_runtime(cfg)
+    if rt.is_main and cfg.logger.name == "wandb":
+        from trainer.wandb_logger import check_credentials
+
+        check_credentials(cfg.logger.mode)
+    if cfg.stage.init_from:  # the checkpoints named are there, before minutes of data and model building
+        checkpoint.weights_file(cfg.stage.init_from)
     os.makedirs(run_dir, exist_ok=True)
+    ckpt_root = os.path.join(run_dir, "checkpoints")
+    resume_from = _resume_path(cfg.trainer.resume, ckpt_root)
     t, dp = cfg.trainer, cfg.parallel.dp
     sharded = is_sharded(cfg.parallel)  # tp/pp/optimizer sharding (Ascend/GPU): one semi-auto graph per step
     rows_per_batch = t.micro_batch_size * pipeline_micro_batches(cfg)  # a pipeline step takes all its micro-batches
@@ -52,22 +60,28 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     module = ShardedModule(model, objective, optimizer, cfg, rt.rank, run_dir) if sharded else \
         LocalModule(model, objective, optimizer, cfg.optim.clip_grad_norm, rt.world_size, adapters)
 
-    def next_inputs() -> tuple:
-        """The objective's inputs for this rank's next batch; `sample` is the batch's first global sample."""
+    def draw() -> tuple:
+        """This rank's next batch of rows and the global index of its first sample."""
         sample = data.train.position * dp + dp_rank
-        return objective.batch(data.train.next_batch(), sample)
+        return data.train.next_batch(), sample
+
+    def next_inputs() -> tuple:
+        """The objective's inputs for the next micro-batch (a rollout objective samples its own from rows)."""
+        if hasattr(objective, "next_inputs"):
+            return objective.next_inputs(draw)
+        return objective.batch(*draw())
 
     p = cfg.precision
     scaler = DynamicLossScale(p.init_scale, p.growth_interval, p.growth_factor, p.backoff_factor) \
         if p.loss_scale == "dynamic" else None
     guard = SpikeGuard(t.spike_factor, t.spike_window, t.max_consecutive_skips)
-    ckpt_root = os.path.join(run_dir, "checkpoints")
     state = {"step": 0, "run_id": uuid.uuid4().hex[:12], "skipped_steps": 0}
-    resume_from = _resume_path(t.resume, ckpt_root)
     if resume_from:
         example = objective.batch(data.train.next_batch(), 0) if sharded else None  # sharded: compile before loading
         state = module.load(resume_from, example)
         data.train.load_state_dict(state["data"])
+        if "objective" in state:  # e.g. PPO's rollout buffer and KL coefficient
+            objective.load_state_dict(state["objective"])
         guard.load_state_dict(state["guard"])
         set_rng_state(state["rng"])
         if scaler:
@@ -79,19 +93,24 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     def save(step: int) -> None:
         snapshot = {"tokens_seen": step * tokens_per_step, "run_id": state["run_id"],
                     "data": data.train.state_dict(), "guard": guard.state_dict(), "rng": rng_state(),
-                    "skipped_steps": skipped, "loss_scale": [scaler.scale, scaler.clean_steps] if scaler else None}
+                    "skipped_steps": skipped, "loss_scale": [scaler.scale, scaler.clean_steps] if scaler else None,
+                    **({"objective": objective.state_dict()} if hasattr(objective, "state_dict") else {})}
         module.save(ckpt_root, step, snapshot, cfg, str(data.tokenizer.path), rt.is_main)
         if rt.is_main:
             checkpoint.prune(ckpt_root, t.keep_last, t.keep_every)
 
     progress = ConsoleProgress(t.max_steps, start, enabled=rt.is_main and cfg.logger.progress_bar)
     sinks = Sinks((_file_sinks(cfg, run_dir, state["run_id"], start) if rt.is_main else []) + [progress])
+    if rt.is_main:  # once everything is built: a start that fails (bad data, checkpoint) keeps the previous one
+        save_resolved_config(cfg, run_dir)
     preemption = Preemption()
     speed = SpeedMonitor(cfg.model, cfg.data.seq_len, cfg.device.peak_tflops, rt.world_size)
     tokens_by_source = lambda: {s: n * dp * cfg.data.seq_len for s, n in data.train.samples_by_source().items()}
-    extra = lambda: {"skipped_steps": skipped, **({"loss_scale": scaler.scale} if scaler else {})}
+    extra = lambda: {"skipped_steps": skipped, **({"loss_scale": scaler.scale} if scaler else {}),
+                     **getattr(objective, "logged", {})}  # an objective's host-side numbers (PPO's rollout)
     train_metrics = TrainMetrics(sinks, t.log_every, t.max_steps, speed, tokens_per_step, tokens_by_source, extra)
     evaluation = Evaluation(sinks, t.eval_every, t.max_steps, module,
+                            {} if hasattr(objective, "next_inputs") else  # a rollout objective: no val rows
                             {source: [objective.batch(b, -1 - i) for i, b in enumerate(batches)]
                              for source, batches in data.val.items()})
     callbacks = [train_metrics, evaluation, Checkpointing(save, t.save_every, t.max_steps, preemption)]

@@ -11,6 +11,7 @@ from typing import Dict
 
 import numpy as np
 
+from conf.errors import UserError
 from models.llama import rope
 
 ARCHITECTURES = ("LlamaForCausalLM",)  # config.json architectures this adapter imports
@@ -27,7 +28,11 @@ HF_NAMES = {  # mindlab / MindFormers -> Hugging Face; {i} is the layer index
     "model.layers.{i}.ffn_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
     "model.norm_out.weight": "model.norm.weight",
     "lm_head.weight": "lm_head.weight",
+    "score.weight": "score.weight",  # a reward model's scalar head (objectives/rm.py)
 }
+# config.json of a reward model (objective=rm): transformers' sequence classifier with one label, which
+# scores the last token that is not padding, as objectives/rm.py reads the eos closing the response
+REWARD_MODEL = {"architectures": ["LlamaForSequenceClassification"], "num_labels": 1}
 # special token ids of data/tokenizer.py's sentencepiece models
 PAD_ID, BOS_ID, EOS_ID = 0, 2, 3  # unk is 1
 
@@ -83,7 +88,8 @@ def rope_scaling_from_hf(hf: dict, where: str) -> tuple:
     if kind == "default":
         return None, hf_max
     if kind not in ("linear", "dynamic", "yarn", "llama3"):
-        raise ValueError(f"{where}: rope_scaling {hf['rope_scaling']} has no mindlab equivalent")
+        raise UserError(f"{where}: rope_scaling {hf['rope_scaling']} has no mindlab equivalent; mindlab imports "
+                        f"linear, dynamic, yarn and llama3 scaling")
     factor = float(scaling.pop("factor"))
     original = scaling.pop("original_max_position_embeddings", None)
     if kind == "linear":

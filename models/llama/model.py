@@ -328,11 +328,14 @@ class LlamaForCausalLM(nn.Cell):
         return self.model.layers
 
     def construct(self, tokens, positions=None, segments=None):
-        h = self.model(tokens, positions, segments)
+        return self.head(self.model(tokens, positions, segments))
+
+    def head(self, h):
+        """Final hidden states [..., hidden] -> fp32 logits [..., vocab] (the LM head, or the tied embedding)."""
         if self.tie_embeddings:
-            b, s, d = h.shape
             w = self.model.tok_embeddings.embedding_weight.astype(self.compute_dtype)
-            logits = self.head_matmul(h.reshape(-1, d).astype(self.compute_dtype), w).reshape(b, s, -1)
+            logits = self.head_matmul(h.reshape(-1, h.shape[-1]).astype(self.compute_dtype), w)
+            logits = logits.reshape(h.shape[:-1] + (-1,))
         else:
             logits = self.lm_head(h)
         return logits.astype(ms.float32)
@@ -341,13 +344,7 @@ class LlamaForCausalLM(nn.Cell):
         """Inference step (see Attention.cached): fp32 logits [B, vocab] of the last column only (with left
         padding, every row's newest token), and the updated caches."""
         h, k_caches, v_caches = self.model.cached(tokens, positions, bias, k_caches, v_caches, slot)
-        h = h[:, -1]
-        if self.tie_embeddings:
-            w = self.model.tok_embeddings.embedding_weight.astype(self.compute_dtype)
-            logits = self.head_matmul(h.astype(self.compute_dtype), w)
-        else:
-            logits = self.lm_head(h)
-        return logits.astype(ms.float32), k_caches, v_caches
+        return self.head(h[:, -1]), k_caches, v_caches
 
     def generate(self, prompts, max_new_tokens: int, **options):
         """Token ids of each prompt (lists of ints) -> their continuations, with a KV cache: see

@@ -1,0 +1,40 @@
+"""The frozen reference model of DPO and PPO: the starting weights, kept fixed while the policy trains.
+
+    copy       a second model holding a copy of the policy's weights as they are now, its parameters named
+               "reference." + name (one graph may hold both models)
+    lora_base  with peft=lora: a model without adapters whose cells hold the policy's own frozen base
+               Parameters (the same objects): no second copy in memory, exactly the starting model while the
+               LoRA B matrices start at zero
+"""
+from mindspore import Tensor, nn
+
+MODES = ("copy", "lora_base")
+
+
+def check(cfg, key: str) -> None:
+    from conf.errors import require
+
+    mode = cfg.objective.reference
+    require(mode in MODES, key, f"got {mode!r}; choose one of {', '.join(MODES)}")
+    require(mode != "lora_base" or cfg.peft.name == "lora", key,
+            "lora_base is the frozen base of a LoRA policy; set peft=lora, or objective.reference=copy")
+
+
+def build_reference(policy: nn.Cell, cfg, mode: str) -> nn.Cell:
+    """A frozen model equal to `policy` now (built as cfg.model says), in eval mode."""
+    from models import build_model
+
+    reference = build_model(cfg.model, cfg.data.seq_len, cfg.precision.compute_dtype, cfg.device.target,
+                            cfg.trainer.seed)
+    weights = {p.name: p for p in policy.get_parameters()}
+    if mode == "lora_base":
+        for _, cell in reference.cells_and_names():
+            for key, param in list(cell._params.items()):
+                cell._params[key] = weights[param.name]  # the same Parameter: frozen under LoRA
+    else:
+        for param in reference.get_parameters():
+            param.set_data(Tensor(weights[param.name].asnumpy()))
+            param.requires_grad = False
+        reference.update_parameters_name("reference.")
+    reference.set_train(False)
+    return reference

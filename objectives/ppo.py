@@ -1,0 +1,335 @@
+"""PPO from human feedback, the RLHF of seed 004 (Ouyang et al. 2022; the recipe of TRL's PPOTrainer): the
+policy samples responses to prompts, a reward model scores them, and the policy is pushed towards higher
+scores while a per-token KL penalty holds it near the frozen reference.
+
+One rollout per `trainer.micro_batch_size` prompts (data=instructions: each sample's prompt), on the host:
+  1. sample a response to each prompt with the policy (models/llama/generation.py: KV cache, temperature,
+     top-k/p, up to `max_new_tokens`; the random stream of a prompt depends on (trainer.seed, rollout, row));
+  2. score prompt + response with the reward model (objectives/rm.py; `reward_model` = its checkpoint) at
+     the response's last token, normalized by the running mean and std of all scores so far; a response that
+     did not end with eos loses `missing_eos_penalty`;
+  3. the policy's and the reference's log-probabilities of the sampled tokens and the value head's values
+     (one forward each, no gradient);
+  4. rewards per response token: -kl_coef * KL_t (k1: log pi - log ref; k3: (r - 1) - log r with r = ref / pi,
+     Schulman's unbiased low-variance estimator), plus the normalized score at the last token;
+  5. GAE (gamma, lam) over the response tokens, advantages whitened over the rollout, returns = A + V.
+Then `ppo_epochs` passes over the rollout in `minibatches` shuffled minibatches: one optimizer step each
+(the loop's steps), on the clipped policy loss max(-A r, -A clip(r, 1 +- cliprange)), r = pi / pi_old, plus
+`vf_coef` x the clipped value loss 0.5 max((V - R)^2, (V_clip - R)^2). The KL coefficient is fixed, or adaptive
+(Ziegler et al. 2019): kl_coef *= 1 + clip(KL / kl_target - 1, -0.2, 0.2) * prompts / kl_horizon.
+
+The value head is a linear layer on the policy's own final hidden states (`value_head.weight`, zeros at the
+start), trained with it (a shared trunk, as TRL's AutoModelForCausalLMWithValueHead): one forward gives logits
+and values, and memory holds one trainable model, which is what fits a CPU box; the price is that value and
+policy gradients share the trunk (vf_coef keeps the value term small). The reference is objectives/_reference.py's
+(`copy`, or `lora_base` with peft=lora); the reward model is a frozen second model.
+
+Logged per step (TRL's names): from the rollout that step trained on, `objective/scores` (raw RM scores),
+`objective/kl` (summed over the response, mean over prompts), `objective/rlhf_reward` (score - kl_coef x KL),
+`objective/kl_coef`, `gen_len`, `eos_fraction`; from the update, `policy/approxkl`, `policy/clipfrac`,
+`loss/policy`, `loss/value`, `val/clipfrac`, `entropy`. The rollout buffer, the running score moments, the KL
+coefficient and the rollout count are saved with every checkpoint, so a resumed run equals an uninterrupted one.
+No held-out evaluation (`trainer.eval_every` is ignored): score a checkpoint with `python -m evaluate`.
+
+    python train.py stage=ppo stage.init_from=runs/sft/checkpoints/latest objective.reward_model=runs/rm/checkpoints/latest
+"""
+import os
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+from omegaconf import MISSING, OmegaConf
+
+from conf.errors import ConfigError, require
+from conf.schema import INSTRUCTION_KINDS
+from data.samples import prompt_row_spec
+from models.llama.generation import PROMPT_BUCKET
+from objectives import _reference, check_fine_tuning
+
+ESTIMATORS = ("k1", "k3")
+
+
+@dataclass
+class Config:
+    name: str = MISSING  # ppo
+    reward_model: Optional[str] = None  # checkpoint of a stage=rm run (same tokenizer and vocabulary)
+    max_prompt_len: int = 128  # prompts longer than this are left out
+    max_new_tokens: int = 64  # response length limit (data.seq_len >= max_prompt_len + max_new_tokens)
+    temperature: float = 1.0  # sampling of rollouts (TRL: 0.7 .. 1.0)
+    top_k: int = 0
+    top_p: float = 1.0
+    kl_coef: float = 0.05  # initial (adaptive) or fixed coefficient of the per-token KL penalty
+    kl_estimator: str = "k1"  # k1 | k3
+    adaptive_kl: bool = False
+    kl_target: float = 6.0  # adaptive: the KL per response it steers to
+    kl_horizon: int = 10000  # adaptive: prompts over which it corrects fully
+    gamma: float = 1.0
+    lam: float = 0.95
+    cliprange: float = 0.2
+    cliprange_value: float = 0.2
+    vf_coef: float = 0.1
+    ppo_epochs: int = 4  # passes over each rollout
+    minibatches: int = 1  # per pass: the rollout is split into this many optimizer steps
+    missing_eos_penalty: float = 1.0  # subtracted from the (normalized) score of a response without eos; 0: off
+    reference: str = "copy"  # copy | lora_base
+
+
+def check(cfg) -> None:
+    o = cfg.objective
+    check_fine_tuning(cfg, "ppo", INSTRUCTION_KINDS, "use data=instructions (its prompts are sampled from)")
+    require(o.reward_model, "objective.reward_model", "stage=ppo needs a reward model: set "
+            "objective.reward_model=<checkpoint of a stage=rm run>")
+    require(o.kl_estimator in ESTIMATORS, "objective.kl_estimator", f"got {o.kl_estimator!r}; choose one of "
+            f"{', '.join(ESTIMATORS)}")
+    require(o.kl_coef >= 0, "objective.kl_coef", f"must be >= 0, got {o.kl_coef}")
+    require(not o.adaptive_kl or o.kl_target > 0, "objective.kl_target", f"must be > 0, got {o.kl_target}")
+    require(o.kl_horizon > 0, "objective.kl_horizon", f"must be > 0, got {o.kl_horizon}")
+    require(0 < o.gamma <= 1 and 0 <= o.lam <= 1, "objective.gamma", f"gamma must be in (0, 1] and lam in [0, 1], "
+            f"got {o.gamma}, {o.lam}")
+    require(o.cliprange > 0 and o.cliprange_value > 0, "objective.cliprange", "cliprange and cliprange_value "
+            "must be > 0")
+    require(o.ppo_epochs >= 1 and o.minibatches >= 1, "objective.ppo_epochs", "ppo_epochs and minibatches must "
+            "be >= 1")
+    require(cfg.trainer.micro_batch_size % o.minibatches == 0, "objective.minibatches",
+            f"must divide trainer.micro_batch_size={cfg.trainer.micro_batch_size} (the prompts of a rollout)")
+    require(cfg.trainer.grad_accum == 1, "trainer.grad_accum", "objective=ppo takes one optimizer step per "
+            "minibatch (objective.minibatches); set trainer.grad_accum=1")
+    require(cfg.parallel.dp == 1, "parallel.dp", "objective=ppo runs on one device here; set parallel=single")
+    require(-(-o.max_prompt_len // PROMPT_BUCKET) * PROMPT_BUCKET + o.max_new_tokens <= cfg.model.max_position_embeddings,
+            "objective.max_new_tokens", f"max_prompt_len rounded up to {PROMPT_BUCKET} + max_new_tokens must fit "
+            f"model.max_position_embeddings={cfg.model.max_position_embeddings} (the generation cache)")
+    require(o.max_prompt_len + o.max_new_tokens <= cfg.data.seq_len, "data.seq_len",
+            f"must hold objective.max_prompt_len + max_new_tokens = {o.max_prompt_len + o.max_new_tokens}, "
+            f"got {cfg.data.seq_len}")
+    _reference.check(cfg, "objective.reference")
+    if os.path.isdir(o.reward_model):
+        rm = OmegaConf.load(os.path.join(o.reward_model, "config.yaml"))
+        require(OmegaConf.select(rm, "objective.name") == "rm", "objective.reward_model",
+                f"{o.reward_model} is not a reward-model checkpoint (its objective is "
+                f"{OmegaConf.select(rm, 'objective.name')}); train one with stage=rm")
+        require(rm.model.vocab_size == cfg.model.vocab_size, "objective.reward_model",
+                f"its vocabulary ({rm.model.vocab_size}) differs from the policy's ({cfg.model.vocab_size}); the "
+                f"reward model must share the policy's tokenizer")
+    else:
+        raise ConfigError("objective.reward_model", f"{o.reward_model} is not a checkpoint directory")
+
+
+def row_spec(cfg: Config):
+    return prompt_row_spec(cfg.max_prompt_len)
+
+
+# --- the numbers of a rollout (NumPy; tests compare them with plain loops) ----------------------------------
+
+def kl_per_token(logp: np.ndarray, ref_logp: np.ndarray, estimator: str) -> np.ndarray:
+    log_ratio = ref_logp - logp
+    return -log_ratio if estimator == "k1" else np.expm1(log_ratio) - log_ratio
+
+
+def gae(rewards: np.ndarray, values: np.ndarray, mask: np.ndarray, gamma: float, lam: float):
+    """(advantages, returns) [B, T] over the masked positions of each row (one contiguous span), the value
+    after the span's end taken as 0."""
+    advantages = np.zeros_like(values)
+    last = np.zeros(values.shape[0])
+    next_value = np.zeros(values.shape[0])
+    for t in reversed(range(values.shape[1])):
+        m = mask[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        last = np.where(m > 0, delta + gamma * lam * last, 0.0)
+        next_value = np.where(m > 0, values[:, t], 0.0)
+        advantages[:, t] = last
+    return advantages, (advantages + values) * mask
+
+
+def whiten(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """(x - mean) / std over the masked entries (unbiased variance, as TRL's masked_whiten); 0 elsewhere."""
+    n = mask.sum()
+    mean = (x * mask).sum() / n
+    var = (((x - mean) ** 2) * mask).sum() / max(n - 1, 1)
+    return (x - mean) / np.sqrt(var + 1e-8) * mask
+
+
+# --- cells ------------------------------------------------------------------------------------------------------
+
+class PolicyWithValue(nn.Cell):
+    """The causal LM and a value head on its final hidden states: tokens -> (logits [B, S, vocab], values [B, S])."""
+
+    def __init__(self, lm: nn.Cell):
+        super().__init__(auto_prefix=False)  # the LM's names stay; the head is value_head.weight
+        self.lm = lm
+        hidden = lm.model.norm_out.weight.shape[0]
+        self.value_head = Parameter(Tensor(np.zeros((1, hidden), np.float32)), name="value_head.weight")
+
+    def construct(self, tokens):
+        h = self.lm.model(tokens)
+        return self.lm.head(h), (h.astype(ms.float32) * self.value_head).sum(-1)
+
+
+def _taken(logits, tokens):
+    """log-softmax of `logits` [B, S, V] at `tokens` [B, S], and the full log-probabilities."""
+    logp = ops.log_softmax(logits, -1)
+    return ops.gather_elements(logp, 2, tokens.expand_dims(-1)).squeeze(-1), logp
+
+
+class RolloutForward(nn.Cell):
+    """tokens [B, S + 1] -> the policy's and the reference's log-probabilities of tokens[:, 1:] and the values."""
+
+    def __init__(self, policy: PolicyWithValue, reference: nn.Cell):
+        super().__init__(auto_prefix=False)
+        self.policy, self.reference = policy, reference
+
+    def construct(self, tokens):
+        inputs, targets = tokens[:, :-1], tokens[:, 1:]
+        logits, values = self.policy(inputs)
+        logp, _ = _taken(logits, targets)
+        ref_logp, _ = _taken(self.reference(inputs), targets)
+        return logp, ref_logp, values
+
+
+class PPOLoss(nn.Cell):
+    def __init__(self, policy: PolicyWithValue, cfg: Config):
+        super().__init__(auto_prefix=False)
+        self.policy = policy
+        self.clip, self.clip_v, self.vf_coef = cfg.cliprange, cfg.cliprange_value, cfg.vf_coef
+
+    def construct(self, tokens, mask, old_logp, advantages, returns, old_values):
+        logits, values = self.policy(tokens[:, :-1])
+        logp, all_logp = _taken(logits, tokens[:, 1:])
+        n = ops.maximum(mask.sum(), 1.0)
+        log_ratio = logp - old_logp
+        ratio = ops.exp(log_ratio)
+        pg1 = -advantages * ratio
+        pg2 = -advantages * ops.clip_by_value(ratio, 1.0 - self.clip, 1.0 + self.clip)
+        pg_loss = (ops.maximum(pg1, pg2) * mask).sum() / n
+        clipped = old_values + ops.clip_by_value(values - old_values, -self.clip_v, self.clip_v)
+        v1, v2 = (values - returns) ** 2, (clipped - returns) ** 2
+        vf_loss = 0.5 * (ops.maximum(v1, v2) * mask).sum() / n
+        entropy = (-(ops.exp(all_logp) * all_logp).sum(-1) * mask).sum() / n
+        return (pg_loss + self.vf_coef * vf_loss, 0.5 * ((log_ratio ** 2) * mask).sum() / n,
+                ((pg2 > pg1).astype(ms.float32) * mask).sum() / n, pg_loss, vf_loss,
+                ((v2 > v1).astype(ms.float32) * mask).sum() / n, entropy)
+
+
+class Objective:
+    inputs = ("tokens", "mask", "old_logp", "advantages", "returns", "old_values")
+    metrics = ("policy/approxkl", "policy/clipfrac", "loss/policy", "loss/value", "val/clipfrac", "entropy")
+
+    def __init__(self, cfg: Config, tokenizer=None, seed: int = 0):
+        self.cfg, self.tokenizer, self.seed = cfg, tokenizer, seed
+        self.kl_coef, self.rollouts = cfg.kl_coef, 0
+        self.score_moments = [0, 0.0, 0.0]  # count, mean, sum of squared deviations (Welford) of raw scores
+        self.buffer: list = []  # the current rollout's remaining minibatches (tuples of arrays)
+        self.logged: dict = {}  # the rollout's numbers, logged with each step trained on it
+
+    # --- the loop's hooks -----------------------------------------------------------------------------------
+
+    def attach(self, model: nn.Cell, cfg) -> nn.Cell:
+        import checkpoint
+        from models import build_model, family
+        from objectives.rm import RewardModel
+
+        self.reference = _reference.build_reference(model, cfg, self.cfg.reference)
+        rm_model = OmegaConf.load(os.path.join(self.cfg.reward_model, "config.yaml")).model
+        rm_model = OmegaConf.merge(OmegaConf.structured(family(rm_model.family).Config), rm_model)  # newer keys
+        reward_model = RewardModel(build_model(rm_model, cfg.data.seq_len, cfg.precision.compute_dtype,
+                                               cfg.device.target, cfg.trainer.seed), 0)
+        checkpoint.load_weights(self.cfg.reward_model, reward_model)
+        reward_model.update_parameters_name("reward.")
+        for p in reward_model.get_parameters():
+            p.requires_grad = False
+        reward_model.set_train(False)
+        self.reward_model, self.lm = reward_model, model
+        self.policy = PolicyWithValue(model)
+        self.forward = RolloutForward(self.policy, self.reference)
+        return self.policy
+
+    def loss_cell(self, model: nn.Cell) -> nn.Cell:
+        return PPOLoss(model, self.cfg)
+
+    def next_inputs(self, draw: Callable[[], tuple]) -> tuple:
+        """The next minibatch of the current rollout; a new rollout from `draw()` (rows, sample) when it is spent."""
+        if not self.buffer:
+            self.buffer = self.rollout(*draw())
+        return self.buffer.pop(0)
+
+    def batch(self, rows: dict, sample: int) -> tuple:
+        raise NotImplementedError("objective=ppo makes its batches by sampling (next_inputs), not from rows")
+
+    def loss_tokens(self, inputs: tuple) -> int:
+        return int(inputs[1].sum())
+
+    def state_dict(self) -> dict:
+        return {"kl_coef": self.kl_coef, "rollouts": self.rollouts, "score_moments": list(self.score_moments),
+                "logged": self.logged, "buffer": [[a.tolist() for a in mb] for mb in self.buffer]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.kl_coef, self.rollouts, self.logged = state["kl_coef"], state["rollouts"], state["logged"]
+        self.score_moments = state["score_moments"]
+        dtypes = (np.int32,) + (np.float32,) * 5
+        self.buffer = [tuple(np.array(a, d) for a, d in zip(mb, dtypes)) for mb in state["buffer"]]
+
+    # --- one rollout -----------------------------------------------------------------------------------------
+
+    def rollout(self, rows: dict, sample: int) -> list:
+        c, tok = self.cfg, self.tokenizer
+        prompts = [row[:n].tolist() for row, n in zip(rows["prompt_ids"], rows["prompt_len"].reshape(-1))]
+        self.lm.set_train(False)
+        out = self.lm.generate(prompts, c.max_new_tokens, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,
+                               eos_id=tok.eos_id, pad_id=tok.pad_id, seed=self.seed * 1_000_003 + self.rollouts,
+                               rows=range(sample, sample + len(prompts)),
+                               prompt_len=-(-c.max_prompt_len // PROMPT_BUCKET) * PROMPT_BUCKET)
+        self.lm.set_train(True)
+        b, width = len(prompts), rows["prompt_ids"].shape[1]
+        tokens = np.full((b, width), tok.pad_id, np.int32)
+        mask = np.zeros((b, width - 1), np.float32)  # target positions that are response tokens
+        ends, eos = np.zeros(b, np.int32), np.zeros(b, bool)
+        for i, (p, s) in enumerate(zip(prompts, out.samples)):
+            response = s.tokens + ([tok.eos_id] if s.finish_reason == "eos" else [])
+            eos[i] = s.finish_reason == "eos"
+            seq = p + response
+            tokens[i, :len(seq)] = seq
+            mask[i, len(p) - 1:len(seq) - 1] = 1.0
+            ends[i] = len(seq) - 1
+        logp, ref_logp, values = (x.asnumpy().astype(np.float64) for x in self.forward(Tensor(tokens)))
+        scores = self.reward_model(Tensor(tokens[:, :-1]), Tensor(ends)).asnumpy().astype(np.float64)
+        mean, std = self._update_moments(scores)
+        normalized = (scores - mean) / std - c.missing_eos_penalty * ~eos
+        kl = kl_per_token(logp, ref_logp, c.kl_estimator) * mask
+        rewards = -self.kl_coef * kl
+        rewards[np.arange(b), ends - 1] += normalized  # at the last response token's target position
+        values *= mask
+        advantages, returns = gae(rewards, values, mask, c.gamma, c.lam)
+        advantages = whiten(advantages, mask)
+        kl_sum = kl.sum(1)
+        self.logged = {"objective/scores": float(scores.mean()), "objective/kl": float(kl_sum.mean()),
+                       "objective/rlhf_reward": float((scores - self.kl_coef * kl_sum).mean()),
+                       "objective/kl_coef": float(self.kl_coef), "gen_len": float(mask.sum(1).mean()),
+                       "eos_fraction": float(eos.mean())}
+        if c.adaptive_kl:
+            error = np.clip(kl_sum.mean() / c.kl_target - 1, -0.2, 0.2)
+            self.kl_coef *= 1 + error * b / c.kl_horizon
+        rng = np.random.default_rng([self.seed, self.rollouts])
+        self.rollouts += 1
+        arrays = (tokens, mask, logp * mask, advantages, returns, values)
+        size = b // c.minibatches
+        minibatches = []
+        for _ in range(c.ppo_epochs):
+            order = rng.permutation(b)
+            for k in range(c.minibatches):
+                pick = order[k * size:(k + 1) * size]
+                minibatches.append(tuple(a[pick].astype(np.int32 if j == 0 else np.float32)
+                                         for j, a in enumerate(arrays)))
+        return minibatches
+
+    def _update_moments(self, scores) -> tuple:
+        """Adds `scores` to the running moments; returns (mean, std), std 1 until there are two scores."""
+        n, mean, m2 = self.score_moments
+        for x in scores:
+            n += 1
+            delta = x - mean
+            mean += delta / n
+            m2 += delta * (x - mean)
+        self.score_moments = [n, mean, m2]
+        return mean, (np.sqrt(m2 / (n - 1)) if n > 1 else 1.0) or 1.0

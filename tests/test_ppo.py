@@ -1,0 +1,185 @@
+"""PPO: the rollout's numbers (KL estimators, GAE, whitening) against plain reference loops, the clipped losses
+against a hand computation, a short real run that resumes exactly, and its bad inputs."""
+import json
+
+import numpy as np
+import pytest
+
+from conf.validate import ConfigError, validate
+from conftest import compose_cfg, load_preset
+
+
+def test_gae_and_whitening_equal_a_reference_loop():
+    from objectives.ppo import gae, whiten
+
+    rng = np.random.default_rng(0)
+    rewards, values = rng.normal(size=(3, 10)), rng.normal(size=(3, 10))
+    mask = np.zeros((3, 10))
+    spans = [(2, 7), (0, 10), (5, 6)]
+    for i, (a, e) in enumerate(spans):
+        mask[i, a:e] = 1
+    gamma, lam = 0.9, 0.8
+    adv, ret = gae(rewards, values, mask, gamma, lam)
+    for i, (a, e) in enumerate(spans):  # TRL's loop over one row's response
+        last = 0.0
+        expected = np.zeros(e - a)
+        for t in reversed(range(a, e)):
+            next_value = values[i, t + 1] if t + 1 < e else 0.0
+            delta = rewards[i, t] + gamma * next_value - values[i, t]
+            last = delta + gamma * lam * last
+            expected[t - a] = last
+        np.testing.assert_allclose(adv[i, a:e], expected, rtol=1e-12)
+        np.testing.assert_allclose(ret[i, a:e], expected + values[i, a:e], rtol=1e-12)
+        assert not adv[i, :a].any() and not adv[i, e:].any() and not ret[i, e:].any()
+    white = whiten(adv, mask)
+    picked = adv[mask > 0]
+    np.testing.assert_allclose(white[mask > 0], (picked - picked.mean()) / np.sqrt(picked.var(ddof=1) + 1e-8))
+    assert not white[mask == 0].any()
+
+
+def test_kl_estimators():
+    from objectives.ppo import kl_per_token
+
+    logp, ref = np.log(np.array([0.5, 0.2])), np.log(np.array([0.25, 0.4]))
+    np.testing.assert_allclose(kl_per_token(logp, ref, "k1"), logp - ref)
+    r = np.exp(ref - logp)
+    np.testing.assert_allclose(kl_per_token(logp, ref, "k3"), (r - 1) - np.log(r))
+    assert (kl_per_token(logp, ref, "k3") >= 0).all()
+
+
+def test_ppo_losses_and_metrics_equal_a_hand_computation(pynative):
+    import mindspore as ms
+    from omegaconf import OmegaConf
+
+    from models import build_model
+    from objectives.ppo import Config, PolicyWithValue, PPOLoss
+
+    lm = build_model(load_preset("model", "tiny"), 32, "fp32", "CPU", seed=0)
+    policy = PolicyWithValue(lm)
+    rng = np.random.default_rng(1)
+    policy.value_head.set_data(ms.Tensor(rng.normal(0, 0.1, (1, 128)).astype(np.float32)))
+    tokens = rng.integers(4, 4096, (2, 17)).astype(np.int32)
+    mask = (rng.random((2, 16)) < 0.6).astype(np.float32)
+    old_logp = rng.normal(-8, 1, (2, 16)).astype(np.float32)
+    adv, ret, old_v = (rng.normal(size=(2, 16)).astype(np.float32) for _ in range(3))
+    cfg = OmegaConf.merge(OmegaConf.structured(Config), {"name": "ppo", "cliprange": 0.2, "cliprange_value": 0.3,
+                                                         "vf_coef": 0.5})
+    out = [float(x.asnumpy()) for x in PPOLoss(policy, cfg)(*map(ms.Tensor, (tokens, mask, old_logp, adv, ret, old_v)))]
+    logits = lm(ms.Tensor(tokens[:, :-1])).asnumpy().astype(np.float64)
+    h = lm.model(ms.Tensor(tokens[:, :-1])).asnumpy().astype(np.float64)
+    values = h @ policy.value_head.asnumpy()[0]
+    logp_all = logits - logits.max(-1, keepdims=True)
+    logp_all -= np.log(np.exp(logp_all).sum(-1, keepdims=True))
+    logp = np.take_along_axis(logp_all, tokens[:, 1:, None], -1)[..., 0]
+    n = mask.sum()
+    ratio = np.exp(logp - old_logp)
+    pg1, pg2 = -adv * ratio, -adv * np.clip(ratio, 0.8, 1.2)
+    pg = (np.maximum(pg1, pg2) * mask).sum() / n
+    clipped = old_v + np.clip(values - old_v, -0.3, 0.3)
+    v1, v2 = (values - ret) ** 2, (clipped - ret) ** 2
+    vf = 0.5 * (np.maximum(v1, v2) * mask).sum() / n
+    entropy = (-(np.exp(logp_all) * logp_all).sum(-1) * mask).sum() / n
+    want = [pg + 0.5 * vf, 0.5 * ((logp - old_logp) ** 2 * mask).sum() / n, ((pg2 > pg1) * mask).sum() / n, pg, vf,
+            ((v2 > v1) * mask).sum() / n, entropy]
+    np.testing.assert_allclose(out, want, rtol=2e-4, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def reward_checkpoint(tmp_path_factory, base_checkpoint, tokenizer_file):
+    """A reward-model checkpoint (the base model's trunk and a random head), as a stage=rm run leaves it."""
+    import mindspore as ms
+
+    import checkpoint
+    from models import build_model
+    from objectives.rm import RewardModel
+
+    cfg = compose_cfg("model=tiny", "stage=rm", f"stage.init_from={base_checkpoint}", "data=preferences")
+    lm = build_model(cfg.model, 64, "fp32", "CPU", seed=3)
+    checkpoint.load_weights(base_checkpoint, lm)
+    reward_model = RewardModel(lm, seed=7)
+    return checkpoint.save(str(tmp_path_factory.mktemp("rm") / "ckpt"), 10, reward_model,
+                           ms.nn.SGD(reward_model.trainable_params()), {}, cfg, tokenizer_file)
+
+
+def ppo_cfg(tmp_path, base, rm, *overrides):
+    prompts = [{"instruction": f"Say {w} {n} times.", "output": " ".join([w] * n)}
+               for n in range(1, 11) for w in ("apple", "river", "stone", "cloud")]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    return compose_cfg("stage=ppo", f"stage.init_from={base}", f"objective.reward_model={rm}", "model=tiny",
+                       f"data.sources=[{{name: say, kind: alpaca, paths: [{path}], val_paths: [{path}]}}]",
+                       "data.name=say", "data.seq_len=96", f"data.cache_dir={tmp_path / 'cache'}",
+                       "objective.max_prompt_len=64", "objective.max_new_tokens=12", "objective.ppo_epochs=2",
+                       "trainer.micro_batch_size=4", "trainer.log_every=1", "trainer.max_steps=6", "optim.lr=1e-3",
+                       "trainer.keep_last=0", "logger.progress_bar=false", *overrides)
+
+
+@pytest.mark.slow
+def test_ppo_run_logs_trls_metrics_and_resumes_mid_rollout_exactly(tmp_path, base_checkpoint, reward_checkpoint):
+    """6 steps = 3 rollouts of 2 updates; killed after step 3, half-way through a rollout, the resumed run
+    ends with the same weights and logs the same numbers as the uninterrupted one."""
+    import shutil
+
+    from safetensors.numpy import load_file
+
+    from trainer.loop import train
+
+    cfg = ppo_cfg(tmp_path, base_checkpoint, reward_checkpoint, "trainer.save_every=3")
+    validate(cfg)
+    train(cfg, str(tmp_path / "full"))
+    shutil.copytree(tmp_path / "full", tmp_path / "resumed")
+    shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "step_000006")
+    (tmp_path / "resumed" / "checkpoints" / "latest").write_text("step_000003\n")
+    lines = (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()
+    (tmp_path / "resumed" / "metrics.jsonl").write_text("\n".join(lines[:3]) + "\n")
+    train(cfg, str(tmp_path / "resumed"))
+    full = [json.loads(line) for line in open(tmp_path / "full" / "metrics.jsonl")]
+    resumed = [json.loads(line) for line in open(tmp_path / "resumed" / "metrics.jsonl")]
+    assert {"objective/scores", "objective/kl", "objective/rlhf_reward", "policy/approxkl", "policy/clipfrac",
+            "loss/policy", "loss/value", "val/clipfrac", "gen_len", "entropy"} <= set(full[0])
+    assert full[0]["objective/kl"] == 0.0 and full[0]["policy/approxkl"] == 0.0  # policy == reference, old
+    assert full[1]["policy/approxkl"] > 0  # the rollout's second update sees the first one's change
+    assert full[0]["objective/scores"] == full[1]["objective/scores"] != full[2]["objective/scores"]
+    for a, b in zip(full, resumed):
+        assert {k: v for k, v in a.items() if "tokens_per_sec" not in k and k != "mfu" and "rss" not in k} == \
+            {k: v for k, v in b.items() if "tokens_per_sec" not in k and k != "mfu" and "rss" not in k}
+    weights = load_file(str(tmp_path / "full" / "checkpoints" / "step_000006" / "model.safetensors"))
+    again = load_file(str(tmp_path / "resumed" / "checkpoints" / "step_000006" / "model.safetensors"))
+    assert "value_head.weight" in weights and np.abs(weights["value_head.weight"]).max() > 0
+    for name in weights:
+        np.testing.assert_array_equal(weights[name], again[name], err_msg=name)
+
+
+@pytest.mark.parametrize("overrides,key,message", [
+    ([], "objective.reward_model", "stage=ppo needs a reward model"),
+    (["objective.reward_model=/nonexistent"], "objective.reward_model", "/nonexistent is not a checkpoint directory"),
+    (["objective.reward_model=BASE"], "objective.reward_model", "is not a reward-model checkpoint"),
+    (["objective.reward_model=RM", "objective.adaptive_kl=true", "objective.kl_target=0"], "objective.kl_target",
+     "must be > 0"),
+    (["objective.reward_model=RM", "objective.kl_estimator=k2"], "objective.kl_estimator", "choose one of k1, k3"),
+    (["objective.reward_model=RM", "trainer.grad_accum=2"], "trainer.grad_accum", "one optimizer step per minibatch"),
+    (["objective.reward_model=RM", "objective.max_new_tokens=1000", "data.seq_len=1024"], "objective.max_new_tokens",
+     "must fit model.max_position_embeddings=1024"),
+    (["objective.reward_model=RM", "objective.max_new_tokens=200"], "data.seq_len",
+     "must hold objective.max_prompt_len + max_new_tokens = 328"),
+], ids=["no-rm", "missing-rm", "not-an-rm", "kl-target", "estimator", "grad-accum", "cache", "seq-len"])
+def test_bad_ppo_configs_are_refused(base_checkpoint, reward_checkpoint, overrides, key, message):
+    overrides = [o.replace("=BASE", f"={base_checkpoint}").replace("=RM", f"={reward_checkpoint}") for o in overrides]
+    with pytest.raises(ConfigError) as err:
+        validate(compose_cfg("stage=ppo", f"stage.init_from={base_checkpoint}", "model=tiny", *overrides))
+    assert err.value.key == key and message in str(err.value)
+
+
+def test_a_reward_model_of_another_vocabulary_is_refused(tmp_path, base_checkpoint, reward_checkpoint):
+    import shutil
+
+    from omegaconf import OmegaConf
+
+    other = tmp_path / "rm"
+    shutil.copytree(reward_checkpoint, other)
+    cfg = OmegaConf.load(other / "config.yaml")
+    cfg.model.vocab_size = 8192
+    OmegaConf.save(cfg, other / "config.yaml")
+    with pytest.raises(ConfigError, match="its vocabulary \\(8192\\) differs from the policy's \\(4096\\)"):
+        validate(compose_cfg("stage=ppo", f"stage.init_from={base_checkpoint}", "model=tiny",
+                             f"objective.reward_model={other}"))
