@@ -24,11 +24,13 @@ import mindspore as ms
 from mindspore import nn
 from omegaconf import DictConfig, OmegaConf
 
+from conf.errors import UserError
+
 WEIGHTS, OPTIMIZER, STATE, CONFIG, TOKENIZER, LATEST = "model.safetensors", "optimizer.safetensors", \
     "state.json", "config.yaml", "tokenizer.model", "latest"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A checkpoint that cannot be used for this run; the message names the file and what differs."""
 
 
@@ -157,12 +159,20 @@ def check_optimizer(path: str, name: str) -> None:
                               f"weights with a fresh optimizer: stage.init_from={path} trainer.resume=none")
 
 
-def _load_into(file: str, cell: nn.Cell, names: List[str], what: str) -> None:
+def _load_into(file: str, cell: nn.Cell, names: List[str], what: str, whole: bool = False) -> None:
+    """`whole`: the file may hold no more of this model's structure than `names` (a checkpoint of a bigger model
+    is not loaded in part); weights outside it, such as a PPO value head (`value_head.*`), are left out."""
     try:
         params = ms.load_checkpoint(file, format="safetensors")
     except Exception as err:  # MindSpore raises bare RuntimeError/ValueError for unreadable files
-        raise CheckpointError(f"{file}: cannot be read ({str(err).splitlines()[0]})") from None
+        raise CheckpointError(f"{file}: cannot be read ({str(err).splitlines()[0]}); the file is truncated or "
+                              f"not safetensors: copy it again or use an earlier checkpoint") from None
     own = cell.parameters_dict()
+    roots = {name.split(".")[0] for name in names}  # e.g. model, lm_head
+    extra = sorted(n for n in set(params) - set(names) if n.split(".")[0] in roots) if whole else []
+    if extra:
+        raise CheckpointError(f"{file}: holds {len(extra)} weights this model does not have (e.g. {extra[0]}): "
+                              f"the checkpoint is of another model; set model= to the one it was trained with")
     for name in names:
         if name not in params:
             raise CheckpointError(f"{file}: has no {name}: it is not a {what} of this model")
@@ -172,13 +182,21 @@ def _load_into(file: str, cell: nn.Cell, names: List[str], what: str) -> None:
     ms.load_param_into_net(cell, {n: params[n] for n in names}, strict_load=True)
 
 
+def weights_file(path: str) -> str:
+    """The weights file of a checkpoint directory (or the .safetensors file given); CheckpointError if absent."""
+    file = os.path.join(path, WEIGHTS) if os.path.isdir(path) else path
+    if not os.path.isfile(file):
+        raise CheckpointError(f"{file}: no such checkpoint; give a checkpoint directory (.../checkpoints/step_N) "
+                              f"or its {WEIGHTS}")
+    return file
+
+
 def load_weights(path: str, model: nn.Cell, only: Optional[Set[str]] = None) -> None:
     """Model weights (all, or the names in `only`) from a checkpoint directory or a .safetensors file
     (stage.init_from)."""
-    file = os.path.join(path, WEIGHTS) if os.path.isdir(path) else path
-    if not os.path.isfile(file):
-        raise CheckpointError(f"{file}: no such checkpoint")
-    _load_into(file, model, sorted(only) if only is not None else list(model.parameters_dict()), "checkpoint")
+    file = weights_file(path)
+    _load_into(file, model, sorted(only) if only is not None else list(model.parameters_dict()), "checkpoint",
+               whole=only is None)
 
 
 def load(path: str, model: nn.Cell, optimizer: nn.Optimizer, only: Optional[Set[str]] = None) -> dict:

@@ -11,11 +11,11 @@ tokenizer.model), imported through `models.convert.import_hf` into a temporary d
 streamed to stdout as it is generated; a prompts file (one {"prompt": ...} JSON object per line, other keys
 kept) gives one JSON line per prompt, in order: {..., "completion", "finish_reason", "new_tokens"}. All
 batches share one padded prompt length and batch size (the last batch is filled up), so the whole run
-compiles two graphs. Temperature 0 is greedy. Bad input prints one `error: ...` line and exits with code 2.
+compiles two graphs. Temperature 0 is greedy. Bad input prints one `error: ...` line and exits with code 2
+(1 for a checkpoint that cannot be loaded).
 """
 import boot  # noqa: F401  (first: imports MindSpore before anything that loads protobuf)
 
-import argparse
 import json
 import os
 import re
@@ -24,21 +24,16 @@ import tempfile
 import time
 from typing import List, Optional
 
+from argparse import RawDescriptionHelpFormatter
+
 from omegaconf import OmegaConf
 
-
-class UsageError(Exception):
-    """Bad input: printed as one `error: ...` line, exit code 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, no usage block
-        raise UsageError(message)
+from conf.errors import ArgumentParser, UsageError, entry_point
 
 
 def parse_args(argv: Optional[List[str]]):
-    parser = _Parser(prog="python -m generate", description=__doc__,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(prog="python -m generate", description=__doc__,
+                            formatter_class=RawDescriptionHelpFormatter)
     parser.add_argument("source", metavar="CKPT_OR_HF_DIR", help="mindlab checkpoint dir or Hugging Face Llama dir")
     prompts = parser.add_mutually_exclusive_group(required=True)
     prompts.add_argument("--prompt", help="one prompt (streamed to stdout)")
@@ -126,9 +121,8 @@ def load(source: str, workdir: str):
     if not os.path.isfile(os.path.join(path, "config.yaml")) and os.path.isfile(os.path.join(path, "config.json")):
         try:
             import_hf(path, workdir)  # a Hugging Face directory: the same path as `models.convert --to mindlab`
-        except (ValueError, FileNotFoundError, KeyError) as err:
-            raise UsageError(str(err) if not isinstance(err, KeyError) else
-                             f"{path}/config.json: has no {err} (not a Llama config)") from None
+        except KeyError as err:
+            raise UsageError(f"{path}/config.json: has no {err} (not a Llama config)") from None
         path = workdir
     for name in ("config.yaml", "model.safetensors"):
         if not os.path.isfile(os.path.join(path, name)):
@@ -192,17 +186,14 @@ class Stream:
             self.shown = len(text)
 
 
+@entry_point
 def main(argv: Optional[List[str]] = None) -> int:
-    try:
-        args = parse_args(argv)
-        records = read_prompts(args)
-        with tempfile.TemporaryDirectory(prefix="mindlab-generate-") as workdir:
-            model_cfg, path, tokenizer = load(args.source, workdir)
-            prompts = encode_prompts(records, tokenizer, model_cfg.max_position_embeddings, args.max_new_tokens)
-            model = build(model_cfg, path, args.device)  # reads the weights: the temp dir may go after this
-    except UsageError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    args = parse_args(argv)
+    records = read_prompts(args)
+    with tempfile.TemporaryDirectory(prefix="mindlab-generate-") as workdir:
+        model_cfg, path, tokenizer = load(args.source, workdir)
+        prompts = encode_prompts(records, tokenizer, model_cfg.max_position_embeddings, args.max_new_tokens)
+        model = build(model_cfg, path, args.device)  # reads the weights: the temp dir may go after this
     run(args, model, tokenizer, records, prompts)
     return 0
 
@@ -217,10 +208,7 @@ def build(model_cfg, path: str, device: str):
     if ms.get_context("device_target") != device:
         ms.set_device(device)
     model = LlamaForCausalLM(model_cfg, "fp32", use_flash=False, seed=0)
-    try:
-        checkpoint.load_weights(path, model)
-    except checkpoint.CheckpointError as err:
-        raise UsageError(str(err)) from None
+    checkpoint.load_weights(path, model)
     model.set_train(False)
     return model
 

@@ -15,8 +15,9 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from conf.errors import UserError, entry_point
 from conf.schema import register
-from conf.validate import ConfigError, validate
+from conf.validate import validate
 from trainer.runtime import launched_rank, launched_world_size
 
 register()
@@ -34,15 +35,12 @@ def swept_values(hydra_cfg) -> str:
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def main(cfg: DictConfig):
+def run(cfg: DictConfig):
+    """A user error (conf/errors.py) propagates to `main`, which prints it as one line."""
     p = cfg.parallel
     processes = p.dp * p.tp * p.pp
     relaunch = launched_world_size() == 1 and processes > 1 and not cfg.dry_run  # e.g. parallel=dp2 on one box
-    try:
-        validate(cfg, world_size=processes if relaunch else launched_world_size())
-    except ConfigError as err:
-        print(f"config error: {err}", file=sys.stderr)
-        sys.exit(2)
+    validate(cfg, world_size=processes if relaunch else launched_world_size())
     if cfg.dry_run:
         from planner.dry_run import dry_run_report
 
@@ -52,10 +50,7 @@ def main(cfg: DictConfig):
         from distributed.launch import relaunch as launch
 
         sys.exit(launch(processes, HydraConfig.get().runtime.output_dir))
-    from data import DataError  # the training stack (MindFormers included) loads only when training
-    from checkpoint import CheckpointError
-    from trainer.guard import TrainingStopped
-    from trainer.loop import save_resolved_config, train
+    from trainer.loop import train  # the training stack loads only when training
     from trainer.metrics import write_status
 
     hydra_cfg = HydraConfig.get()
@@ -67,22 +62,13 @@ def main(cfg: DictConfig):
     main_rank = launched_rank() == 0
     status = write_status if main_rank else (lambda *args, **kwargs: None)
     if main_rank:
-        save_resolved_config(cfg, run_dir)
         print(OmegaConf.to_yaml(cfg, resolve=True))
         print(f"run dir: {run_dir}")
     status(run_dir, "running")
     try:
         metrics = train(cfg, run_dir)
-    except ConfigError as err:  # found while building (e.g. peft.target_modules matching no cell)
-        status(run_dir, "failed", error=str(err))
-        print(f"config error: {err}", file=sys.stderr)
-        sys.exit(2)
-    except (DataError, CheckpointError, TrainingStopped) as err:
-        status(run_dir, "failed", error=str(err))
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(1)
-    except BaseException as err:
-        status(run_dir, "failed", error=f"{type(err).__name__}: {err}")
+    except BaseException as err:  # a user error (bad file, checkpoint, credential) says itself; a bug its type too
+        status(run_dir, "failed", error=str(err) if isinstance(err, UserError) else f"{type(err).__name__}: {err}")
         raise
     status(run_dir, "preempted" if metrics.get("preempted") else "finished", step=metrics.get("step"))
     if launched_world_size() > 1:
@@ -92,5 +78,13 @@ def main(cfg: DictConfig):
     return metrics.get("val_loss")
 
 
+@entry_point
+def main(argv=None) -> None:
+    """`python train.py [overrides]`: Hydra reads sys.argv; `argv` replaces it (tests run this in-process)."""
+    if argv is not None:
+        sys.argv = [sys.argv[0], *argv]
+    run()
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

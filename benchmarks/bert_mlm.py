@@ -25,7 +25,7 @@ DEFAULTS = ["experiment=bert_tiny_mlm", "logger.progress_bar=false"]
 
 
 def unigram_baseline(cfg) -> float:
-    from data import prepare
+    from data.cache import prepare
     from objectives.mlm import SPECIAL_PIECES, row_spec
 
     prepared = prepare(cfg.data, row_spec(cfg.objective))

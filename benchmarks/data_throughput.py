@@ -20,7 +20,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from conf.schema import REPO_ROOT, register
-from data import build_data, prepare
+from data import build_data
+from data.cache import prepare
 from models import build_model
 from objectives import objective
 from trainer.step import ForwardBackward

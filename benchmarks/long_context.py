@@ -1,102 +1,169 @@
 """Context extension, end to end: loss by position and passkey accuracy for (a) a base model at its training
 length, (b) zero-shot extension with each RoPE scaling, (c) after stage=long_context.
 
-    python -m benchmarks.long_context                     # model=small, base at 256, extended x4 and x8
-    python -m benchmarks.long_context --base-steps 300 --extend-steps 200 --factors 4 8 --work runs/lc
+    python -m benchmarks.long_context                     # model=small, base at 256, zero-shot x8, extended x4
+    python -m benchmarks.long_context --model tiny --base-steps 400 --extend-steps 150 --work runs/lc
 
 Steps (each a subprocess; needs ../shared/corpora for data=long_docs):
-  1. train.py model=small model.max_position_embeddings=256 data=long_docs data.seq_len=256 (the base)
-  2. evaluate.py on it at lengths 256 and 256 x factor: rope none (extrapolation: max_position_embeddings
-     raised, nothing scaled), linear, ntk, dynamic, yarn, llama3 at each factor
-  3. train.py stage=long_context from the base (yarn, largest factor, data.seq_len = 256 x factor), evaluated
-     the same way
-Prints one table of mean NLL per position bucket (rows: model and method, columns: buckets of the longest
-length) and one of passkey accuracy. Loss buckets past 256 are what extension is about.
+  1. train.py model=M model.max_position_embeddings=B data=long_docs data.seq_len=B (the base, B = --base-len)
+  2. evaluate.py on it with a window of B x --factor: rope none (extrapolation: max_position_embeddings raised,
+     nothing scaled), linear, ntk, dynamic, yarn, llama3 with that factor; loss on rows of B and of the window,
+     passkey at B, 2B, 4B, ... the window
+  3. train.py stage=long_context from the base (yarn x --extend-factor, data.seq_len = B x that factor), evaluated
+     the same way up to its window, and at B x --factor with the factor raised (zero-shot past its window); and a
+     control: the same steps, tokens per step and lr at length B without scaling, evaluated like the base
+Every evaluation uses the same validation documents (data=long_docs, objective=clm stream packing, rows re-packed
+at each length). Loss by position comes from rows of the full window: in a causal model the positions < n of a
+long row see what a row of n tokens sees (dynamic NTK aside, whose table follows the row length, which is why
+rows of B are scored too). Prints one table of mean NLL per position range and one of passkey accuracy (mean
+over depths) per length.
 """
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BASE_LEN = 256
 METHODS = ("none", "linear", "ntk", "dynamic", "yarn", "llama3")
 
 
 def run(cmd, log):
     print("$", " ".join(cmd), flush=True)
     with open(log, "a") as f:
+        f.write("$ " + " ".join(cmd) + "\n")
+        f.flush()
         subprocess.run(cmd, check=True, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
 
 
-def evaluate(ckpt, overrides, length, out, log, passkey_trials):
-    run([sys.executable, "-m", "evaluate", ckpt, "tasks=[]", "eval.batches=4", f"eval.position_bucket={length // 8}",
-         f"eval.context_lengths=[{BASE_LEN},{length}]", f"eval.passkey_lengths=[{BASE_LEN},{length}]",
-         f"eval.passkey_trials={passkey_trials}", "data=long_docs", f"data.seq_len={BASE_LEN}", *overrides,
-         "--out", out], log)
+def evaluate(ckpt, overrides, base_len, window, out, log, a):
+    """{length: [bucket, ...]} (buckets of base_len target positions) for rows of base_len and of `window`, and
+    {length: {depth: accuracy}} at base_len, 2 x base_len, ... window."""
+    if not os.path.isfile(out):
+        csv = ",".join(str(n) for n in doublings(base_len, window))
+        run([sys.executable, "-m", "evaluate", ckpt, "tasks=[]", f"eval.batches={a.eval_batches}",
+             f"eval.position_bucket={base_len}", f"eval.context_lengths=[{window}]", f"eval.passkey_lengths=[{csv}]",
+             f"eval.passkey_trials={a.passkey_trials}", f"eval.passkey_depths=[{a.passkey_depths}]", "data=long_docs",
+             f"data.seq_len={base_len}", "objective=clm", "trainer.micro_batch_size=2", *overrides, "--out", out], log)
     r = json.load(open(out))
-    buckets = r["data_eval"]["context_lengths"][str(length)]
-    return buckets.get("all"), r.get("passkey", {})
+    return {int(k): v["all"] for k, v in r["data_eval"]["context_lengths"].items()}, r.get("passkey", {})
+
+
+def doublings(base_len, longest):
+    """base_len, 2 x base_len, 4 x base_len, ... longest."""
+    out = [base_len]
+    while out[-1] < longest:
+        out.append(min(out[-1] * 2, longest))
+    return out
+
+
+def ranges(base_len, longest):
+    """Position ranges [0, B), [B, 2B), [2B, 4B), ... up to `longest`."""
+    ends = doublings(base_len, longest)
+    return list(zip([0] + ends[:-1], ends))
+
+
+def range_loss(buckets, start, end):
+    """Token-weighted mean NLL of the buckets inside [start, end); None past the row's length."""
+    sel = [b for b in buckets if b["start"] >= start and b["end"] <= end and b["tokens"]]
+    if not sel or sel[-1]["end"] < end:
+        return None
+    return sum(b["loss"] * b["tokens"] for b in sel) / sum(b["tokens"] for b in sel)
 
 
 def latest(run_dir):
-    ckpts = sorted(os.listdir(os.path.join(run_dir, "checkpoints")))
-    return os.path.join(run_dir, "checkpoints", [c for c in ckpts if c.startswith("step_")][-1])
+    ckpts = sorted(c for c in os.listdir(os.path.join(run_dir, "checkpoints")) if c.startswith("step_"))
+    return os.path.join(run_dir, "checkpoints", ckpts[-1])
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--work", default=os.path.join(ROOT, "runs", "long_context"))
+    p.add_argument("--model", default="small")
+    p.add_argument("--base-len", type=int, default=256)
     p.add_argument("--base-steps", type=int, default=300)
-    p.add_argument("--extend-steps", type=int, default=200)
-    p.add_argument("--factors", type=int, nargs="+", default=[4, 8])
-    p.add_argument("--passkey-trials", type=int, default=10)
+    p.add_argument("--base-micro-batch", type=int, default=8)
+    p.add_argument("--factor", type=int, default=8, help="zero-shot scaling factor (window B x factor)")
+    p.add_argument("--extend-factor", type=int, default=4)
+    p.add_argument("--extend-steps", type=int, default=150)
+    p.add_argument("--extend-micro-batch", type=int, default=2)
+    p.add_argument("--attention-chunk", type=int, default=0, help="model.attention_chunk for the extension (0: off)")
+    p.add_argument("--eval-batches", type=int, default=4, help="validation batches (of 2 rows) per source")
+    p.add_argument("--passkey-trials", type=int, default=4, help="keys per length and depth")
+    p.add_argument("--passkey-depths", default="0.1,0.5,0.9")
     a = p.parse_args()
     os.makedirs(a.work, exist_ok=True)
     log = os.path.join(a.work, "log.txt")
-    common = ["model=small", f"model.max_position_embeddings={BASE_LEN}", "trainer.micro_batch_size=4",
-              "trainer.eval_every=0"]
+    B = a.base_len
+    common = [f"model={a.model}", f"model.max_position_embeddings={B}", "trainer.eval_every=0",
+              "logger.progress_bar=false"]
     base_dir = os.path.join(a.work, "base")
     if not os.path.isdir(os.path.join(base_dir, "checkpoints")):
-        run([sys.executable, "train.py", *common, "data=long_docs", f"data.seq_len={BASE_LEN}", "optim.lr=1e-3",
-             "optim.min_lr=1e-4", "optim.warmup_steps=30", f"trainer.max_steps={a.base_steps}",
-             f"hydra.run.dir={base_dir}"], log)
+        run([sys.executable, "train.py", *common, "data=long_docs", f"data.seq_len={B}", "optim.lr=1e-3",
+             "optim.min_lr=1e-4", "optim.warmup_steps=30", f"trainer.micro_batch_size={a.base_micro_batch}",
+             f"trainer.max_steps={a.base_steps}", f"hydra.run.dir={base_dir}"], log)
     base = latest(base_dir)
-    rows, passkeys = [], []
-    longest = BASE_LEN * max(a.factors)
-    for factor in a.factors:
-        length = BASE_LEN * factor
-        for method in METHODS:
-            scaling = [f"model.max_position_embeddings={length}"] if method == "none" else \
-                [f"model.rope_scaling.type={method}", f"model.rope_scaling.factor={factor}"]
-            by_pos, pk = evaluate(base, scaling, length, os.path.join(a.work, f"eval-{method}-x{factor}.json"), log,
-                                  a.passkey_trials)
-            rows.append((f"base, {method} x{factor}", length, by_pos))
-            passkeys.append((f"base, {method} x{factor}", pk))
-    ext_dir = os.path.join(a.work, f"extended-x{max(a.factors)}")
+    longest = B * a.factor
+    lengths = doublings(B, longest)
+    rows, passkeys = [], []  # (name, window, {length: buckets}), (name, {length: {depth: acc}})
+    for method in METHODS:
+        scaling = [f"model.max_position_embeddings={longest}"] if method == "none" else \
+            [f"model.rope_scaling.type={method}", f"model.rope_scaling.factor={a.factor}"]
+        name = "base, none (no scaling)" if method == "none" else f"base, {method} x{a.factor}"
+        by_len, pk = evaluate(base, scaling, B, longest, os.path.join(a.work, f"eval-{method}.json"), log, a)
+        rows.append((name, longest, by_len))
+        passkeys.append((name, pk))
+    ext_len = B * a.extend_factor
+    ext_dir = os.path.join(a.work, f"extended-x{a.extend_factor}")
     if not os.path.isdir(os.path.join(ext_dir, "checkpoints")):
+        chunk = [f"model.attention_chunk={a.attention_chunk}", "model.recompute=selective"] if a.attention_chunk else []
         run([sys.executable, "train.py", "stage=long_context", f"stage.init_from={base}", *common,
-             "trainer.micro_batch_size=1", f"data.seq_len={longest}", "model.rope_scaling.type=yarn",
-             f"model.rope_scaling.factor={max(a.factors)}", f"model.attention_chunk={BASE_LEN}",
-             "model.recompute=selective", f"trainer.max_steps={a.extend_steps}", f"hydra.run.dir={ext_dir}"], log)
-    by_pos, pk = evaluate(latest(ext_dir), [], longest, os.path.join(a.work, "eval-extended.json"), log,
-                          a.passkey_trials)
-    rows.append((f"stage=long_context yarn x{max(a.factors)} ({a.extend_steps} steps)", longest, by_pos))
-    passkeys.append((f"stage=long_context yarn x{max(a.factors)}", pk))
+             f"trainer.micro_batch_size={a.extend_micro_batch}", f"data.seq_len={ext_len}",
+             "model.rope_scaling.type=yarn", f"model.rope_scaling.factor={a.extend_factor}", *chunk,
+             f"trainer.max_steps={a.extend_steps}", f"hydra.run.dir={ext_dir}"], log)
+    ext = latest(ext_dir)
+    name = f"stage=long_context yarn x{a.extend_factor} ({a.extend_steps} steps at {ext_len})"
+    by_len, pk = evaluate(ext, [], B, ext_len, os.path.join(a.work, "eval-extended.json"), log, a)
+    rows.append((name, ext_len, by_len))
+    passkeys.append((name, pk))
+    # control: the same continued training (steps, tokens per step, lr) at the base length without scaling, so
+    # what the extended model gains at short positions from more training is not credited to the extension
+    ctl_dir = os.path.join(a.work, "continued-base-len")
+    if not os.path.isdir(os.path.join(ctl_dir, "checkpoints")):
+        run([sys.executable, "train.py", "stage=long_context", f"stage.init_from={base}", *common,
+             f"trainer.micro_batch_size={a.extend_micro_batch * a.extend_factor}", f"data.seq_len={B}",
+             "model.rope_scaling.type=none", "model.rope_scaling.factor=1", f"trainer.max_steps={a.extend_steps}",
+             f"hydra.run.dir={ctl_dir}"], log)
+    name = f"control: same {a.extend_steps} steps at {B}, no scaling"
+    by_len, pk = evaluate(latest(ctl_dir), [f"model.max_position_embeddings={longest}"], B, longest,
+                          os.path.join(a.work, "eval-control.json"), log, a)
+    rows.insert(len(METHODS), (name, longest, by_len))
+    passkeys.insert(len(METHODS), (name, pk))
+    if longest > ext_len:
+        name = f"stage=long_context, yarn raised to x{a.factor} at eval"
+        by_len, pk = evaluate(ext, [f"model.rope_scaling.factor={a.factor}"], B, longest,
+                              os.path.join(a.work, "eval-extended-raised.json"), log, a)
+        rows.append((name, longest, by_len))
+        passkeys.append((name, pk))
 
-    print(f"\nmean NLL by target position (model=small pretrained at {BASE_LEN} for {a.base_steps} steps)\n")
-    for length in sorted({r[1] for r in rows}):
-        sel = [r for r in rows if r[1] == length]
-        heads = [f"{b['start']}-{b['end']}" for b in sel[0][2]]
-        print(f"| length {length} | " + " | ".join(heads) + " |\n|---|" + "---:|" * len(heads))
-        for name, _, by_pos in sel:
-            print(f"| {name} | " + " | ".join(f"{b['loss']:.3f}" for b in by_pos) + " |")
-        print()
-    print("passkey accuracy (10 candidates, chance 0.10), mean over depths\n")
-    print("| model | " + " | ".join(f"len {k}" for k in passkeys[-1][1]) + " |")
+    spans = ranges(B, longest)
+    fmt = lambda v: "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"  # noqa: E731
+    print(f"\nmean NLL (nats/token) by target position, rows of the method's window; 'loss@{B}' is the mean over "
+          f"rows of {B} tokens (model={a.model} pretrained at {B} for {a.base_steps} steps)\n")
+    print(f"| model, rope | window | loss@{B} | " + " | ".join(f"pos {s}-{e}" for s, e in spans) + " |")
+    print("|---|---:|---:|" + "---:|" * len(spans))
+    for name, window, by_len in rows:
+        short = range_loss(by_len[B], 0, B)
+        print(f"| {name} | {window} | {fmt(short)} | " +
+              " | ".join(fmt(range_loss(by_len[window], s, e)) for s, e in spans) + " |")
+    print("\npasskey accuracy (10 candidate keys, chance 0.10; mean over depths, "
+          f"{a.passkey_trials} trials per depth)\n")
+    print("| model, rope | " + " | ".join(f"len {n}" for n in lengths) + " |")
+    print("|---|" + "---:|" * len(lengths))
     for name, pk in passkeys:
-        print(f"| {name} | " + " | ".join(f"{sum(v.values()) / len(v):.2f}" for v in pk.values()) + " |")
+        cells = [f"{sum(pk[str(n)].values()) / len(pk[str(n)]):.2f}" if str(n) in pk else "" for n in lengths]
+        print(f"| {name} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

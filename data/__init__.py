@@ -13,7 +13,8 @@ from typing import Dict, List
 import numpy as np
 
 from conf.schema import DataConfig
-from data.cache import PreparedData, prepare
+from data import cache
+from data.cache import PreparedData
 from data.errors import DataError
 from data.loader import BlendedBatches, validation_batches
 from data.mixing import check_weights
@@ -21,7 +22,7 @@ from data.packing import PACKED
 from data.rows import RowSpec
 from data.tokenizer import Tokenizer
 
-__all__ = ["BlendedBatches", "DataBundle", "DataError", "PreparedData", "Tokenizer", "build_data", "prepare"]
+__all__ = ["BlendedBatches", "DataBundle", "DataError", "PreparedData", "Tokenizer", "build_data"]
 
 
 @dataclass
@@ -37,7 +38,7 @@ def build_data(cfg: DataConfig, micro_batch_size: int, dp_rank: int = 0, dp_size
     """Prepare (or reuse) the cache for `cfg` in the row layout `spec` (the objective's) and open this rank's
     training and validation batches over it."""
     check_weights(cfg.weights, [s.name for s in cfg.sources])  # before the work of preparing
-    prepared = prepare(cfg, spec)
+    prepared = cache.prepare(cfg, spec)  # not `prepare`: python -m data.prepare's module shadows that name
     train = BlendedBatches(prepared, cfg.weights, micro_batch_size, dp_rank, dp_size, seed, cfg.allow_weight_change)
     meta = {**prepared.meta, "cache_dir": str(prepared.rows_dir), "weights": train.weights}
     return DataBundle(prepared.tokenizer(), train, validation_batches(prepared, micro_batch_size, eval_batches), meta)

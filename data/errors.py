@@ -1,5 +1,6 @@
 """The one exception the data pipeline raises for bad inputs or settings."""
+from conf.errors import UserError
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """A data problem the user can fix; the message names the file or config key and the fix."""

@@ -67,7 +67,6 @@ the `data` package's `__init__`, which does import it; `python data/instructions
 """
 from __future__ import annotations
 
-import argparse
 import ast
 import gzip
 import hashlib
@@ -81,6 +80,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+from conf.errors import ArgumentParser, UserError, entry_point
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MAX_OUTPUT_CHARS = 1000
@@ -568,12 +569,25 @@ def default_out_dir() -> Path:
     return Path(os.environ.get("MINDLAB_DATA_DIR") or Path.home() / ".cache" / "mindlab" / "data") / "instructions"
 
 
-def shard_paths(corpora: os.PathLike) -> List[Path]:
-    paths = [Path(corpora) / shard for shard in SHARDS.values()]
+class MissingCorpora(UserError, FileNotFoundError):
+    """The corpora directory, or shards in it, are not there (a command-line setting: exit code 2)."""
+
+    exit_code = 2
+
+
+def existing_shards(corpora: os.PathLike, shards: Iterable[str]) -> List[Path]:
+    """The paths of `shards` (relative to `corpora`), all present, or MissingCorpora naming what is not."""
+    if not Path(corpora).is_dir():
+        raise MissingCorpora(f"{corpora}: no such corpora directory; set --corpora or MINDLAB_CORPORA")
+    paths = [Path(corpora) / shard for shard in shards]
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
-        raise FileNotFoundError(f"corpus shards not found: {', '.join(missing)} (set --corpora or MINDLAB_CORPORA)")
+        raise MissingCorpora(f"corpus shards not found: {', '.join(missing)} (set --corpora or MINDLAB_CORPORA)")
     return paths
+
+
+def shard_paths(corpora: os.PathLike) -> List[Path]:
+    return existing_shards(corpora, SHARDS.values())
 
 
 def build(documents: Iterable[Doc], max_per_task: int = 4000, seed: int = 0, val_fraction: float = 0.05,
@@ -651,8 +665,9 @@ def write(out_dir: os.PathLike, train: List[dict], val: List[dict], stats: dict)
     return out
 
 
+@entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m data.instructions", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m data.instructions", description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpora", type=Path, default=None, help="corpora dir (default: $MINDLAB_CORPORA, "
                         "else ../shared/corpora beside the checkout)")
     parser.add_argument("--out", type=Path, default=None, help="output dir (default: "
@@ -663,11 +678,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     start = time.time()
     corpora = args.corpora or corpora_dir()
-    try:
-        paths = shard_paths(corpora)
-    except FileNotFoundError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    paths = shard_paths(corpora)
     train, val, stats = build(read_documents(paths), args.max_per_task, args.seed, args.val_fraction)
     stats["corpora"] = {source: shard for source, shard in SHARDS.items()}
     out = write(args.out or default_out_dir(), train, val, stats)

@@ -31,15 +31,18 @@ atomically; output is a function of the input files and `--seed` only.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
 import re
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
+
+from conf.errors import ArgumentParser, UsageError, entry_point
+from data.errors import DataError
 
 DATA_DIR = Path(os.environ.get("MINDLAB_DATA_DIR", Path.home() / ".cache" / "mindlab" / "data"))
 MARGINS = {"neighbour": 1.0, "loop": 1.0, "fact_swap": 0.5, "shuffle": 0.5, "truncate": 0.25}
@@ -146,9 +149,10 @@ def build(instructions: Path, out: Path, seed: int, max_pairs: int) -> dict:
         for split in ("train", "val"):
             path = instructions / f"{split}.jsonl"
             if not path.exists():
-                raise SystemExit(f"error: {path} does not exist; build the instruction set first: "
+                raise UsageError(f"{path} does not exist; build the instruction set first: "
                                  f"python -m data.instructions --out {instructions}")
-            samples = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            samples = [_sample(line, f"{path}:{number}")
+                       for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if line.strip()]
             pairs = make_pairs(samples, seed)[:max_pairs if split == "train" else None]
             with open(tmp / f"{split}.jsonl", "w") as f:
                 for p in pairs:
@@ -169,8 +173,24 @@ def build(instructions: Path, out: Path, seed: int, max_pairs: int) -> dict:
     return stats
 
 
+SAMPLE_KEYS = ("instruction", "output", "task", "entry")  # what make_pairs reads of a sample
+
+
+def _sample(line: str, where: str) -> dict:
+    try:
+        sample = json.loads(line)
+    except ValueError as err:
+        raise DataError(f"{where}: invalid JSON ({err}); rebuild the instruction set: python -m data.instructions") \
+            from None
+    if not isinstance(sample, dict) or not all(isinstance(sample.get(k), str) for k in SAMPLE_KEYS):
+        raise DataError(f"{where}: not a sample of the instruction set (needs the strings {', '.join(SAMPLE_KEYS)}); "
+                        f"rebuild it: python -m data.instructions")
+    return sample
+
+
+@entry_point
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m data.preference_set", description=__doc__.split("\n\n")[0])
     parser.add_argument("--instructions", type=Path, default=DATA_DIR / "instructions",
                         help="directory with the instruction set's train.jsonl and val.jsonl")
     parser.add_argument("--out", type=Path, default=DATA_DIR / "preferences")
@@ -183,4 +203,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -12,23 +12,20 @@ import sys
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from conf.errors import entry_point
 from conf.schema import REPO_ROOT, register
-from conf.validate import ConfigError, validate
+from conf.validate import validate
 from data.cache import prepare
-from data.errors import DataError
 from objectives import objective
 
 
+@entry_point
 def main(overrides) -> None:
     register()
     with initialize_config_dir(f"{REPO_ROOT}/conf", version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
-    try:
-        validate(OmegaConf.merge(cfg, {"dry_run": True}))  # dry_run: the machine's devices do not matter here
-        prepared = prepare(cfg.data, objective(cfg.objective.name).row_spec(cfg.objective))
-    except (ConfigError, DataError) as err:
-        print(f"{type(err).__name__}: {err}", file=sys.stderr)
-        sys.exit(2)
+        cfg = compose("config", overrides=list(overrides or []))
+    validate(OmegaConf.merge(cfg, {"dry_run": True}))  # dry_run: the machine's devices do not matter here
+    prepared = prepare(cfg.data, objective(cfg.objective.name).row_spec(cfg.objective))
     print(summary(prepared.meta))
 
 
@@ -46,4 +43,4 @@ def summary(meta: dict) -> str:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))

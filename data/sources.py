@@ -217,7 +217,10 @@ def _wikitext_article(lines: List[str]) -> str:
 def _json_text(line: bytes, text_field: str, where: str) -> str:
     try:
         record = json.loads(line)
-    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
+    except UnicodeDecodeError as e:
+        raise DataError(f"{where}: not UTF-8 ({e.reason} at byte {e.start} of the line); convert the file to UTF-8 "
+                        f"(e.g. iconv -t utf-8)") from e
+    except ValueError as e:  # JSONDecodeError
         raise DataError(f"{where}: invalid JSON ({e}); every line must be one JSON object") from e
     if not isinstance(record, dict):
         raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")

@@ -43,7 +43,6 @@ the options.
 """
 from __future__ import annotations
 
-import argparse
 import ast
 import json
 import os
@@ -56,6 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from conf.errors import ArgumentParser, UserError, entry_point
 from data import instructions as I
 
 VAL_FRACTION = 0.05  # data/instructions.py's default --val-fraction: items come from its val split only
@@ -70,8 +70,10 @@ TASK_SHARDS = ("wordnet", "gcide", "cpython311_stdlib", "kjv_bible")  # the corp
 Item = dict
 
 
-class TaskError(ValueError):
+class TaskError(UserError, ValueError):
     """A task file that breaks its format; the message names file:line."""
+
+    exit_code = 2  # a task named on the command line
 
 
 @dataclass
@@ -492,15 +494,12 @@ def write_tasks(out_dir: os.PathLike, tasks: Dict[str, List[Item]], stats: dict)
 
 
 def task_shards(corpora: os.PathLike) -> List[Path]:
-    paths = [Path(corpora) / I.SHARDS[source] for source in TASK_SHARDS]
-    missing = [str(p) for p in paths if not p.is_file()]
-    if missing:
-        raise FileNotFoundError(f"corpus shards not found: {', '.join(missing)} (set --corpora or MINDLAB_CORPORA)")
-    return paths
+    return I.existing_shards(corpora, [I.SHARDS[source] for source in TASK_SHARDS])
 
 
+@entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m data.tasks", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m data.tasks", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="derive the evaluation tasks from the corpora")
     b.add_argument("--corpora", type=Path, default=None, help="corpora dir (default: $MINDLAB_CORPORA, else "
@@ -513,11 +512,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     start = time.time()
     corpora = args.corpora or I.corpora_dir()
-    try:
-        paths = task_shards(corpora)
-    except FileNotFoundError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    paths = task_shards(corpora)
     tasks = build(I.read_documents(paths), args.items, args.seed, args.tasks)
     stats = {"seed": args.seed, "items": args.items, "val_fraction": VAL_FRACTION,
              "corpora": {s: I.SHARDS[s] for s in TASK_SHARDS}, "tasks": {name: len(v) for name, v in tasks.items()}}

@@ -8,7 +8,6 @@ its scheduler's heartbeat timeout), and prints that worker's log tail. Multi-nod
 on each node (README; scripts/slurm_msrun.sbatch).
 """
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -28,10 +27,26 @@ def free_port() -> int:
 
 
 def msrun_command(workers: int, run_dir: str, script: str, overrides: List[str]) -> List[str]:
-    msrun = shutil.which("msrun") or os.path.join(os.path.dirname(sys.executable), "msrun")
-    return [msrun, f"--worker_num={workers}", f"--local_worker_num={workers}", f"--master_port={free_port()}",
+    """msrun run by this interpreter (not whichever `msrun` is first on PATH)."""
+    msrun = [sys.executable, "-c", "import sys; from mindspore.parallel.cluster.run import main; sys.exit(main())"]
+    return [*msrun, f"--worker_num={workers}", f"--local_worker_num={workers}", f"--master_port={free_port()}",
             "--join=True", f"--log_dir={os.path.join(run_dir, 'workers')}", script, *overrides,
             f"hydra.run.dir={run_dir}"]
+
+
+def interpreter_env(run_dir: str) -> Dict[str, str]:
+    """The environment for msrun: its workers start as `python SCRIPT` looked up on PATH, so PATH starts with a
+    directory whose `python` runs this interpreter. (A venv's python given by its path, with PATH not holding
+    the venv, would otherwise start the system's python: `No module named 'mindspore'` in every worker.) A
+    wrapper script, not a symlink: a venv is recognised by the path the interpreter is started from."""
+    shim = os.path.join(run_dir, "workers", "bin")
+    os.makedirs(shim, exist_ok=True)
+    python = os.path.join(shim, "python")
+    with open(f"{python}.tmp", "w", encoding="utf-8") as f:
+        f.write(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    os.chmod(f"{python}.tmp", 0o755)
+    os.replace(f"{python}.tmp", python)
+    return {**os.environ, "PATH": os.pathsep.join([shim, os.environ.get("PATH", "")])}
 
 
 def _done_marker(run_dir: str, rank: int) -> str:
@@ -118,7 +133,7 @@ def relaunch(workers: int, run_dir: str) -> int:
     for rank in range(workers):  # markers of an earlier launch into this run dir
         if os.path.exists(_done_marker(run_dir, rank)):
             os.remove(_done_marker(run_dir, rank))
-    msrun = subprocess.Popen(cmd)
+    msrun = subprocess.Popen(cmd, env=interpreter_env(run_dir))
     failed = _watch(msrun, run_dir)
     if not failed:
         return msrun.returncode

@@ -9,11 +9,11 @@ files); merge and reshard run MindSpore's `transform_checkpoints` on it, so they
 strategy file of a sharded Ascend run. state.json, config.yaml and tokenizer.model travel along, so a merged
 checkpoint resumes, converts (models.convert) and initialises runs (stage.init_from) like any other.
 """
-import argparse
 import json
 import os
 import shutil
 import sys
+from argparse import RawDescriptionHelpFormatter
 from typing import Dict
 
 import numpy as np
@@ -21,7 +21,8 @@ import numpy as np
 import boot  # noqa: F401  (mindspore first)
 from distributed.sharded_checkpoint import OPTIMIZER_STATE, layout_for, load_tensors, merge_checkpoint, \
     reshard_checkpoint, save_tensors, split_checkpoint
-from checkpoint import CONFIG, OPTIMIZER, STATE, TOKENIZER, WEIGHTS, write_state
+from checkpoint import CONFIG, OPTIMIZER, STATE, TOKENIZER, WEIGHTS, CheckpointError, write_state
+from conf.errors import ArgumentParser, UsageError, entry_point
 from models import plan_of
 
 METADATA = (STATE, CONFIG, TOKENIZER)
@@ -48,7 +49,7 @@ def split(src: str, out: str, dp: int, tp: int, pp: int) -> None:
         if os.path.isfile(os.path.join(src, name)):
             tensors.update(load_tensors(os.path.join(src, name)))
     if not tensors:
-        raise FileNotFoundError(f"{src}: no {WEIGHTS}; give a mindlab checkpoint directory (checkpoints/step_N)")
+        raise CheckpointError(f"{src}: no {WEIGHTS}; give a mindlab checkpoint directory (checkpoints/step_N)")
     plan = family_plan(src)
     split_checkpoint(tensors, layout_for(tensors, dp, tp, pp, plan), out, plan)
     _copy_metadata(src, out)
@@ -68,26 +69,27 @@ def merge(src: str, out: str) -> None:
         write_state(out, state)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+@entry_point
+def main(argv=None) -> None:
+    parser = ArgumentParser(prog="python -m distributed.reshard", description=__doc__,
+                            formatter_class=RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["split", "merge", "reshard"])
     parser.add_argument("source", help="a mindlab checkpoint dir (split) or a sharded dir (merge, reshard)")
     parser.add_argument("out", help="output directory")
     for axis in ("dp", "tp", "pp"):
         parser.add_argument(f"--{axis}", type=int, default=1, help=f"{axis} of the target layout (split, reshard)")
-    args = parser.parse_args()
-    try:
-        if args.command == "split":
-            split(args.source, args.out, args.dp, args.tp, args.pp)
-        elif args.command == "merge":
-            merge(args.source, args.out)
-        else:
-            reshard_checkpoint(args.source, args.dp, args.tp, args.pp, args.out, family_plan(args.source))
-            _copy_metadata(args.source, args.out)
-    except (FileNotFoundError, ValueError) as err:
-        sys.exit(f"reshard: {err}")
+    args = parser.parse_args(argv)
+    if not os.path.isdir(args.source):
+        raise UsageError(f"{args.source}: no such directory; give a checkpoint directory (checkpoints/step_N)")
+    if args.command == "split":
+        split(args.source, args.out, args.dp, args.tp, args.pp)
+    elif args.command == "merge":
+        merge(args.source, args.out)
+    else:
+        reshard_checkpoint(args.source, args.dp, args.tp, args.pp, args.out, family_plan(args.source))
+        _copy_metadata(args.source, args.out)
     print(f"[reshard] {args.command}: {args.source} -> {args.out}")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -26,6 +26,7 @@ import mindspore as ms
 from mindspore.parallel import merge_pipeline_strategys, transform_checkpoints
 from mindspore.train.node_strategy_pb2 import ParallelStrategyMap
 
+from checkpoint import CheckpointError
 from planner.layout import Layout
 
 SLICE, STRATEGY, PREFIX = "checkpoint.safetensors", "strategy.ckpt", "model"
@@ -36,7 +37,7 @@ def layout_for(names, dp: int, tp: int, pp: int, plan) -> Layout:
     """The layout of a checkpoint with these tensor names (the family's plan reads the layer count from them)."""
     layers = plan.num_layers_in(OPTIMIZER_STATE.sub("", n) for n in names)
     if layers % pp:
-        raise ValueError(f"pp={pp} does not divide the checkpoint's {layers} layers")
+        raise CheckpointError(f"--pp: pp={pp} does not divide the checkpoint's {layers} layers; choose a divisor")
     return Layout(dp=dp, tp=tp, pp=pp, num_layers=layers)
 
 
@@ -90,7 +91,7 @@ def rank_slice(tensors: Dict[str, np.ndarray], layout: Layout, rank: int, plan) 
             continue
         for axis, ways in enumerate(split):
             if array.shape[axis] % ways:
-                raise ValueError(f"{name}: dimension {axis} (size {array.shape[axis]}) does not split {ways} ways; "
+                raise CheckpointError(f"{name}: dimension {axis} (size {array.shape[axis]}) does not split {ways} ways; "
                                  f"tp must divide the heads, KV heads, ffn width and vocabulary")
             if ways > 1:
                 array = np.split(array, ways, axis=axis)[where.tp]
@@ -117,7 +118,7 @@ def split_checkpoint(tensors: Dict[str, np.ndarray], layout: Layout, out_dir: st
 def _check_sharded(src_dir: str) -> str:
     strategy = os.path.join(src_dir, STRATEGY)
     if not os.path.isfile(strategy) or not any(n.startswith("rank_") for n in os.listdir(src_dir)):
-        raise FileNotFoundError(f"{src_dir}: not a sharded checkpoint (needs rank_<r>/ directories and "
+        raise CheckpointError(f"{src_dir}: not a sharded checkpoint (needs rank_<r>/ directories and "
                                 f"{STRATEGY}); write one with `python -m distributed.reshard split`")
     return strategy
 

@@ -11,31 +11,47 @@
 Each model family's own adapter (`models/<family>/hf.py`) knows its names and config.json; this file only
 reads and writes the files. An HF directory is imported by the family whose adapter lists its architecture.
 """
-import argparse
 import json
 import os
 import shutil
+import sys
+from argparse import RawDescriptionHelpFormatter
 
 import numpy as np
 from omegaconf import OmegaConf
 
+from checkpoint import CheckpointError
+from conf.errors import ArgumentParser, UsageError, entry_point
 from models import FAMILIES, family
 
 ADAPTER_CONFIG = "adapter_config.json"  # in a LoRA run's checkpoints (adapters only)
 
 
 def _read_checkpoint(ckpt_dir: str):
+    if not os.path.isdir(ckpt_dir):
+        raise UsageError(f"{ckpt_dir}: no such directory; give a checkpoint directory (.../checkpoints/step_N)")
+    for name in ("config.yaml", "model.safetensors"):
+        if not os.path.isfile(os.path.join(ckpt_dir, name)):
+            raise CheckpointError(f"{ckpt_dir}: has no {name}, so it is not a mindlab checkpoint; give a "
+                                  f"checkpoint directory (.../checkpoints/step_N), or --to mindlab for an HF model")
+    return OmegaConf.load(os.path.join(ckpt_dir, "config.yaml")), _load_safetensors(os.path.join(ckpt_dir,
+                                                                                                 "model.safetensors"))
+
+
+def _load_safetensors(file: str) -> dict:
+    from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
-    cfg = OmegaConf.load(os.path.join(ckpt_dir, "config.yaml"))
-    return cfg, load_file(os.path.join(ckpt_dir, "model.safetensors"))
+    try:
+        return load_file(file)
+    except (SafetensorError, OSError) as err:
+        raise CheckpointError(f"{file}: cannot be read ({err}); the file is truncated or not safetensors: "
+                              f"copy it again or use an earlier checkpoint") from None
 
 
 def _read_weights(ckpt_dir: str, merge_lora: bool):
     """(config, weights) of a checkpoint; a LoRA checkpoint's adapters merged into its base (stage.init_from)
     when `merge_lora`, else returned as they are (then the caller writes an adapter)."""
-    from safetensors.numpy import load_file
-
     cfg, weights = _read_checkpoint(ckpt_dir)
     if not os.path.isfile(os.path.join(ckpt_dir, ADAPTER_CONFIG)) or not merge_lora:
         return cfg, weights
@@ -44,9 +60,9 @@ def _read_weights(ckpt_dir: str, merge_lora: bool):
     base = cfg.stage.init_from
     file = os.path.join(base, "model.safetensors") if base and os.path.isdir(base) else base
     if not file or not os.path.isfile(file):
-        raise FileNotFoundError(f"{ckpt_dir} holds LoRA adapters only; their base, stage.init_from={base}, is not "
-                                f"there to merge into: restore it (or point the checkpoint's config.yaml at it)")
-    return OmegaConf.merge(cfg, {"peft": {"name": "none"}}), merge({**load_file(file), **weights}, cfg.peft)
+        raise CheckpointError(f"{ckpt_dir} holds LoRA adapters only; their base, stage.init_from={base}, is not "
+                              f"there to merge into: restore it (or point the checkpoint's config.yaml at it)")
+    return OmegaConf.merge(cfg, {"peft": {"name": "none"}}), merge({**_load_safetensors(file), **weights}, cfg.peft)
 
 
 def model_family(cfg):
@@ -87,8 +103,8 @@ def export_mindformers(ckpt_dir: str, out_dir: str) -> None:
 
     cfg, weights = _read_checkpoint(ckpt_dir)
     if model_family(cfg).__name__ != "models.llama":
-        raise ValueError(f"{ckpt_dir}: --to mindformers exports Llama checkpoints only; this one is "
-                         f"model.family={cfg.model.family}")
+        raise UsageError(f"{ckpt_dir}: --to mindformers exports Llama checkpoints only; this one is "
+                         f"model.family={cfg.model.family}; use --to hf")
     export_checkpoint(cfg, weights, out_dir)
     tokenizer = os.path.join(ckpt_dir, "tokenizer.model")
     if os.path.exists(tokenizer):
@@ -109,23 +125,28 @@ def merge_to_mindlab(ckpt_dir: str, out_dir: str) -> None:
 
 def import_hf(hf_dir: str, out_dir: str) -> None:
     """A Hugging Face model directory -> a mindlab weights directory usable as `stage.init_from`."""
-    from safetensors.numpy import load_file, save_file
+    from safetensors.numpy import save_file
 
     where = os.path.join(hf_dir, "config.json")
-    with open(where, encoding="utf-8") as f:
-        hf = json.load(f)
+    if not os.path.isfile(where):
+        raise UsageError(f"{hf_dir}: has no config.json, so it is not a Hugging Face model directory")
+    try:
+        with open(where, encoding="utf-8") as f:
+            hf = json.load(f)
+    except (ValueError, OSError) as err:
+        raise CheckpointError(f"{where}: cannot be read as JSON ({err}); download the model again") from None
     architectures = hf.get("architectures") or []
     owners = [name for name in FAMILIES if set(architectures) & set(family(name).hf.ARCHITECTURES)]
     if not owners:
         known = ", ".join(a for name in FAMILIES for a in family(name).hf.ARCHITECTURES)
-        raise ValueError(f"{where}: architectures {architectures} are not supported; mindlab imports {known}")
+        raise UsageError(f"{where}: architectures {architectures} are not supported; mindlab imports {known}")
     fam = family(owners[0])
     files = sorted(n for n in os.listdir(hf_dir) if n.endswith(".safetensors"))
     if not files:
-        raise FileNotFoundError(f"{hf_dir}: no .safetensors weights (convert .bin files with transformers first)")
+        raise CheckpointError(f"{hf_dir}: no .safetensors weights; convert .bin files with transformers first")
     weights = {}
     for name in files:
-        weights.update({k: v.astype(np.float32) for k, v in load_file(os.path.join(hf_dir, name)).items()})
+        weights.update({k: v.astype(np.float32) for k, v in _load_safetensors(os.path.join(hf_dir, name)).items()})
     os.makedirs(out_dir, exist_ok=True)
     save_file(fam.hf.from_hf(weights, hf), os.path.join(out_dir, "model.safetensors"))
     model = OmegaConf.merge(OmegaConf.structured(fam.Config),
@@ -135,14 +156,16 @@ def import_hf(hf_dir: str, out_dir: str) -> None:
         shutil.copy(os.path.join(hf_dir, "tokenizer.model"), out_dir)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+@entry_point
+def main(argv=None) -> None:
+    parser = ArgumentParser(prog="python -m models.convert", description=__doc__,
+                            formatter_class=RawDescriptionHelpFormatter)
     parser.add_argument("source", help="a mindlab checkpoint dir, or a Hugging Face model dir with --to mindlab")
     parser.add_argument("out", help="output directory")
     parser.add_argument("--to", choices=["hf", "mindformers", "mindlab"], required=True)
     parser.add_argument("--merge-lora", action="store_true",
                         help="a LoRA checkpoint: merge its adapters into its base (W += B A alpha/r) first")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.to == "hf":
         export_hf(args.source, args.out, args.merge_lora)
     elif args.to == "mindlab" and args.merge_lora:
@@ -153,4 +176,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

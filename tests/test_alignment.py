@@ -62,7 +62,7 @@ def test_pairs_become_rows_with_loss_on_the_responses_only(tmp_path, base_checkp
     ({"prompt": "x", "chosen": "a", "rejected": "b", "margin": -1}, r"pairs.jsonl:2: 'margin' must be a number >= 0"),
 ], ids=["identical", "missing-field", "no-prompt", "mixed-types", "negative-margin"])
 def test_bad_pairs_name_the_file_and_line(tmp_path, base_checkpoint, record, message):
-    from data import prepare
+    from data.cache import prepare
 
     path = write_jsonl(tmp_path / "pairs.jsonl", [PAIRS[0], record])
     cfg = pair_cfg(tmp_path, base_checkpoint, "rm", path, path)

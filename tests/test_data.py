@@ -17,7 +17,8 @@ from mindspore.mindrecord import FileReader
 from omegaconf import OmegaConf
 
 from conf.schema import CleaningConfig, DataConfig, SourceConfig
-from data import DataError, prepare
+from data import DataError
+from data.cache import prepare
 from data.cleaning import clean_batch, repeated_line_fraction, symbol_fraction
 from data.documents import split_documents
 from data.minhash import NUM_PERM, lsh_bands, signature

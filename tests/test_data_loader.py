@@ -8,7 +8,8 @@ from omegaconf import OmegaConf
 
 from conf.validate import ConfigError, validate
 from conftest import compose_cfg
-from data import BlendedBatches, DataError, build_data, prepare
+from data import BlendedBatches, DataError, build_data
+from data.cache import prepare
 from data.cache import cache_key
 from data.mixing import BlendedOrder, mix_weights
 from test_data import REPO, data_cfg, make_docs, write_jsonl

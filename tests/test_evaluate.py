@@ -357,3 +357,5 @@ def test_passkey_rows_hide_the_key_at_the_depth_and_score_by_likelihood(tok):
         return tok.decode(r.tolist()).split("The pass key is ")[1][:5] == tok.decode(r.tolist())[-5:]
     assert E.passkey_accuracy(Oracle(needle_key), tok, [128], [0.5], 4)["128"]["0.5"] == 1.0
     assert E.passkey_accuracy(Oracle(lambda r: not needle_key(r)), tok, [128], [0.5], 4)["128"]["0.5"] == 0.0
+    # scored 2 rows at a time (3 rounds down to a divisor of 10): the same rows, in the same order
+    assert E.passkey_accuracy(Oracle(needle_key), tok, [128], [0.5], 4, batch_size=3)["128"]["0.5"] == 1.0

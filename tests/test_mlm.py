@@ -37,7 +37,7 @@ def test_bad_mlm_configs_are_refused_naming_the_key(overrides, key, message):
 
 
 def test_a_tokenizer_file_without_mask_is_refused(tmp_path):
-    from data import prepare
+    from data.cache import prepare
 
     cfg = compose_cfg("model=bert_tiny", "objective=mlm", "data.sources.0.max_chars=300000")
     tokenizer = prepare(OmegaConf.merge(cfg.data, {"sources": [cfg.data.sources[0]], "cache_dir": str(tmp_path),

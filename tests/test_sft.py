@@ -187,7 +187,7 @@ def test_response_loss_and_accuracy_match_a_numpy_reference(pynative):
     ({"instruction": "x", "output": "  "}, r"train.jsonl:2: empty response; every sample needs a non-empty output"),
 ], ids=["missing-output", "empty-response"])
 def test_bad_samples_name_the_file_and_line(tmp_path, base_checkpoint, record, message):
-    from data import prepare
+    from data.cache import prepare
 
     path = write_jsonl(tmp_path / "train.jsonl", [ALPACA[0], record])
     cfg = compose_cfg("stage=sft", f"stage.init_from={base_checkpoint}",

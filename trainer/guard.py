@@ -6,8 +6,10 @@ import math
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from conf.errors import UserError
 
-class TrainingStopped(RuntimeError):
+
+class TrainingStopped(UserError, RuntimeError):
     """Raised after `max_consecutive` skipped steps; the last good state has been checkpointed."""
 
 

@@ -28,7 +28,17 @@ from trainer.step import DynamicLossScale
 def train(cfg: DictConfig, run_dir: str) -> dict:
     """Train as `cfg` says, writing metrics.jsonl and checkpoints to `run_dir`; returns the last metrics."""
     rt = init_runtime(cfg)
+    if rt.is_main and cfg.logger.name == "wandb":
+        from trainer.wandb_logger import check_credentials
+
+        check_credentials(cfg.logger.mode)
+    if cfg.stage.init_from:  # the checkpoints named are there, before minutes of data and model building
+        checkpoint.weights_file(cfg.stage.init_from)
     os.makedirs(run_dir, exist_ok=True)
+    ckpt_root = os.path.join(run_dir, "checkpoints")
+    resume_from = _resume_path(cfg.trainer.resume, ckpt_root)
+    if resume_from:  # its optimizer state is this preset's (checkpoint.py check_optimizer says why it must be)
+        checkpoint.check_optimizer(resume_from, cfg.optim.name)
     t, dp = cfg.trainer, cfg.parallel.dp
     sharded = is_sharded(cfg.parallel)  # tp/pp/optimizer sharding (Ascend/GPU): one semi-auto graph per step
     rows_per_batch = t.micro_batch_size * pipeline_micro_batches(cfg)  # a pipeline step takes all its micro-batches
@@ -67,11 +77,8 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     scaler = DynamicLossScale(p.init_scale, p.growth_interval, p.growth_factor, p.backoff_factor) \
         if p.loss_scale == "dynamic" else None
     guard = SpikeGuard(t.spike_factor, t.spike_window, t.max_consecutive_skips)
-    ckpt_root = os.path.join(run_dir, "checkpoints")
     state = {"step": 0, "run_id": uuid.uuid4().hex[:12], "skipped_steps": 0}
-    resume_from = _resume_path(t.resume, ckpt_root)
     if resume_from:
-        checkpoint.check_optimizer(resume_from, cfg.optim.name)
         example = objective.batch(data.train.next_batch(), 0) if sharded else None  # sharded: compile before loading
         state = module.load(resume_from, example)
         data.train.load_state_dict(state["data"])
@@ -96,6 +103,8 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
 
     progress = ConsoleProgress(t.max_steps, start, enabled=rt.is_main and cfg.logger.progress_bar)
     sinks = Sinks((_file_sinks(cfg, run_dir, state["run_id"], start) if rt.is_main else []) + [progress])
+    if rt.is_main:  # once everything is built: a start that fails (bad data, checkpoint) keeps the previous one
+        save_resolved_config(cfg, run_dir)
     preemption = Preemption()
     speed = SpeedMonitor(cfg.model, cfg.data.seq_len, cfg.device.peak_tflops, rt.world_size)
     tokens_by_source = lambda: {s: n * dp * cfg.data.seq_len for s, n in data.train.samples_by_source().items()}

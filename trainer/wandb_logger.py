@@ -4,11 +4,26 @@ import os
 import mindspore  # noqa: F401  (must precede wandb's protobuf; see boot.py)
 from omegaconf import DictConfig, OmegaConf
 
+from conf.errors import ConfigError
+
 
 def wandb_mode(requested: str) -> str:
     if requested != "auto":
         return requested
     return "online" if os.environ.get("WANDB_API_KEY") else "offline"
+
+
+def check_credentials(requested: str) -> None:
+    """Online logging needs credentials (WANDB_API_KEY, `wandb login`'s netrc, an identity token file): checked
+    before anything is built, instead of wandb's own error after minutes of data and model building."""
+    if wandb_mode(requested) != "online":
+        return
+    import wandb
+
+    if not wandb.login(prompt=False, verify=False):  # reads the environment and files only; no network
+        raise ConfigError("logger.mode", "online, but no W&B credentials: WANDB_API_KEY is not set and "
+                          "`wandb login` was not run; set one, or use logger.mode=offline (sync later with `wandb "
+                          "sync`) or logger.mode=auto")
 
 
 class WandbLogger:

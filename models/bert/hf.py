@@ -15,6 +15,8 @@ from typing import Any, Dict
 
 import numpy as np
 
+from conf.errors import UserError
+
 ARCHITECTURES = ("BertForPreTraining", "BertForMaskedLM")  # config.json architectures this adapter imports
 WORD_EMBEDDING = "bert.embeddings.word_embeddings.weight"
 MLM_BIAS = "cls.predictions.bias"
@@ -78,8 +80,8 @@ def config_from_hf(hf: Dict[str, Any], where: str) -> Dict[str, Any]:
     """A Hugging Face BERT config dict (config.json at `where`) -> our BertConfig field values (`name` is left
     to the caller). Missing keys take transformers' BertConfig defaults. Only absolute position embeddings."""
     if hf.get("position_embedding_type", "absolute") != "absolute":
-        raise ValueError(f"{where}: position_embedding_type {hf['position_embedding_type']!r} is not supported "
-                         "(absolute only)")
+        raise UserError(f"{where}: position_embedding_type {hf['position_embedding_type']!r} is not supported; "
+                        "mindlab imports absolute position embeddings only")
     return {
         "family": "bert",
         "vocab_size": hf.get("vocab_size", 30522),

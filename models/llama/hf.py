@@ -11,6 +11,7 @@ from typing import Dict
 
 import numpy as np
 
+from conf.errors import UserError
 from models.llama import rope
 
 ARCHITECTURES = ("LlamaForCausalLM",)  # config.json architectures this adapter imports
@@ -87,7 +88,8 @@ def rope_scaling_from_hf(hf: dict, where: str) -> tuple:
     if kind == "default":
         return None, hf_max
     if kind not in ("linear", "dynamic", "yarn", "llama3"):
-        raise ValueError(f"{where}: rope_scaling {hf['rope_scaling']} has no mindlab equivalent")
+        raise UserError(f"{where}: rope_scaling {hf['rope_scaling']} has no mindlab equivalent; mindlab imports "
+                        f"linear, dynamic, yarn and llama3 scaling")
     factor = float(scaling.pop("factor"))
     original = scaling.pop("original_max_position_embeddings", None)
     if kind == "linear":
