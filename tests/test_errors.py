@@ -353,7 +353,7 @@ def world(tmp_path_factory, tokenizer_file):
         cfg = compose_cfg("model=tiny")  # a whole config, as a training run saves it
         model = build_model(cfg.model, 64, "fp32", "CPU", seed=0)
         ckpt = checkpoint.save(str(tmp_path_factory.mktemp("errors_ckpt")), 1, model,
-                               ms.nn.SGD(model.trainable_params()), {}, cfg, tokenizer_file)
+                               ms.nn.SGD(model.trainable_params()), {"optimizer": cfg.optim.name}, cfg, tokenizer_file)
     finally:
         ms.set_context(mode=ms.GRAPH_MODE)
     return World(str(tmp_path_factory.mktemp("errors")), ckpt)
