@@ -463,8 +463,6 @@ def test_no_entry_point_imports_mindformers():
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True).returncode == 0
 
 
-@pytest.mark.xfail(strict=True, reason="trainer/optimizer.py imports MindFormers' lr schedules (issue 17 rewrites "
-                                       "that file): remove this mark once it does not")
 def test_a_native_training_run_imports_no_mindformers():
     code = "import boot, sys, train, trainer.loop; sys.exit('mindformers' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True).returncode == 0

@@ -108,6 +108,51 @@ def test_warmup_stable_decay_schedule():
     assert lr_at(s, 90) == pytest.approx(5e-4)
 
 
+@pytest.mark.parametrize("schedule, warmup, min_lr", [("cosine", 10, 1e-4), ("cosine", 0, 3e-5), ("wsd", 10, 0.0),
+                                                     ("wsd", 3, 2e-4), ("constant", 7, 0.0), ("constant", 0, 0.0)])
+def test_native_schedules_equal_mindformers_at_every_step(schedule, warmup, min_lr):
+    """trainer/schedules.py replaces MindFormers' classes, which runs before issue 16 used: same float32 lr at every
+    update count, past the end too."""
+    from mindformers.core.lr.lr_schedule import CosineWithWarmUpLR, WarmUpStableDecayLR, ConstantWarmUpLR
+
+    cfg, total = optim_cfg(lr=1e-3, min_lr=min_lr, warmup_steps=warmup, schedule=schedule, decay_fraction=0.3), 60
+    theirs = {"cosine": CosineWithWarmUpLR(learning_rate=1e-3, warmup_steps=warmup, total_steps=total, lr_end=min_lr),
+              "wsd": WarmUpStableDecayLR(learning_rate=1e-3, lr_end=min_lr, warmup_steps=warmup, total_steps=total,
+                                         decay_start_steps=max(warmup, int(total * 0.7))),
+              "constant": ConstantWarmUpLR(learning_rate=1e-3, warmup_steps=warmup)}[schedule]
+    mine = build_schedule(cfg, total)
+    steps = [Tensor([t], ms.int32) for t in range(total + 3)]  # the optimizer's global_step: int32, shape [1]
+    assert [mine(t).asnumpy().item() for t in steps] == [theirs(t).asnumpy().item() for t in steps]
+
+
+def test_native_adamw_equals_mindformers_adamw():
+    """Same weights, moments, step counter and state names as MindFormers' AdamW after 5 updates on the same
+    gradients (decay and no-decay groups, warmup then cosine), so its checkpoints resume under the native class."""
+    from mindformers.core.optim import AdamW as MindFormersAdamW
+
+    rng = np.random.default_rng(0)
+    init = {"w.weight": rng.normal(size=(8, 4)), "norm.weight": rng.normal(size=(4,))}
+    grads = [{k: rng.normal(size=v.shape).astype(np.float32) for k, v in init.items()} for _ in range(5)]
+    cfg = optim_cfg(lr=1e-2, min_lr=1e-3, warmup_steps=2, weight_decay=0.1, betas=[0.9, 0.95], eps=1e-8)
+    states = []
+    for native in (True, False):
+        params = [ms.Parameter(Tensor(v.astype(np.float32)), name=k) for k, v in init.items()]
+        if native:
+            optimizer = build_optimizer(params, cfg, 10)
+        else:
+            optimizer = MindFormersAdamW(param_groups(params, cfg), learning_rate=build_schedule(cfg, 10),
+                                         betas=(0.9, 0.95), eps=1e-8)
+        for g in grads:
+            optimizer(tuple(Tensor(g[p.name]) for p in optimizer.parameters))
+        states.append({k: v.asnumpy() for k, v in optimizer.parameters_dict().items()})
+        states[-1].update({p.name: p.asnumpy() for p in params})
+    assert sorted(states[0]) == sorted(states[1])
+    assert {"adam_m.w.weight", "adam_v.norm.weight", "global_step"} < set(states[0])
+    for k, v in states[0].items():
+        np.testing.assert_allclose(v, states[1][k], rtol=0, atol=1e-6, err_msg=k)
+    assert not np.allclose(states[0]["w.weight"], init["w.weight"], atol=1e-3)  # the updates did move the weights
+
+
 def test_weight_decay_spares_norms_and_embeddings():
     model = build_model(load_preset("model", "tiny"), 32, "fp32", "CPU", seed=0)
     groups = param_groups(model.trainable_params(), optim_cfg(weight_decay=0.1))

@@ -1,22 +1,27 @@
 """The optimizer presets (conf/optim/<name>.yaml) with per-group weight decay, and their learning-rate schedule
-(MindFormers' schedule classes).
+(trainer/schedules.py).
 
-    adamw       MindFormers' AdamW: bias-corrected moments and decoupled weight decay, the update of
-                torch.optim.AdamW (tests/test_step_reference.py checks whole training steps against it)
+    adamw       AdamW below: bias-corrected moments and decoupled weight decay, the update of torch.optim.AdamW
+                (tests/test_step_reference.py checks whole training steps against it)
     adamw_bert  MindSpore's nn.AdamWeightDecay: the same without bias correction (BERT's optimizer)
     came        MindFormers' Came, its weight decay applied here per group (Came itself decays every parameter)
 
 Each optimizer's update count is its `global_step` parameter: it is saved in optimizer.safetensors, so the
 schedule and AdamW's bias correction (1 - beta^t) resume exactly. A step skipped for non-finite gradients
 does not call the optimizer, so it advances neither.
+
+A native run imports no MindFormers (importing it prints two hyper_parallel warnings): the schedules and AdamW are
+written here, equal to MindFormers' (tests/test_step.py), and Came is imported only when optim=came.
 """
 from typing import List
 
-from mindspore import nn, ops
-from mindformers.core.lr.lr_schedule import CosineWithWarmUpLR, WarmUpStableDecayLR, ConstantWarmUpLR
-from mindformers.core.optim import AdamW, Came
+import numpy as np
+import mindspore as ms
+from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
+from mindspore.common.initializer import initializer
 
 from conf.schema import OptimConfig
+from trainer.schedules import WarmupConstant, WarmupCosine, WarmupStableDecay
 
 
 def warmup_steps(cfg: OptimConfig, max_steps: int) -> int:
@@ -28,12 +33,11 @@ def build_schedule(cfg: OptimConfig, max_steps: int) -> nn.learning_rate_schedul
     """lr as a function of the number of applied updates (skipped fp16 overflow steps do not advance it)."""
     warmup = warmup_steps(cfg, max_steps)
     if cfg.schedule == "cosine":
-        return CosineWithWarmUpLR(learning_rate=cfg.lr, warmup_steps=warmup, total_steps=max_steps, lr_end=cfg.min_lr)
+        return WarmupCosine(cfg.lr, warmup, max_steps, cfg.min_lr)
     if cfg.schedule == "wsd":
         decay_start = max(warmup, int(max_steps * (1 - cfg.decay_fraction)))
-        return WarmUpStableDecayLR(learning_rate=cfg.lr, lr_end=cfg.min_lr, warmup_steps=warmup,
-                                   total_steps=max_steps, decay_start_steps=decay_start)
-    return ConstantWarmUpLR(learning_rate=cfg.lr, warmup_steps=warmup)
+        return WarmupStableDecay(cfg.lr, warmup, max_steps, decay_start, cfg.min_lr)
+    return WarmupConstant(cfg.lr, warmup)
 
 
 def decays(name: str, cfg: OptimConfig) -> bool:
@@ -58,10 +62,68 @@ def build_optimizer(params: List, cfg: OptimConfig, max_steps: int) -> nn.Optimi
         beta1, beta2 = cfg.betas
         return nn.AdamWeightDecay(param_groups(params, cfg), learning_rate=lr, beta1=beta1, beta2=beta2, eps=cfg.eps)
     if cfg.name == "came":
+        from mindformers.core.optim import Came  # MindFormers (and its import warnings) only when chosen
+
         came = Came(params, learning_rate=lr, eps=(cfg.eps[0], 1e-3, cfg.eps[1]), clip_threshold=cfg.clip_threshold,
                     decay_rate=cfg.decay_rate, beta1=cfg.beta1, beta3=cfg.beta3)
         return GroupWeightDecay(came, [p for p in params if decays(p.name, cfg)], cfg.weight_decay)
     raise ValueError(f"optim.name={cfg.name!r} has no builder (conf/validate.py admits only buildable ones)")
+
+
+_adamw_update = ops.MultitypeFuncGraph("adamw_update")
+
+
+@_adamw_update.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor",
+                        "Tensor")
+def _adamw_param(beta1, beta2, eps, step, lr, weight_decay, param, grad, exp_avg, exp_avg_sq):
+    """One parameter's update, in float32 whatever the parameter's dtype, in MindFormers' order of operations."""
+    param_fp32 = ops.cast(param, ms.float32)
+    grad = ops.cast(grad, ms.float32)
+    decayed = param_fp32 * (1 - lr * weight_decay)
+    decayed = ops.depend(decayed, ops.assign(exp_avg, exp_avg * beta1 + grad * (1.0 - beta1)))
+    decayed = ops.depend(decayed, ops.assign(exp_avg_sq, ops.addcmul(exp_avg_sq * beta2, grad, grad, 1.0 - beta2)))
+    step_size = lr / (1 - ops.pow(beta1, step))
+    denom = ops.sqrt(exp_avg_sq / (1 - ops.pow(beta2, step))) + eps
+    new = ops.cast(decayed - exp_avg / denom * step_size, param.dtype)
+    ops.assign(param, new)
+    return new
+
+
+class AdamW(nn.Optimizer):
+    """torch.optim.AdamW's update (decoupled decay w *= 1 - lr * weight_decay, then the bias-corrected Adam step with
+    t = global_step after this update's increment), as MindFormers' `AdamW`: the same arithmetic and the same state
+    names (`adam_m.<param>`, `adam_v.<param>`, `global_step`), so checkpoints written with MindFormers' class load.
+    Weight decay per group (`param_groups`), one learning rate or schedule for all."""
+
+    def __init__(self, params, learning_rate, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+        super().__init__(learning_rate, params, weight_decay=weight_decay)
+        self.beta1, self.beta2, self.eps = (Tensor(np.array([v], np.float32)) for v in (*betas, eps))
+        self.exp_avg = self.zeros_like_params("adam_m")
+        self.exp_avg_sq = self.zeros_like_params("adam_v")
+
+    def zeros_like_params(self, prefix: str) -> ParameterTuple:
+        """float32 zeros named `<prefix>.<param>` and laid out (sharded) like their parameter."""
+        states = []
+        for param in self.parameters:
+            state = Parameter(initializer("zeros", param.shape, ms.float32))
+            state.param_info = param.param_info.clone()  # its layout for optimizer sharding and checkpoints
+            state.name = f"{prefix}.{param.name}"
+            if hasattr(param.param_info, "cloned_obj"):
+                param.param_info.cloned_obj.append(state)
+            else:
+                param.param_info.cloned_obj = [state]
+            states.append(state)
+        return ParameterTuple(states)
+
+    def construct(self, gradients):
+        weight_decay = self.get_weight_decay()
+        lr = self.get_lr()
+        self.assignadd(self.global_step, self.global_step_increase_tensor)
+        update = ops.partial(_adamw_update, self.beta1, self.beta2, self.eps, self.global_step, lr)
+        if self.is_group:
+            return self.hyper_map(update, weight_decay, self._parameters, gradients, self.exp_avg, self.exp_avg_sq)
+        return self.hyper_map(ops.partial(update, weight_decay), self._parameters, gradients, self.exp_avg,
+                              self.exp_avg_sq)
 
 
 class GroupWeightDecay(nn.Cell):
