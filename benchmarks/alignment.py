@@ -45,7 +45,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = args.workdir or tmp
         sft = train_and_measure("sft", ["stage=sft", model, "data=instructions", f"stage.init_from={args.base}",
-                                        "data.seq_len=256", "objective.truncate=true", f"trainer.max_steps={args.sft_steps}",
+                                        "data.seq_len=256", "objective.truncate=true",
+                                        f"trainer.max_steps={args.sft_steps}",
                                         f"trainer.eval_every={args.sft_steps}", f"optim.lr={args.sft_lr}",
                                         *COMMON, *overrides], workdir)
         sft_ckpt = os.path.join(workdir, "sft", "checkpoints", f"step_{args.sft_steps:06d}")
@@ -76,7 +77,8 @@ def main() -> None:
               f"{m['val_mean_reward']:>12.3f}")
     print(f"\nDPO ({args.steps} steps, lr {args.dpo_lr}, beta 0.1; {dpo['tokens_per_sec']:.0f} tokens/s, "
           f"{dpo['peak_rss_gb']:.2f} GiB): held-out pairs; step 0 is the SFT model (loss ln 2, margins 0)")
-    print(f"{'step':>6} {'rewards/acc':>11} {'margins':>8} {'loss':>8} {'kl':>9} {'logps/chosen':>13} {'logps/rejected':>15}")
+    print(f"{'step':>6} {'rewards/acc':>11} {'margins':>8} {'loss':>8} {'kl':>9} {'logps/chosen':>13} "
+          f"{'logps/rejected':>15}")
     for m in dpo["evals"]:
         print(f"{m['step']:>6} {m['val_rewards/accuracies']:>11.3f} {m['val_rewards/margins']:>8.3f} "
               f"{m['val_loss']:>8.4f} {m['val_kl']:>9.5f} {m['val_logps/chosen']:>13.2f} "

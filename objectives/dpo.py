@@ -18,7 +18,8 @@ weights, or with peft=lora `lora_base`, the policy's own frozen base without the
 memory). Either runs inside the step's graph under stop_gradient.
 
 Logged with TRL's names: `rewards/chosen` and `rewards/rejected` (beta times the policy/reference log-ratio
-of each side; per-token means under ipo, as TRL), `rewards/accuracies` (chosen's above rejected's), `rewards/margins`, `logps/chosen`,
+of each side; per-token means under ipo, as TRL), `rewards/accuracies` (chosen's above rejected's),
+`rewards/margins`, `logps/chosen`,
 `logps/rejected` (the policy's, summed), and `kl`: the mean over response tokens of the exact next-token
 KL(pi || ref) at the data's positions (on both sides).
 

@@ -31,7 +31,8 @@ Logged per step (TRL's names): from the rollout that step trained on, `objective
 coefficient and the rollout count are saved with every checkpoint, so a resumed run equals an uninterrupted one.
 No held-out evaluation (`trainer.eval_every` is ignored): score a checkpoint with `python -m evaluate`.
 
-    python train.py stage=ppo stage.init_from=runs/sft/checkpoints/latest objective.reward_model=runs/rm/checkpoints/latest
+    python train.py stage=ppo stage.init_from=runs/sft/checkpoints/latest \
+        objective.reward_model=runs/rm/checkpoints/latest
 """
 import os
 from dataclasses import dataclass
@@ -98,7 +99,8 @@ def check(cfg) -> None:
     require(cfg.trainer.grad_accum == 1, "trainer.grad_accum", "objective=ppo takes one optimizer step per "
             "minibatch (objective.minibatches); set trainer.grad_accum=1")
     require(cfg.parallel.dp == 1, "parallel.dp", "objective=ppo runs on one device here; set parallel=single")
-    require(-(-o.max_prompt_len // PROMPT_BUCKET) * PROMPT_BUCKET + o.max_new_tokens <= cfg.model.max_position_embeddings,
+    cache = -(-o.max_prompt_len // PROMPT_BUCKET) * PROMPT_BUCKET + o.max_new_tokens  # generation's columns
+    require(cache <= cfg.model.max_position_embeddings,
             "objective.max_new_tokens", f"max_prompt_len rounded up to {PROMPT_BUCKET} + max_new_tokens must fit "
             f"model.max_position_embeddings={cfg.model.max_position_embeddings} (the generation cache)")
     require(o.max_prompt_len + o.max_new_tokens <= cfg.data.seq_len, "data.seq_len",

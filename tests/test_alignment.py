@@ -86,7 +86,8 @@ def test_rule_built_pairs_follow_their_rules():
     loop = by_rule["loop"]["rejected"].split()
     assert loop[-3:] == loop[-6:-3] == loop[-9:-6]  # the same 3 words over and over
     swapped = by_rule["fact_swap"]
-    assert swapped["rejected"] != swapped["chosen"] and len(swapped["rejected"].split()) == len(swapped["chosen"].split())
+    assert swapped["rejected"] != swapped["chosen"]
+    assert len(swapped["rejected"].split()) == len(swapped["chosen"].split())
     assert sorted(sentences(by_rule["shuffle"]["rejected"])) == sorted(sentences(by_rule["shuffle"]["chosen"]))
     cut = by_rule["truncate"]
     assert cut["chosen"].startswith(cut["rejected"]) and not cut["rejected"].endswith(".")
@@ -197,7 +198,8 @@ def alignment_runs(tmp_path_factory, base_checkpoint):
     tmp = tmp_path_factory.mktemp("align")
     train_path = write_jsonl(tmp / "train.jsonl", synthetic_pairs(160, 0))
     val_path = write_jsonl(tmp / "val.jsonl", synthetic_pairs(32, 1))
-    common = ("trainer.micro_batch_size=8", "trainer.eval_batches=4", "trainer.log_every=1", "data.seq_len=96", "optim.warmup_steps=2")
+    common = ("trainer.micro_batch_size=8", "trainer.eval_batches=4", "trainer.log_every=1", "data.seq_len=96",
+              "optim.warmup_steps=2")
     runs = {}
     for stage, extra in (("dpo", ("peft=lora", "objective.reference=lora_base", "optim.lr=5e-3")),
                          ("rm", ("optim.lr=1e-3",))):
