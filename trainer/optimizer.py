@@ -10,8 +10,8 @@ Each optimizer's update count is its `global_step` parameter: it is saved in opt
 schedule and AdamW's bias correction (1 - beta^t) resume exactly. A step skipped for non-finite gradients
 does not call the optimizer, so it advances neither.
 
-A native run imports no MindFormers (importing it prints two hyper_parallel warnings): the schedules and AdamW are
-written here, equal to MindFormers' (tests/test_step.py), and Came is imported only when optim=came.
+A native run imports no MindFormers (importing it prints two hyper_parallel warnings): AdamW below and the schedules
+are native, equal to MindFormers' classes (tests/test_step.py), and Came is imported only when optim=came.
 """
 from typing import List
 
