@@ -155,7 +155,7 @@ BAD_JSONL = [  # (file name, contents, what the error must say)
     ("notgzip.jsonl.gz", GOOD_LINE, "notgzip.jsonl.gz: cannot read it"),
     ("cut.jsonl.gz", gzip.compress(GOOD_LINE * 50)[:-12], "cut.jsonl.gz: cannot read it"),
     ("json.jsonl", GOOD_LINE + b'{"text": oops}\n', "json.jsonl:2: invalid JSON"),
-    ("utf8.jsonl", b'{"text": "\xff"}\n', "utf8.jsonl:1: invalid JSON"),
+    ("utf8.jsonl", b'{"text": "\xff"}\n', "utf8.jsonl:1: not UTF-8"),
     ("array.jsonl", b'["text"]\n', "array.jsonl:1: expected a JSON object"),
     ("field.jsonl", b'{"body": "x"}\n', "field.jsonl:1: no field 'text'"),
     ("type.jsonl", GOOD_LINE + b"\n" + b'{"text": 5}\n', "type.jsonl:3: field 'text' is int"),

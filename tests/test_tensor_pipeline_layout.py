@@ -17,7 +17,7 @@ from models import build_model
 COL, ROW, HEADS = ((1, 1), (2, 1)), ((1, 2), (1, 2)), ((1, 2, 1, 1), (1, 2, 1, 1))
 EXPECTED_LAYER = {  # tp2, dp1: per decoder layer
     "attention.wq.matmul": COL, "attention.wk.matmul": COL, "attention.wv.matmul": COL,
-    "attention.wo.matmul": ROW, "attention.core.qk": HEADS, "attention.core.pv": HEADS,
+    "attention.wo.matmul": ROW, "attention.core.block.qk": HEADS, "attention.core.block.pv": HEADS,
     "feed_forward.w1.matmul": COL, "feed_forward.w3.matmul": COL, "feed_forward.w2.matmul": ROW,
 }
 
