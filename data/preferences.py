@@ -24,6 +24,7 @@ from data.rows import RowSpec, Split
 from data.samples import IGNORE_INDEX
 
 SIDES = ("chosen", "rejected")
+DATA_HINT = "use data=preferences or your own {prompt, chosen, rejected} JSONL with kind: preference"
 COLUMNS = ("chosen_ids", "chosen_labels", "rejected_ids", "rejected_labels", "margin")
 
 

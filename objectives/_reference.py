@@ -5,10 +5,20 @@
     lora_base  with peft=lora: a model without adapters whose cells hold the policy's own frozen base
                Parameters (the same objects): no second copy in memory, exactly the starting model while the
                LoRA B matrices start at zero
+
+and `token_logps`, the log-probabilities both objectives compare policy and reference on.
 """
-from mindspore import Tensor, nn
+import mindspore as ms
+from mindspore import Tensor, nn, ops
 
 MODES = ("copy", "lora_base")
+
+
+def token_logps(logits, tokens):
+    """(log-probabilities [B, S] of `tokens` [B, S] under `logits` [B, S, vocab], all log-probabilities
+    [B, S, vocab]), fp32: what policy and reference are compared on."""
+    logp = ops.log_softmax(logits.astype(ms.float32), -1)
+    return ops.gather_elements(logp, 2, tokens.expand_dims(-1)).squeeze(-1), logp
 
 
 def check(cfg, key: str) -> None:

@@ -33,7 +33,7 @@ from omegaconf import MISSING
 
 from conf.errors import require
 from conf.schema import PREFERENCE_KINDS
-from data.preferences import pair_row_spec
+from data.preferences import DATA_HINT, pair_row_spec
 from data.samples import IGNORE_INDEX
 from objectives import _reference, check_fine_tuning
 
@@ -53,8 +53,7 @@ class Config:
 
 def check(cfg) -> None:
     o = cfg.objective
-    check_fine_tuning(cfg, "dpo", PREFERENCE_KINDS, "use data=preferences or your own {prompt, chosen, rejected} "
-                      "JSONL with kind: preference")
+    check_fine_tuning(cfg, "dpo", PREFERENCE_KINDS, DATA_HINT)
     require(o.beta > 0, "objective.beta", f"must be > 0, got {o.beta}")
     require(o.loss in LOSSES, "objective.loss", f"got {o.loss!r}; choose one of {', '.join(LOSSES)}")
     require(0 <= o.label_smoothing < 0.5, "objective.label_smoothing", f"must be in [0, 0.5), got {o.label_smoothing}")
@@ -104,11 +103,11 @@ class PreferenceLoss(nn.Cell):
         targets = ops.cat((chosen_labels, rejected_labels))[:, 1:]
         counted = targets != IGNORE_INDEX
         mask = counted.astype(ms.float32)
-        safe = ops.select(counted, targets, ops.zeros_like(targets)).expand_dims(-1)
-        logp = ops.log_softmax(self.policy(ids).astype(ms.float32), -1)  # [2B, S, vocab]
-        ref_logp = ops.stop_gradient(ops.log_softmax(self.reference(ids).astype(ms.float32), -1))
-        token_logps = ops.gather_elements(logp, 2, safe).squeeze(-1) * mask  # [2B, S]
-        ref_token_logps = ops.gather_elements(ref_logp, 2, safe).squeeze(-1) * mask
+        safe = ops.select(counted, targets, ops.zeros_like(targets))
+        token_logps, logp = _reference.token_logps(self.policy(ids), safe)  # [2B, S], [2B, S, vocab]
+        ref_token_logps, ref_logp = _reference.token_logps(self.reference(ids), safe)
+        ref_token_logps, ref_logp = ops.stop_gradient(ref_token_logps), ops.stop_gradient(ref_logp)
+        token_logps, ref_token_logps = token_logps * mask, ref_token_logps * mask
         lengths = ops.maximum(mask.sum(1), 1.0)
         logps, ref_logps = token_logps.sum(1), ref_token_logps.sum(1)
         if self.kind == "ipo":

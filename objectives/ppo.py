@@ -169,12 +169,6 @@ class PolicyWithValue(nn.Cell):
         return self.lm.head(h), (h.astype(ms.float32) * self.value_head).sum(-1)
 
 
-def _taken(logits, tokens):
-    """log-softmax of `logits` [B, S, V] at `tokens` [B, S], and the full log-probabilities."""
-    logp = ops.log_softmax(logits, -1)
-    return ops.gather_elements(logp, 2, tokens.expand_dims(-1)).squeeze(-1), logp
-
-
 class RolloutForward(nn.Cell):
     """tokens [B, S + 1] -> the policy's and the reference's log-probabilities of tokens[:, 1:] and the values."""
 
@@ -185,8 +179,8 @@ class RolloutForward(nn.Cell):
     def construct(self, tokens):
         inputs, targets = tokens[:, :-1], tokens[:, 1:]
         logits, values = self.policy(inputs)
-        logp, _ = _taken(logits, targets)
-        ref_logp, _ = _taken(self.reference(inputs), targets)
+        logp, _ = _reference.token_logps(logits, targets)
+        ref_logp, _ = _reference.token_logps(self.reference(inputs), targets)
         return logp, ref_logp, values
 
 
@@ -198,7 +192,7 @@ class PPOLoss(nn.Cell):
 
     def construct(self, tokens, mask, old_logp, advantages, returns, old_values):
         logits, values = self.policy(tokens[:, :-1])
-        logp, all_logp = _taken(logits, tokens[:, 1:])
+        logp, all_logp = _reference.token_logps(logits, tokens[:, 1:])
         n = ops.maximum(mask.sum(), 1.0)
         log_ratio = logp - old_logp
         ratio = ops.exp(log_ratio)

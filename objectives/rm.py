@@ -28,7 +28,7 @@ from omegaconf import MISSING
 
 from conf.errors import require
 from conf.schema import PREFERENCE_KINDS
-from data.preferences import last_labelled, pair_row_spec
+from data.preferences import DATA_HINT, last_labelled, pair_row_spec
 from objectives import check_fine_tuning
 
 
@@ -40,8 +40,7 @@ class Config:
 
 
 def check(cfg) -> None:
-    check_fine_tuning(cfg, "rm", PREFERENCE_KINDS, "use data=preferences or your own {prompt, chosen, rejected} "
-                      "JSONL with kind: preference")
+    check_fine_tuning(cfg, "rm", PREFERENCE_KINDS, DATA_HINT)
     require(cfg.objective.center_coefficient >= 0, "objective.center_coefficient",
             f"must be >= 0, got {cfg.objective.center_coefficient}")
 
