@@ -23,6 +23,35 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 from mindspore.parallel.nn import Pipeline, PipelineGradReducer
 
+# Per-parameter arithmetic goes through HyperMap: graph mode unrolls a Python loop over the ~75 parameters of
+# model=small into ~75 copies of its body, parsed and specialized one by one (ApplyUpdate took 15 s to compile
+# that way; benchmarks/memory_timeline.py), while a HyperMap over same-typed tensors is specialized once.
+_map = ops.HyperMap()
+_accumulate = ops.MultitypeFuncGraph("accumulate")
+_scaled = ops.MultitypeFuncGraph("scaled")
+_square_sum = ops.MultitypeFuncGraph("square_sum")
+_zero = ops.MultitypeFuncGraph("zero")
+
+
+@_accumulate.register("Tensor", "Tensor")
+def _accumulate_tensor(buffer, grad):
+    return ops.assign_add(buffer, grad)
+
+
+@_scaled.register("Tensor", "Tensor")
+def _scaled_tensor(factor, grad):
+    return grad * factor
+
+
+@_square_sum.register("Tensor")
+def _square_sum_tensor(grad):
+    return ops.reduce_sum(grad * grad)
+
+
+@_zero.register("Tensor")
+def _zero_tensor(buffer):
+    return ops.assign(buffer, ops.zeros_like(buffer))
+
 
 class ForwardBackward(nn.Cell):
     """(loss, *metrics) = forward_backward(scale, *inputs), adding d(loss * scale)/dw to the grad buffers."""
@@ -41,8 +70,7 @@ class ForwardBackward(nn.Cell):
 
     def construct(self, scale, *inputs):
         out, grads = self.value_and_grad(scale, *inputs)
-        for buffer, grad in zip(self.grad_buffers, grads):
-            ops.assign_add(buffer, grad)
+        out = ops.depend(out, _map(_accumulate, self.grad_buffers, grads))
         return (out[0] / scale,) + out[2:]  # a NaN scale (trainer.inject_nan_steps) makes a NaN loss
 
 
@@ -60,18 +88,19 @@ class ApplyUpdate(nn.Cell):
 
     def construct(self, loss_scale, allow):
         """`allow`=False discards the accumulated gradients (a step the host decided to skip)."""
-        grads = [g / loss_scale for g in self.grad_buffers]
+        grads = _map(ops.partial(_scaled, 1.0 / loss_scale), self.grad_buffers)
         if self.reduce:
-            grads = list(self.reducer(tuple(grads)))
+            grads = self.reducer(grads)
         norm, finite, lr = self.update(grads, allow)
-        for buffer in self.grad_buffers:
-            ops.assign(buffer, ops.zeros_like(buffer))
+        norm = ops.depend(norm, _map(_zero, self.grad_buffers))
         return norm, finite, lr
 
 
 class ClipAndUpdate(nn.Cell):
     """(norm, finite, lr) = update(grads, allow): the global gradient norm, clipping to `clip_grad_norm`, and
-    the optimizer step, taken only when every gradient is finite and `allow` is True."""
+    the optimizer step, taken only when every gradient is finite and `allow` is True. A NaN or inf in any
+    gradient makes the norm NaN or inf, so `finite` is read off the norm (as Megatron does) instead of a second
+    pass over every gradient; a norm that overflows float32 (all gradients finite) also counts as non-finite."""
 
     def __init__(self, optimizer: nn.Optimizer, clip_grad_norm: float):
         super().__init__(auto_prefix=False)
@@ -79,14 +108,14 @@ class ClipAndUpdate(nn.Cell):
         self.clip_grad_norm = clip_grad_norm
 
     def construct(self, grads, allow):
-        finite = ms.amp.all_finite(grads)
-        norm = ops.sqrt(ops.addn([ops.reduce_sum(g * g) for g in grads]))
+        norm = ops.sqrt(ops.addn(_map(_square_sum, grads)))
+        finite = ops.isfinite(norm)
         if self.clip_grad_norm > 0:
             factor = ops.minimum(self.clip_grad_norm / (norm + 1e-6), 1.0)
-            grads = [g * factor for g in grads]
+            grads = _map(ops.partial(_scaled, factor), grads)
         lr = self.optimizer.get_lr()
         if ops.logical_and(finite, allow):
-            self.optimizer(tuple(grads))
+            self.optimizer(grads)
         return norm, finite, lr
 
 
@@ -117,7 +146,7 @@ class ShardedTrainStep(nn.Cell):
         out, grads = self.value_and_grad(loss_scale, *inputs)
         if self.pipelined:
             grads = self.reducer(grads)
-        norm, finite, lr = self.update([g / loss_scale for g in grads], self.allow)
+        norm, finite, lr = self.update(_map(ops.partial(_scaled, 1.0 / loss_scale), grads), self.allow)
         return out[1], norm, finite, lr
 
 
