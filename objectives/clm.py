@@ -9,11 +9,12 @@ from dataclasses import dataclass
 import numpy as np
 
 import mindspore as ms
-from mindspore import nn, ops
+from mindspore import nn
 from omegaconf import MISSING
 
 from conf.errors import require
 from data.packing import DOCUMENT_PACKED, PACKED
+from objectives._cross_entropy import WeightedCrossEntropy, masked_mean_nll
 
 
 @dataclass
@@ -60,13 +61,10 @@ class CausalLMLoss(nn.Cell):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
         self.model = model
         self.ignore_index = ignore_index
+        self.cross_entropy = WeightedCrossEntropy()
 
     def construct(self, input_ids, labels):
         logits = self.model(input_ids[:, :-1])
         targets = labels[:, 1:].reshape(-1)
         logits = logits.reshape(-1, logits.shape[-1]).astype(ms.float32)
-        mask = (targets != self.ignore_index).astype(ms.float32)
-        safe_targets = ops.select(targets != self.ignore_index, targets, ops.zeros_like(targets))
-        logp = ops.log_softmax(logits, -1)
-        nll = -ops.gather_elements(logp, 1, safe_targets.reshape(-1, 1)).reshape(-1)
-        return ((nll * mask).sum() / ops.maximum(mask.sum(), 1.0),)
+        return (masked_mean_nll(self.cross_entropy, logits, targets, self.ignore_index)[0],)

@@ -72,11 +72,11 @@ def test_sequence_parallel_shards_every_norm_primitive_along_the_sequence(semi_a
     plan = apply_tensor_parallel(model, llama_plan, dp=1, tp=2, sequence_parallel=True)
     act = (1, 2, 1)
     expected = {"square": (act,), "mean": (act,), "add": (act, ()), "rsqrt": (act,), "normalize": (act, act),
-                "scale": (act, (1,))}
+                "scale": (act, act)}
     norms = [f"model.layers.{i}.{n}" for i in range(4) for n in ("attention_norm", "ffn_norm")] + ["model.norm_out"]
     assert {k: v for k, v in plan.items() if k.rpartition(".")[0] in norms} == \
         {f"{norm}.{op}": s for norm in norms for op, s in expected.items()}
-    assert dict(model.cells_and_names())["model.norm_out"].scale.in_strategy == (act, (1,))
+    assert dict(model.cells_and_names())["model.norm_out"].scale.in_strategy == (act, act)
     assert plan["model.layers.0.attention.wq.matmul"] == COL  # the tensor-parallel part is unchanged
 
 

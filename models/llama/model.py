@@ -12,6 +12,12 @@ Linear weights are [out_features, in_features] as in both.
 RoPE follows the Hugging Face / MindFormers convention ("rotate half"): the rotary pairs are (i, i + d/2),
 not the interleaved (2i, 2i+1) pairs of Meta's original code.
 
+Broadcasting: the elementwise ops whose operands differ in shape (RMSNorm's 1/rms and weight, RoPE's cos/sin,
+the attention bias) first broadcast the smaller operand with `ops.broadcast_to`. MindSpore's CPU kernel for a
+broadcasting Mul/Add keeps two int64 index arrays of the output's size for the life of the graph (4x the fp32
+output), one pair per op instance, forward and backward: ~1.8 GiB of the 5.5 GiB peak at model=small
+(benchmarks/memory_timeline.py). The explicit broadcast is a transient copy from the memory pool instead.
+
 Precision: parameters are fp32 (master weights). Matmuls run in `compute_dtype` (fp32/fp16/bf16);
 RMSNorm statistics, softmax and the loss stay in fp32.
 
@@ -54,7 +60,8 @@ class Linear(nn.Cell):
 
 
 class RMSNorm(nn.Cell):
-    """x / rms(x) * weight in fp32. Written with primitives so sequence parallelism can shard each of them."""
+    """x / rms(x) * weight in fp32. Written with primitives so sequence parallelism can shard each of them; both
+    products see operands of x's shape (the module docstring says why)."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -65,8 +72,9 @@ class RMSNorm(nn.Cell):
 
     def construct(self, x):
         x32 = x.astype(ms.float32)
-        normed = self.normalize(x32, self.rsqrt(self.add(self.mean(self.square(x32), -1), self.eps)))
-        return self.scale(normed, self.weight).astype(x.dtype)
+        inv_rms = self.rsqrt(self.add(self.mean(self.square(x32), -1), self.eps))
+        normed = self.normalize(x32, ops.broadcast_to(inv_rms, x32.shape))
+        return self.scale(normed, ops.broadcast_to(self.weight, x32.shape)).astype(x.dtype)
 
 
 def rope_tables(cfg: LlamaConfig, length=None):
@@ -81,6 +89,12 @@ def rotate_half(x):
     return ops.cat((-x[..., half:], x[..., :half]), -1)
 
 
+def apply_rope(x, cos, sin):
+    """x [B, heads, S, D] rotated by the tables cos/sin [S, D] (or [B, 1, S, D]), in x's dtype."""
+    cos, sin = ops.broadcast_to(cos, x.shape), ops.broadcast_to(sin, x.shape)
+    return (x * cos + rotate_half(x) * sin).astype(x.dtype)
+
+
 class AttentionBlock(nn.Cell):
     """softmax(q k^T / sqrt(d) + bias) v for a block of query rows against their keys; scores, softmax and
     probabilities live only inside it, so recomputing it (model.recompute=selective) frees them."""
@@ -93,7 +107,8 @@ class AttentionBlock(nn.Cell):
         self.pv = ops.BatchMatMul()
 
     def construct(self, q, k, v, bias):
-        scores = self.qk(q, k).astype(ms.float32) * self.scale + bias
+        scores = self.qk(q, k).astype(ms.float32) * self.scale
+        scores = scores + ops.broadcast_to(bias, scores.shape)
         probs = ops.softmax(scores, -1).astype(self.compute_dtype)
         return self.pv(probs, v)
 
@@ -171,8 +186,8 @@ class Attention(nn.Cell):
         q = self.wq(x).reshape(b, s, self.n_heads, self.head_dim).transpose(0, 2, 1, 3)
         k = self.wk(x).reshape(b, s, self.n_kv, self.head_dim).transpose(0, 2, 1, 3)
         v = self.wv(x).reshape(b, s, self.n_kv, self.head_dim).transpose(0, 2, 1, 3)
-        q = (q * cos + rotate_half(q) * sin).astype(q.dtype)
-        k = (k * cos + rotate_half(k) * sin).astype(k.dtype)
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
         return q, k, v
 
     def construct(self, x, cos, sin, mask=None):

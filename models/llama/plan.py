@@ -39,7 +39,7 @@ def tensor_parallel_strategies(model: LlamaForCausalLM, dp: int, tp: int,
         for name, cell in model.cells_and_names():
             if isinstance(cell, RMSNorm):
                 plan.update({f"{name}.square": (act,), f"{name}.mean": (act,), f"{name}.add": (act, ()),
-                             f"{name}.rsqrt": (act,), f"{name}.normalize": (act, act), f"{name}.scale": (act, (1,))})
+                             f"{name}.rsqrt": (act,), f"{name}.normalize": (act, act), f"{name}.scale": (act, act)})  # operands broadcast to x's shape (RMSNorm)
     for name, cell in model.cells_and_names():
         lora = hasattr(cell, "lora_A")
         if isinstance(cell, Linear) and name.endswith(COLUMN):

@@ -1,0 +1,36 @@
+"""Token cross-entropy with a hand-written gradient, so no more than one [tokens, vocab] fp32 array is alive at
+a time besides the logits themselves.
+
+MindSpore's autodiff of `-gather_elements(log_softmax(logits), targets)` keeps log_softmax's output for the
+backward and builds the gather's gradient as a dense zeros [tokens, vocab] array plus a scatter, then
+log_softmax's gradient (two more arrays). Here the forward keeps only its inputs, and the backward is the
+textbook d nll / d logits = softmax(logits) - onehot(target), scaled by each row's weight: one softmax, then
+the target column corrected in place of a one-hot.
+"""
+import mindspore as ms
+from mindspore import nn, ops
+
+
+class WeightedCrossEntropy(nn.Cell):
+    """sum_i weights[i] * -log softmax(logits[i])[targets[i]] for logits [N, V] fp32, targets [N] int32 (any
+    value where the weight is 0, e.g. a masked position's 0), weights [N] fp32 (not differentiated)."""
+
+    def construct(self, logits, targets, weights):
+        picked = ops.gather_elements(ops.log_softmax(logits, -1), 1, targets.reshape(-1, 1)).reshape(-1)
+        return -(picked * weights).sum()
+
+    def bprop(self, logits, targets, weights, out, dout):
+        row = (weights * dout).reshape(-1, 1)
+        grad = ops.softmax(logits, -1) * ops.broadcast_to(row, logits.shape)
+        grad = ops.tensor_scatter_elements(grad, targets.reshape(-1, 1), -row, axis=1, reduction="add")
+        return grad, ops.zeros_like(targets), ops.zeros_like(weights)
+
+
+def masked_mean_nll(cross_entropy: WeightedCrossEntropy, logits, targets, ignore_index: int):
+    """(mean nll over the rows whose target is not `ignore_index`, those rows as a float mask [N], their count
+    (at least 1)) for logits [N, V] fp32 and targets [N]."""
+    counted = targets != ignore_index
+    mask = counted.astype(ms.float32)
+    n = ops.maximum(mask.sum(), 1.0)
+    safe = ops.select(counted, targets, ops.zeros_like(targets))
+    return cross_entropy(logits, safe, mask) / n, mask, n
