@@ -60,12 +60,14 @@ class LocalModule:
              decide: Callable[[float], Optional[str]]) -> StepResult:
         counts = [self.objective.loss_tokens(inputs) for inputs in micro_batches]
         total = round(self._global(float(sum(counts))) * self.world_size)  # loss tokens of the global batch
-        loss, metrics = 0.0, np.zeros(len(self.objective.metrics))
+        outs = []  # read after the loop: one host sync per step, the micro-batches launched back to back
         for inputs, n in zip(micro_batches, counts):
             if n == 0:  # no loss token: nothing to add to the gradient
                 continue
             weight = self.world_size * n / total  # the replica mean then gives n / total
-            out = self.forward_backward(Tensor(loss_scale * weight, ms.float32), *map(Tensor, inputs))
+            outs.append((weight, self.forward_backward(Tensor(loss_scale * weight, ms.float32), *map(Tensor, inputs))))
+        loss, metrics = 0.0, np.zeros(len(self.objective.metrics))
+        for weight, out in outs:
             loss += weight * float(out[0].asnumpy())
             metrics += [weight * float(m.asnumpy()) for m in out[1:]]
         loss = self._global(loss)  # every rank decides on the same, global loss

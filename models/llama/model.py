@@ -123,12 +123,10 @@ class CoreAttention(nn.Cell):
     float summation order. With model.recompute=selective each block is recomputed in the backward, so only
     one block's [B, heads, chunk, S] scores are alive at a time instead of [B, heads, S, S] per layer."""
 
-    def __init__(self, head_dim: int, max_positions: int, compute_dtype, chunk: int = 0):
+    def __init__(self, head_dim: int, compute_dtype, chunk: int = 0):
         super().__init__()
         self.block = AttentionBlock(head_dim, compute_dtype)
         self.chunk = chunk
-        mask = np.triu(np.full((max_positions, max_positions), -1e9, np.float32), k=1)
-        self.causal_mask = None if chunk else Tensor(mask)  # chunked: each block's causal bias is built in-graph
 
     def construct(self, q, k, v, mask=None):
         seq = q.shape[2]
@@ -142,9 +140,9 @@ class CoreAttention(nn.Cell):
         return ops.cat(outs, 2)
 
     def causal_bias(self, start: int, stop: int):
-        """[stop - start, stop]: -1e9 where key j > query i (rows start..stop-1), else 0."""
-        if self.causal_mask is not None:
-            return self.causal_mask[start:stop, :stop]
+        """[stop - start, stop]: -1e9 where key j > query i (rows start..stop-1), else 0. Built in the graph
+        (a compare of two aranges per layer and step): a [max_positions, max_positions] constant per layer
+        held 8 x 16 MiB at model=small."""
         rows = ops.arange(start, stop, dtype=ms.int32).reshape(-1, 1)
         cols = ops.arange(0, stop, dtype=ms.int32).reshape(1, -1)
         return (cols > rows).astype(ms.float32) * -1e9
@@ -176,7 +174,7 @@ class Attention(nn.Cell):
         self.wv = Linear(h, self.n_kv * self.head_dim, std, rng, compute_dtype)
         self.wo = Linear(self.n_heads * self.head_dim, h, std, rng, compute_dtype)
         self.core = (FlashCoreAttention(self.head_dim, self.n_heads) if use_flash
-                     else CoreAttention(self.head_dim, rope.window(cfg), compute_dtype, cfg.attention_chunk))
+                     else CoreAttention(self.head_dim, compute_dtype, cfg.attention_chunk))
         self.compute_dtype = compute_dtype
         self.qk_cached, self.pv_cached = ops.BatchMatMul(transpose_b=True), ops.BatchMatMul()  # inference only
 
