@@ -15,13 +15,17 @@ class WeightedCrossEntropy(nn.Cell):
     """sum_i weights[i] * -log softmax(logits[i])[targets[i]] for logits [N, V] fp32, targets [N] int32 (any
     value where the weight is 0, e.g. a masked position's 0), weights [N] fp32 (not differentiated)."""
 
+    def __init__(self):
+        super().__init__()
+        self.softmax = ops.Softmax(-1)
+
     def construct(self, logits, targets, weights):
         picked = ops.gather_elements(ops.log_softmax(logits, -1), 1, targets.reshape(-1, 1)).reshape(-1)
         return -(picked * weights).sum()
 
     def bprop(self, logits, targets, weights, out, dout):
         row = (weights * dout).reshape(-1, 1)
-        grad = ops.softmax(logits, -1) * ops.broadcast_to(row, logits.shape)
+        grad = self.softmax(logits) * ops.broadcast_to(row, logits.shape)
         grad = ops.tensor_scatter_elements(grad, targets.reshape(-1, 1), -row, axis=1, reduction="add")
         return grad, ops.zeros_like(targets), ops.zeros_like(weights)
 

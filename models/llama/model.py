@@ -95,6 +95,23 @@ def apply_rope(x, cos, sin):
     return (x * cos + rotate_half(x) * sin).astype(x.dtype)
 
 
+class Softmax(nn.Cell):
+    """softmax over the last axis, with its gradient out * (dout - sum(dout * out)) written out so the row sums
+    are broadcast explicitly (MindSpore's own softmax gradient on CPU holds int64 index arrays of the scores'
+    size per layer: 8 x 50 MiB at model=small; see the module docstring)."""
+
+    def __init__(self):
+        super().__init__()
+        self.softmax = ops.Softmax(-1)
+
+    def construct(self, x):
+        return self.softmax(x)
+
+    def bprop(self, x, out, dout):
+        row_sums = (dout * out).sum(-1, keepdims=True)
+        return (out * (dout - ops.broadcast_to(row_sums, out.shape)),)
+
+
 class AttentionBlock(nn.Cell):
     """softmax(q k^T / sqrt(d) + bias) v for a block of query rows against their keys; scores, softmax and
     probabilities live only inside it, so recomputing it (model.recompute=selective) frees them."""
@@ -105,11 +122,12 @@ class AttentionBlock(nn.Cell):
         self.compute_dtype = compute_dtype
         self.qk = ops.BatchMatMul(transpose_b=True)
         self.pv = ops.BatchMatMul()
+        self.softmax = Softmax()
 
     def construct(self, q, k, v, bias):
         scores = self.qk(q, k).astype(ms.float32) * self.scale
         scores = scores + ops.broadcast_to(bias, scores.shape)
-        probs = ops.softmax(scores, -1).astype(self.compute_dtype)
+        probs = self.softmax(scores).astype(self.compute_dtype)
         return self.pv(probs, v)
 
 
