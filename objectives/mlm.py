@@ -30,6 +30,7 @@ from omegaconf import MISSING
 from conf.errors import require
 from data.pairs import MODES, pair_schema, sentence_end_ids, sentence_pairs
 from data.rows import RowSpec
+from objectives._cross_entropy import WeightedCrossEntropy, masked_mean_nll
 
 IGNORE_INDEX = -100  # label of positions without loss
 MASK_FRACTION = 0.8  # of selected positions (words): replaced by the mask id
@@ -126,17 +127,13 @@ class MaskedLMLoss(nn.Cell):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
         self.model = model
         self.sentence_task = sentence_task
+        self.cross_entropy = WeightedCrossEntropy()
 
     def construct(self, input_ids, token_type_ids, attention_mask, labels, *sentence_label):
         mlm_logits, sentence_logits = self.model(input_ids, token_type_ids, attention_mask)
         targets = labels.reshape(-1)
         logits = mlm_logits.reshape(-1, mlm_logits.shape[-1])
-        counted = targets != IGNORE_INDEX
-        mask = counted.astype(ms.float32)
-        safe = ops.select(counted, targets, ops.zeros_like(targets))
-        nll = -ops.gather_elements(ops.log_softmax(logits, -1), 1, safe.reshape(-1, 1)).reshape(-1)
-        n = ops.maximum(mask.sum(), 1.0)
-        mlm_loss = (nll * mask).sum() / n
+        mlm_loss, mask, n = masked_mean_nll(self.cross_entropy, logits, targets, IGNORE_INDEX)
         mlm_accuracy = ((logits.argmax(-1) == targets).astype(ms.float32) * mask).sum() / n
         if not self.sentence_task:
             return mlm_loss, mlm_loss, mlm_accuracy

@@ -11,13 +11,14 @@ from dataclasses import dataclass
 import numpy as np
 
 import mindspore as ms
-from mindspore import nn, ops
+from mindspore import nn
 from omegaconf import MISSING
 
 from conf.errors import require
 from conf.schema import INSTRUCTION_KINDS
 from data.samples import IGNORE_INDEX, sft_row_spec
 from objectives import check_fine_tuning
+from objectives._cross_entropy import WeightedCrossEntropy, masked_mean_nll
 
 
 @dataclass
@@ -61,15 +62,12 @@ class ResponseLoss(nn.Cell):
     def __init__(self, model: nn.Cell):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
         self.model = model
+        self.cross_entropy = WeightedCrossEntropy()
 
     def construct(self, input_ids, labels, position_ids, segment_ids):
         logits = self.model(input_ids[:, :-1], position_ids[:, :-1], segment_ids[:, :-1])
         targets = labels[:, 1:].reshape(-1)
         logits = logits.reshape(-1, logits.shape[-1]).astype(ms.float32)
-        counted = targets != IGNORE_INDEX
-        mask = counted.astype(ms.float32)
-        safe = ops.select(counted, targets, ops.zeros_like(targets))
-        nll = -ops.gather_elements(ops.log_softmax(logits, -1), 1, safe.reshape(-1, 1)).reshape(-1)
-        n = ops.maximum(mask.sum(), 1.0)
+        loss, mask, n = masked_mean_nll(self.cross_entropy, logits, targets, IGNORE_INDEX)
         accuracy = ((logits.argmax(-1) == targets).astype(ms.float32) * mask).sum() / n
-        return (nll * mask).sum() / n, accuracy
+        return loss, accuracy
