@@ -1,4 +1,5 @@
-"""objectives/_cross_entropy.py: the hand-written cross-entropy gradient equals autodiff's, in both modes."""
+"""The hand-written gradients (objectives/_cross_entropy.py, models/llama/model.py Softmax) equal autodiff's and
+PyTorch's: they exist only to keep MindSpore's CPU kernels from holding memory, never to change a number."""
 import numpy as np
 import pytest
 
@@ -6,6 +7,7 @@ import mindspore as ms
 import torch
 from mindspore import Tensor, nn, ops
 
+from models.llama.model import Softmax
 from objectives._cross_entropy import WeightedCrossEntropy, masked_mean_nll
 
 IGNORE = -100
@@ -64,3 +66,31 @@ def test_every_row_ignored_gives_zero_loss_and_gradient():
     loss, grad = ms.value_and_grad(MaskedMeanNLL(), 0)(Tensor(logits), Tensor(targets))
     assert float(loss.asnumpy()) == 0.0
     assert not grad.asnumpy().any()
+
+
+class WeightedSoftmax(nn.Cell):
+    """sum(softmax(x) * w): a scalar whose gradient flows through every softmax output."""
+
+    def __init__(self, softmax):
+        super().__init__()
+        self.softmax = softmax
+
+    def construct(self, x, w):
+        return (self.softmax(x) * w).sum()
+
+
+class PlainSoftmax(nn.Cell):
+    def construct(self, x):
+        return ops.softmax(x, -1)
+
+
+def test_attention_softmax_gradient_equals_autodiff_and_torch():
+    rng = np.random.default_rng(1)
+    x = rng.normal(0.0, 2.0, (2, 3, 5, 7)).astype(np.float32)
+    w = rng.normal(0.0, 1.0, x.shape).astype(np.float32)
+    grad = ms.grad(WeightedSoftmax(Softmax()), 0)(Tensor(x), Tensor(w)).asnumpy()
+    plain = ms.grad(WeightedSoftmax(PlainSoftmax()), 0)(Tensor(x), Tensor(w)).asnumpy()
+    t = torch.tensor(x, requires_grad=True)
+    (torch.softmax(t, -1) * torch.tensor(w)).sum().backward()
+    np.testing.assert_allclose(grad, t.grad.numpy(), atol=1e-6)
+    np.testing.assert_allclose(grad, plain, atol=1e-6)
