@@ -336,15 +336,20 @@ def dummy_prefix_pieces(tokenizer) -> Optional[np.ndarray]:
 
 
 def target_bytes(input_ids: np.ndarray, table: np.ndarray, eos_id: int = -1,
-                 dummy_prefix: Optional[np.ndarray] = None) -> np.ndarray:
+                 dummy_prefix: Optional[np.ndarray] = None, labels: Optional[np.ndarray] = None) -> np.ndarray:
     """int64 [N, S]: the UTF-8 bytes of each target token input_ids[:, 1:] (`table` = piece_bytes). With
     `dummy_prefix` (dummy_prefix_pieces), a target right after `eos_id` starts a document, and the '▁' its piece
-    starts with is sentencepiece's dummy prefix, not a space of the text: one byte less."""
+    starts with is sentencepiece's dummy prefix, not a space of the text: one byte less. With `labels` (a causal
+    objective's, negative where a token carries no loss, e.g. SFT's prompts), the targets are labels[:, 1:] and
+    those without loss count no bytes."""
     ids = np.asarray(input_ids, np.int64)
-    out = table[ids[:, 1:]]
+    targets = ids[:, 1:] if labels is None else np.asarray(labels, np.int64)[:, 1:]
+    counted = targets >= 0
+    targets = np.where(counted, targets, 0)
+    out = table[targets]
     if dummy_prefix is not None:
-        out = out - ((ids[:, :-1] == eos_id) & dummy_prefix[ids[:, 1:]])
-    return out
+        out = out - ((ids[:, :-1] == eos_id) & dummy_prefix[targets])
+    return out * counted
 
 
 def bits_per_byte(nll_nats: float, n_bytes: int) -> float:
@@ -475,6 +480,36 @@ def load_tasks(names: Optional[List[str]], tasks_dir: Optional[str], max_items: 
         if max_items:
             task.items = task.items[:max_items]
     return tasks
+
+
+# ---------------------------------------------------------------------------------------- during training
+
+TASK_METRICS = ("acc", "acc_norm", "exact_match", "rouge_l")
+
+
+def val_target_bytes(val: Dict[str, List[tuple]], tokenizer) -> Dict[str, int]:
+    """Per source, the UTF-8 bytes of the loss targets of validation inputs (input_ids, labels, ...) whose loss is
+    their mean NLL (an objective with `token_nll`): what turns trainer/callbacks.py's val_loss into bits per byte."""
+    table, prefix = piece_bytes(tokenizer), dummy_prefix_pieces(tokenizer)
+    return {source: int(sum(target_bytes(inputs[0], table, tokenizer.eos_id, prefix, inputs[1]).sum()
+                            for inputs in batches)) for source, batches in val.items()}
+
+
+def task_scorer(model, tokenizer, names: Sequence[str], max_items: int, batch_size: int, max_len: int,
+                max_new_tokens: int = 64) -> Callable[[], dict]:
+    """The task files `names` (loaded and checked now: a bad one fails before training starts) ->
+    score() -> {"<task>/<metric>": value}, with the scorers `python -m evaluate` uses."""
+    from generate import make_generate_fn
+
+    tasks = load_tasks(list(names), None, max_items)
+    loglikelihood = LoglikelihoodScorer(token_nll_cell(model), tokenizer, batch_size, max_len)
+    generate_fn = make_generate_fn(model, tokenizer) if any(t.kind == "generation" for t in tasks) else None
+
+    def score() -> dict:
+        results = run_tasks(tasks, loglikelihood, generate_fn, max_new_tokens, {}, log=lambda *_: None)
+        return {f"{name}/{key}": r[key] for name, r in results.items() for key in TASK_METRICS if key in r}
+
+    return score
 
 
 # ------------------------------------------------------------------------------------------ data sources

@@ -173,7 +173,11 @@ CASES = [
     C("wandb online without key", "train", lambda w: w.train("logger=wandb", "logger.mode=online"),
       ["WANDB_API_KEY", "logger.mode"], 2, "W&B online without credentials",
       env={"WANDB_API_KEY": None, "NETRC": "/nonexistent/netrc", "WANDB_MODE": None}),
+    C("eval tasks on BERT", "train", lambda w: w.train("experiment=bert_tiny_mlm", "trainer.eval_tasks=[x]"),
+      ["trainer.eval_tasks", "causal"], 2, "evaluation tasks for a model that is not a causal decoder"),
     # ---------------------------------------------------------------------------------------- train.py: files
+    C("eval task file missing", "train", lambda w: w.train(f"trainer.eval_tasks=[{w.path('nowhere.jsonl')}]"),
+      lambda w: [w.path("nowhere.jsonl"), "data.tasks build"], 2, "a task file that is not there"),
     C("data file missing", "train", lambda w: w.train(w.source("jsonl", w.path("data", "missing.jsonl"))),
       lambda w: ["missing.jsonl"], 1, "a data file that is not there"),
     C("resume from missing dir", "train", lambda w: w.train(f"trainer.resume={w.path('nowhere')}"),
