@@ -256,8 +256,9 @@ def _cells():
     from mindspore import nn, ops
 
     class TokenNLL(nn.Cell):
-        """input_ids int32 [B, S + 1] (packed CLM rows) -> fp32 [B, S]: the NLL (nats) of each target
-        input_ids[:, j + 1] given input_ids[:, :j + 1]; the mean of it is objectives/clm.py's loss."""
+        """input_ids int32 [B, S + 1] (packed CLM rows) -> (fp32 [B, S]: the NLL (nats) of each target
+        input_ids[:, j + 1] given input_ids[:, :j + 1], whose mean is objectives/clm.py's loss; bool [B, S]: the
+        target is the most likely token, lm-eval's `is_greedy`)."""
 
         def __init__(self, model):
             super().__init__(auto_prefix=False)  # keep the model's parameter names
@@ -266,7 +267,9 @@ def _cells():
         def construct(self, input_ids):
             logits = self.model(input_ids[:, :-1]).astype(ms.float32)
             logp = ops.log_softmax(logits, -1)
-            return -ops.gather_elements(logp, 2, input_ids[:, 1:].expand_dims(-1)).squeeze(-1)
+            targets = input_ids[:, 1:]
+            nll = -ops.gather_elements(logp, 2, targets.expand_dims(-1)).squeeze(-1)
+            return nll, ops.argmax(logits, -1).astype(targets.dtype) == targets
 
     class FillMaskTopK(nn.Cell):
         """BERT inputs -> int32 [B, S, k]: the k most likely tokens at every position, best first."""
@@ -294,7 +297,7 @@ def token_nll(cell, batches: Sequence[np.ndarray]) -> np.ndarray:
     """[N, S] per-token NLLs of the rows of `batches` (input_ids [B, S + 1] each), float64."""
     from mindspore import Tensor
 
-    return np.concatenate([cell(Tensor(np.asarray(ids, np.int32))).asnumpy().astype(np.float64) for ids in batches])
+    return np.concatenate([cell(Tensor(np.asarray(ids, np.int32)))[0].asnumpy().astype(np.float64) for ids in batches])
 
 
 class EvalModule:
@@ -415,9 +418,15 @@ class LoglikelihoodScorer:
         return ids, min(len(cont), len(ids) - 1)
 
     def __call__(self, requests: Sequence[Tuple[str, str]]) -> List[float]:
-        encoded = [self.encode(c, x) for c, x in requests]
+        return [logp for logp, _ in self.score([self.encode(c, x) for c, x in requests])]
+
+    def score(self, encoded: Sequence[Tuple[List[int], int]]) -> List[Tuple[float, bool]]:
+        """Rows (ids, n): the summed log-probability of the last n tokens of ids given the ones before, and
+        whether each of them is the model's most likely token (lm-eval's loglikelihood answer)."""
+        from mindspore import Tensor
+
         order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i][0]))
-        scores = [0.0] * len(encoded)
+        out = [(0.0, False)] * len(encoded)
         pad = self.tokenizer.pad_id
         for start in range(0, len(order), self.batch_size):
             chunk = order[start:start + self.batch_size]
@@ -426,11 +435,12 @@ class LoglikelihoodScorer:
             rows = np.full((self.batch_size, width), pad, np.int32)
             for r, i in enumerate(chunk):
                 rows[r, :len(encoded[i][0])] = encoded[i][0]
-            nll = token_nll(self.cell, [rows])
+            nll, greedy = (x.asnumpy() for x in self.cell(Tensor(rows)))
             for r, i in enumerate(chunk):
                 ids, n = encoded[i]
-                scores[i] = -float(nll[r, len(ids) - 1 - n:len(ids) - 1].sum())
-        return scores
+                span = slice(len(ids) - 1 - n, len(ids) - 1)
+                out[i] = (-float(nll[r, span].astype(np.float64).sum()), bool(greedy[r, span].all()))
+        return out
 
 
 def generation_fn(model, tokenizer, cfg) -> Tuple[Optional[Callable], Optional[str]]:
