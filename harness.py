@@ -3,6 +3,7 @@ interface (loglikelihood, loglikelihood_rolling, generate_until) over the scorer
 
     scripts/venv.sh python -m pip install lm_eval==0.4.9     # optional: not in requirements.txt (see below)
     python -m harness CKPT --tasks definitions_mc,cloze_code [--limit 100] [--batch-size 8] [--out results.json]
+    python -m harness SFT_CKPT data=default --tasks definitions_mc     # train.py overrides, as python -m evaluate
     python -m harness CKPT --tasks my_task --include-path MY_TASKS/     # any lm_eval task whose data is local
 
 A name that is a mindlab task file (`python -m data.tasks build`, or a path ending in .jsonl) becomes an lm_eval
@@ -112,11 +113,11 @@ class MindlabLM:
         return MODEL_REGISTRY["mindlab"]
 
 
-def _lm_init(self, checkpoint: str, batch_size=8, max_length=None, **_):
+def _lm_init(self, checkpoint: str, batch_size=8, max_length=None, overrides=(), **_):
     from lm_eval.api.model import LM
 
     LM.__init__(self)
-    MindlabLM.__init__(self, checkpoint, batch_size, max_length)
+    MindlabLM.__init__(self, checkpoint, batch_size, max_length, overrides)
 
 
 # --------------------------------------------------------------------------------------------- mindlab tasks
@@ -146,7 +147,7 @@ def mindlab_task_yaml(name: str, path: str, directory: str) -> None:
 
 
 def run(checkpoint: str, tasks: List[str], include_path: Optional[str], limit: Optional[int], batch_size: int,
-        max_length: Optional[int]) -> dict:
+        max_length: Optional[int], overrides: Sequence[str] = ()) -> dict:
     try:
         import lm_eval
     except ImportError:
@@ -170,7 +171,7 @@ def run(checkpoint: str, tasks: List[str], include_path: Optional[str], limit: O
                 names.append(name)
         if len(names) > len([n for n in names if not n.startswith("mindlab_")]):
             paths.append(own)
-        lm = MindlabLM.registered()(checkpoint, batch_size, max_length)
+        lm = MindlabLM.registered()(checkpoint, batch_size, max_length, overrides)
         results = lm_eval.simple_evaluate(model=lm, tasks=names, limit=limit,
                                           task_manager=TaskManager(include_path=paths or None))
     return results["results"]
@@ -181,15 +182,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = ArgumentParser(prog="python -m harness", description=__doc__.split("\n\n")[0],
                             formatter_class=RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", help="a checkpoint directory (.../checkpoints/step_NNNNNN)")
+    parser.add_argument("overrides", nargs="*", help="train.py overrides, as python -m evaluate takes them")
     parser.add_argument("--tasks", required=True, help="comma-separated: mindlab task names/files or lm_eval tasks")
     parser.add_argument("--include-path", default=None, help="a directory of your own lm_eval task YAMLs")
     parser.add_argument("--limit", type=int, default=None, help="items per task (default: all)")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--max-length", type=int, default=None, help="context (default: the checkpoint's seq_len)")
     parser.add_argument("--out", default=None, help="write the results as JSON")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     results = run(args.checkpoint, [t for t in args.tasks.split(",") if t], args.include_path, args.limit,
-                  args.batch_size, args.max_length)
+                  args.batch_size, args.max_length, args.overrides)
     for task, metrics in results.items():
         print(task + ": " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, float)))
     if args.out:
