@@ -120,6 +120,7 @@ def test_rouge_l_and_exact_match_by_hand():
     assert result["predictions"] == ["in the beginning", "b d e"]
 
 
+@pytest.mark.slow
 def test_scorer_on_a_real_tiny_model_end_to_end(tok, pynative):
     model = tiny_llama()
     cell = E.token_nll_cell(model)
@@ -146,6 +147,7 @@ def test_encode_pair_moves_trailing_whitespace_to_the_continuation(tok):
     assert tok.decode(ctx) == "Word:" and ctx + cont == tok.encode("Word: apple")
 
 
+@pytest.mark.slow
 def test_generation_tasks_use_greedy_cached_generation(tokenizer_file, pynative):
     """evaluate's generate_fn is generate.make_generate_fn: greedy continuations equal the Generator's."""
     from conftest import load_preset
@@ -294,6 +296,7 @@ def small_checkpoint(tmp_path_factory, tokenizer_file):
     return checkpoint.save(str(root), 7, model, ms.nn.SGD(model.trainable_params()), {}, cfg, tokenizer_file)
 
 
+@pytest.mark.slow
 def test_cli_on_a_small_checkpoint_prints_the_table_and_writes_json(small_checkpoint, tmp_path, capsys):
     tasks_dir = tmp_path / "tasks"
     tasks_dir.mkdir()
@@ -330,6 +333,7 @@ def test_cli_refuses_model_presets_and_bad_task_files(small_checkpoint, tmp_path
     assert f"{tmp_path / 'bad.jsonl'}:1: 'choices' must be a list of at least 2" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_training_logs_the_bits_per_byte_and_task_scores_that_evaluate_gives(tokenizer_file, tmp_path, pynative):
     """trainer.eval_tasks and val_bpb: what the run logs at its last step equals `python -m evaluate` on the
     checkpoint it leaves (per-token NLLs, bytes and task scorers computed independently of the loss cell)."""

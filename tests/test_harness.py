@@ -32,6 +32,7 @@ def request(*args):
     return SimpleNamespace(args=args)
 
 
+@pytest.mark.slow
 def test_rolling_loglikelihood_scores_every_token_once(lm):
     text = "Shall I compare thee to a summer's day? Thou art more lovely and more temperate. " * 3
     ids = [lm.tokenizer.eos_id] + lm.tokenizer.encode(text)
@@ -43,6 +44,7 @@ def test_rolling_loglikelihood_scores_every_token_once(lm):
     assert len(ids) - 1 > 64 and math.isfinite(windowed) and windowed != pytest.approx(whole, abs=1e-3)
 
 
+@pytest.mark.slow
 def test_loglikelihood_is_greedy_marks_the_models_own_choice(lm):
     context = lm.tokenizer.encode("To be, or not to be")
     ids = np.array([[lm.tokenizer.eos_id] + context], np.int32)
@@ -56,6 +58,7 @@ def test_loglikelihood_is_greedy_marks_the_models_own_choice(lm):
     assert [s for s, _ in scored] == pytest.approx(lm.scorer(pairs), abs=1e-6)  # evaluate.py's scorer
 
 
+@pytest.mark.slow
 def test_generate_until_cuts_at_the_stop_string(lm):
     (free,) = lm.generate_until([request("To be, or", {"max_gen_toks": 12})])
     assert free
@@ -64,6 +67,7 @@ def test_generate_until_cuts_at_the_stop_string(lm):
     assert stop not in cut and free.startswith(cut)
 
 
+@pytest.mark.slow
 def test_lm_eval_scores_a_mindlab_task_as_evaluate_does(base_checkpoint, tmp_path):
     """lm_eval (if installed) on a mindlab task file: the same acc and acc_norm as evaluate.py's scorer."""
     pytest.importorskip("lm_eval")
