@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -11,10 +12,37 @@ def train_and_measure(name: str, overrides: list, workdir: str) -> dict:
     """Run train.py with `overrides` in <workdir>/<name>; throughput is averaged over the logging intervals
     after the first (which holds the graph compilation)."""
     run_dir = os.path.join(workdir, name)
-    cmd = [sys.executable, os.path.join(ROOT, "train.py"), *overrides, f"hydra.run.dir={run_dir}"]
-    subprocess.run(cmd, check=True, cwd=workdir, stdout=subprocess.DEVNULL)
-    logs = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl")) if '"loss"' in line]
+    logs = timed_run(train_command(overrides, run_dir), run_dir, workdir)["logs"]
     steady = logs[1:] or logs
     return {"tokens_per_sec": sum(m["tokens_per_sec"] for m in steady) / len(steady),
             "mfu": sum(m["mfu"] for m in steady) / len(steady),
             "peak_rss_gb": logs[-1]["peak_rss_gb"], "final_loss": logs[-1]["loss"]}
+
+
+def train_command(overrides: list, run_dir: str) -> list:
+    return [sys.executable, os.path.join(ROOT, "train.py"), *overrides, f"hydra.run.dir={run_dir}"]
+
+
+def timed_run(cmd: list, run_dir: str, workdir: str, poll_s: float = 0.05) -> dict:
+    """Run `cmd` (which writes <run_dir>/metrics.jsonl) and watch that file: {"logs": its loss lines,
+    "first_log_s": seconds from the launch to its first loss line (with log_every=1: the process start,
+    imports, data, model build, graph compile and the first optimizer step), "wall_s", "load": the 1-minute
+    load average at launch and at exit}. Output goes to <workdir>/<run dir name>.log, whose tail is in the
+    RuntimeError raised when the process fails."""
+    log_path = os.path.join(workdir, os.path.basename(run_dir) + ".log")
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    load = [os.getloadavg()[0]]
+    start, first = time.perf_counter(), None
+    with open(log_path, "w", encoding="utf-8") as log:
+        proc = subprocess.Popen(cmd, cwd=workdir, stdout=log, stderr=subprocess.STDOUT)
+        while proc.poll() is None:
+            if first is None and os.path.exists(metrics) and '"loss"' in open(metrics, encoding="utf-8").read():
+                first = time.perf_counter() - start
+            time.sleep(poll_s)
+    wall = time.perf_counter() - start
+    load.append(os.getloadavg()[0])
+    if proc.returncode != 0:
+        tail = open(log_path, encoding="utf-8", errors="replace").read()[-2000:]
+        raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}:\n{tail}")
+    logs = [json.loads(line) for line in open(metrics, encoding="utf-8") if '"loss"' in line]
+    return {"logs": logs, "first_log_s": first if first is not None else wall, "wall_s": wall, "load": load}
