@@ -46,3 +46,36 @@ def timed_run(cmd: list, run_dir: str, workdir: str, poll_s: float = 0.05) -> di
         raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}:\n{tail}")
     logs = [json.loads(line) for line in open(metrics, encoding="utf-8") if '"loss"' in line]
     return {"logs": logs, "first_log_s": first if first is not None else wall, "wall_s": wall, "load": load}
+
+
+def compose_config(overrides: list):
+    """train.py's config for `overrides`, validated, for benchmarks that build the pieces in-process."""
+    from hydra import compose, initialize_config_dir
+
+    from conf.schema import register
+    from conf.validate import validate
+
+    register()
+    with initialize_config_dir(os.path.join(ROOT, "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    validate(cfg)
+    return cfg
+
+
+def native_pieces(cfg):
+    """(data, model, objective) as train.py builds them for `cfg`, on CPU in graph mode, fp32."""
+    import boot  # noqa: F401  (MindSpore first, as in train.py)
+    import mindspore as ms
+
+    from data import build_data
+    from models import build_model
+    from objectives import objective as objective_plugin
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_device("CPU")
+    t = cfg.trainer
+    ms.set_seed(t.seed)
+    plugin = objective_plugin(cfg.objective.name)
+    data = build_data(cfg.data, t.micro_batch_size, seed=t.seed, eval_batches=1, spec=plugin.row_spec(cfg.objective))
+    model = build_model(cfg.model, cfg.data.seq_len, "fp32", "CPU", t.seed)
+    return data, model, plugin.Objective(cfg.objective, data.tokenizer, t.seed)

@@ -25,35 +25,19 @@ import numpy as np
 
 
 def export(out_dir: str, overrides: list) -> None:
-    import boot  # noqa: F401  (MindSpore first, as in train.py)
-    import mindspore as ms
-    from hydra import compose, initialize_config_dir
-
+    from benchmarks.measure import compose_config, native_pieces
     from benchmarks.step_reference import reference_lr
-    from conf.schema import REPO_ROOT, register
-    from conf.validate import validate
-    from data import build_data
-    from models import build_model, family
+    from models import family
     from models.llama import hf
-    from objectives import objective as objective_plugin
     from trainer.optimizer import decays
 
-    register()
-    with initialize_config_dir(os.path.join(REPO_ROOT, "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
-    validate(cfg)
-    ms.set_context(mode=ms.GRAPH_MODE)
-    ms.set_device("CPU")
+    cfg = compose_config(overrides)
     t = cfg.trainer
-    ms.set_seed(t.seed)
-    plugin = objective_plugin(cfg.objective.name)
-    data = build_data(cfg.data, t.micro_batch_size, seed=t.seed, eval_batches=1, spec=plugin.row_spec(cfg.objective))
-    model = build_model(cfg.model, cfg.data.seq_len, "fp32", "CPU", t.seed)
+    data, model, objective = native_pieces(cfg)
     initial = {p.name: p.asnumpy() for p in model.get_parameters()}
-    objective = plugin.Objective(cfg.objective, data.tokenizer, t.seed)
-    batches = [objective.batch(data.train.next_batch(), 0)[0] for _ in range(t.max_steps)]
+    rows = [objective.batch(data.train.next_batch(), 0)[0] for _ in range(t.max_steps)]
     os.makedirs(out_dir, exist_ok=True)
-    np.save(os.path.join(out_dir, "batches.npy"), np.stack(batches).astype(np.int64))
+    np.save(os.path.join(out_dir, "batches.npy"), np.stack(rows).astype(np.int64))
     weights = hf.to_hf(initial)
     np.savez(os.path.join(out_dir, "weights.npz"), **weights)
     renamed = {hf._rename(name, hf.HF_NAMES): name for name in initial}
@@ -68,7 +52,8 @@ def export(out_dir: str, overrides: list) -> None:
         json.dump(meta, f)
 
 
-def train(export_dir: str, attention: str, run_dir: str, threads: int = 2) -> None:
+def trainer(export_dir: str, attention: str, threads: int = 2):
+    """(step(update, rows) -> loss tensor: one forward, backward, clip and AdamW update, the export's meta)."""
     import torch
     from torch.nn.functional import cross_entropy
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -77,7 +62,6 @@ def train(export_dir: str, attention: str, run_dir: str, threads: int = 2) -> No
     torch.manual_seed(0)
     with open(os.path.join(export_dir, "meta.json"), encoding="utf-8") as f:
         meta = json.load(f)
-    batches = torch.from_numpy(np.load(os.path.join(export_dir, "batches.npy")))
     model = LlamaForCausalLM(LlamaConfig(**meta["hf_config"], attn_implementation=attention))
     with np.load(os.path.join(export_dir, "weights.npz")) as w:
         model.load_state_dict({k: torch.from_numpy(w[k]) for k in w.files}, strict=True)
@@ -87,27 +71,41 @@ def train(export_dir: str, attention: str, run_dir: str, threads: int = 2) -> No
     opt = torch.optim.AdamW([{"params": [p for n, p in params.items() if n in decay], "weight_decay": meta["weight_decay"]},
                              {"params": [p for n, p in params.items() if n not in decay], "weight_decay": 0.0}],
                             lr=meta["lr"][0], betas=tuple(meta["betas"]), eps=meta["eps"])
-    os.makedirs(run_dir, exist_ok=True)
     ignore = meta["ignore_index"]
+
+    def step(update: int, rows):
+        logits = model(rows[:, :-1]).logits
+        loss = cross_entropy(logits.reshape(-1, logits.shape[-1]), rows[:, 1:].reshape(-1), ignore_index=ignore)
+        loss.backward()
+        if meta["clip_grad_norm"] > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), meta["clip_grad_norm"])
+        for group in opt.param_groups:
+            group["lr"] = meta["lr"][update]
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    return step, meta
+
+
+def batches(export_dir: str):
+    import torch
+
+    return torch.from_numpy(np.load(os.path.join(export_dir, "batches.npy")))
+
+
+def train(export_dir: str, attention: str, run_dir: str) -> None:
+    step, meta = trainer(export_dir, attention)
+    os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "metrics.jsonl"), "w", encoding="utf-8") as out:
         start = time.perf_counter()
-        for step, rows in enumerate(batches, 1):
-            logits = model(rows[:, :-1]).logits
-            loss = cross_entropy(logits.reshape(-1, logits.shape[-1]), rows[:, 1:].reshape(-1), ignore_index=ignore)
-            loss.backward()
-            if meta["clip_grad_norm"] > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), meta["clip_grad_norm"])
-            for group in opt.param_groups:
-                group["lr"] = meta["lr"][step - 1]
-            opt.step()
-            opt.zero_grad()
-            value = loss.item()
+        for update, rows in enumerate(batches(export_dir)):
+            loss = step(update, rows).item()
             now = time.perf_counter()
-            out.write(json.dumps({"step": step, "loss": value, "tokens_per_sec": meta["tokens_per_step"] / (now - start),
+            out.write(json.dumps({"step": update + 1, "loss": loss, "tokens_per_sec": meta["tokens_per_step"] / (now - start),
                                   "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}) + "\n")
             out.flush()
             start = now
-
 
 if __name__ == "__main__":
     if sys.argv[1] == "export":
