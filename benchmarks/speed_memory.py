@@ -105,7 +105,7 @@ def table(results: dict) -> str:
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shapes", default="small,medium", help=f"comma-separated, of {', '.join(SHAPES)}")
+    p.add_argument("--shapes", default="small", help=f"comma-separated, of {', '.join(SHAPES)}")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3, help="first steps left out of tokens/s (compile)")
     p.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated, of {', '.join(IMPLS)}")
