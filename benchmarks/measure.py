@@ -23,12 +23,20 @@ def train_command(overrides: list, run_dir: str) -> list:
     return [sys.executable, os.path.join(ROOT, "train.py"), *overrides, f"hydra.run.dir={run_dir}"]
 
 
+class RunFailed(RuntimeError):
+    """A benchmarked process exited with `returncode` (-9: killed, on Linux usually the OOM killer)."""
+
+    def __init__(self, cmd: list, returncode: int, tail: str):
+        super().__init__(f"{' '.join(cmd)} exited with {returncode}:\n{tail}")
+        self.returncode, self.tail = returncode, tail
+
+
 def timed_run(cmd: list, run_dir: str, workdir: str, poll_s: float = 0.05) -> dict:
     """Run `cmd` (which writes <run_dir>/metrics.jsonl) and watch that file: {"logs": its loss lines,
     "first_log_s": seconds from the launch to its first loss line (with log_every=1: the process start,
     imports, data, model build, graph compile and the first optimizer step), "wall_s", "load": the 1-minute
     load average at launch and at exit}. Output goes to <workdir>/<run dir name>.log, whose tail is in the
-    RuntimeError raised when the process fails."""
+    RunFailed raised when the process fails."""
     log_path = os.path.join(workdir, os.path.basename(run_dir) + ".log")
     metrics = os.path.join(run_dir, "metrics.jsonl")
     load = [os.getloadavg()[0]]
@@ -43,7 +51,7 @@ def timed_run(cmd: list, run_dir: str, workdir: str, poll_s: float = 0.05) -> di
     load.append(os.getloadavg()[0])
     if proc.returncode != 0:
         tail = open(log_path, encoding="utf-8", errors="replace").read()[-2000:]
-        raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}:\n{tail}")
+        raise RunFailed(cmd, proc.returncode, tail)
     logs = [json.loads(line) for line in open(metrics, encoding="utf-8") if '"loss"' in line]
     return {"logs": logs, "first_log_s": first if first is not None else wall, "wall_s": wall, "load": load}
 

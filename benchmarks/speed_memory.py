@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 
-from benchmarks.measure import ROOT, timed_run, train_command
+from benchmarks.measure import ROOT, RunFailed, timed_run, train_command
 
 SHAPES = {
     "small": ["model=small", "data.seq_len=256", "trainer.micro_batch_size=8"],
@@ -78,8 +78,9 @@ def run_shape(overrides: list, impls, warmup: int, peak_flops: float, workdir: s
             cmd = train_command([*overrides, f"model.impl={impl}"], run_dir)
         try:
             results[impl] = summarize(timed_run(cmd, run_dir, workdir), warmup, flops_per_token, peak_flops)
-        except RuntimeError as err:  # e.g. out of memory at a long sequence: the other rows still count
-            results[impl] = {"error": str(err).strip().splitlines()[-1][:200]}
+        except RunFailed as err:  # e.g. out of memory at a long sequence: the other rows still count
+            killed = " (killed: out of memory?)" if err.returncode == -9 else ""
+            results[impl] = {"error": f"exit {err.returncode}{killed}: {err.tail.strip().splitlines()[-1][:160]}"}
         print(f"  {tag.strip('-') or 'run'} {impl}: {results[impl]}", flush=True)
     return results
 
