@@ -17,7 +17,7 @@ import sys
 import tempfile
 
 from benchmarks.measure import ROOT
-from benchmarks.speed_memory import COMMON, IMPLS, measured_peak_flops, peak_line, run_shape
+from benchmarks.speed_memory import COMMON, IMPLS, check_args, measured_peak_flops, peak_line, run_shape
 
 TOKENS_PER_STEP = 2048
 
@@ -90,10 +90,8 @@ def main() -> None:
     p.add_argument("--peak-tflops", type=float, default=None, help="skip the GEMM measurement, use this peak")
     p.add_argument("--png", default=os.path.join(ROOT, "benchmarks", "scaling.png"))
     args = p.parse_args()
+    check_args(p, args.impls, args.steps, args.warmup)
     impls = args.impls.split(",")
-    unknown = [i for i in impls if i not in IMPLS]
-    if unknown:
-        p.error(f"--impls: unknown {', '.join(unknown)}; choose from {', '.join(IMPLS)}")
     peak = {"peak": args.peak_tflops * 1e12} if args.peak_tflops else measured_peak_flops()
     print(peak_line(peak), flush=True)
     sweeps = {}

@@ -39,7 +39,8 @@ SHAPES = {
                "model.intermediate_size=1344", "model.vocab_size=32000", "data.seq_len=512",
                "trainer.micro_batch_size=4"],
 }
-COMMON = ["trainer.log_every=1", "trainer.eval_every=0", "trainer.eval_batches=1", "optim.warmup_steps=5",
+LR_WARMUP = 5  # optim.warmup_steps: a run needs more steps than that
+COMMON = ["trainer.log_every=1", "trainer.eval_every=0", "trainer.eval_batches=1", f"optim.warmup_steps={LR_WARMUP}",
           "logger.progress_bar=false", "trainer.resume=none"]
 IMPLS = ("native", "mindformers", "torch_sdpa", "torch_eager")
 
@@ -104,6 +105,16 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def check_args(parser, impls: str, steps: int, warmup: int, shapes: str = "small") -> None:
+    """parser.error (one line, exit 2) on an unknown implementation or shape, or too few steps."""
+    for name, given, known in (("--shapes", shapes, SHAPES), ("--impls", impls, IMPLS)):
+        unknown = [x for x in given.split(",") if x not in known]
+        if unknown:
+            parser.error(f"{name}: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
+    if steps <= max(warmup, LR_WARMUP):
+        parser.error(f"--steps {steps} must exceed --warmup {warmup} and the lr warmup ({LR_WARMUP} steps)")
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", default="small", help=f"comma-separated, of {', '.join(SHAPES)}")
@@ -112,12 +123,7 @@ def parse_args(argv):
     p.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated, of {', '.join(IMPLS)}")
     p.add_argument("--peak-tflops", type=float, default=None, help="skip the GEMM measurement, use this peak")
     args, overrides = p.parse_known_args(argv)
-    for name, given, known in (("--shapes", args.shapes, SHAPES), ("--impls", args.impls, IMPLS)):
-        unknown = [x for x in given.split(",") if x not in known]
-        if unknown:
-            p.error(f"{name}: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
-    if args.steps <= args.warmup:
-        p.error(f"--steps {args.steps} must exceed --warmup {args.warmup}")
+    check_args(p, args.impls, args.steps, args.warmup, shapes=args.shapes)
     return args, overrides
 
 
