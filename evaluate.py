@@ -256,8 +256,9 @@ def _cells():
     from mindspore import nn, ops
 
     class TokenNLL(nn.Cell):
-        """input_ids int32 [B, S + 1] (packed CLM rows) -> fp32 [B, S]: the NLL (nats) of each target
-        input_ids[:, j + 1] given input_ids[:, :j + 1]; the mean of it is objectives/clm.py's loss."""
+        """input_ids int32 [B, S + 1] (packed CLM rows) -> (fp32 [B, S]: the NLL (nats) of each target
+        input_ids[:, j + 1] given input_ids[:, :j + 1], whose mean is objectives/clm.py's loss; bool [B, S]: the
+        target is the most likely token, lm-eval's `is_greedy`)."""
 
         def __init__(self, model):
             super().__init__(auto_prefix=False)  # keep the model's parameter names
@@ -266,7 +267,9 @@ def _cells():
         def construct(self, input_ids):
             logits = self.model(input_ids[:, :-1]).astype(ms.float32)
             logp = ops.log_softmax(logits, -1)
-            return -ops.gather_elements(logp, 2, input_ids[:, 1:].expand_dims(-1)).squeeze(-1)
+            targets = input_ids[:, 1:]
+            nll = -ops.gather_elements(logp, 2, targets.expand_dims(-1)).squeeze(-1)
+            return nll, ops.argmax(logits, -1).astype(targets.dtype) == targets
 
     class FillMaskTopK(nn.Cell):
         """BERT inputs -> int32 [B, S, k]: the k most likely tokens at every position, best first."""
@@ -294,7 +297,7 @@ def token_nll(cell, batches: Sequence[np.ndarray]) -> np.ndarray:
     """[N, S] per-token NLLs of the rows of `batches` (input_ids [B, S + 1] each), float64."""
     from mindspore import Tensor
 
-    return np.concatenate([cell(Tensor(np.asarray(ids, np.int32))).asnumpy().astype(np.float64) for ids in batches])
+    return np.concatenate([cell(Tensor(np.asarray(ids, np.int32)))[0].asnumpy().astype(np.float64) for ids in batches])
 
 
 class EvalModule:
@@ -336,15 +339,20 @@ def dummy_prefix_pieces(tokenizer) -> Optional[np.ndarray]:
 
 
 def target_bytes(input_ids: np.ndarray, table: np.ndarray, eos_id: int = -1,
-                 dummy_prefix: Optional[np.ndarray] = None) -> np.ndarray:
+                 dummy_prefix: Optional[np.ndarray] = None, labels: Optional[np.ndarray] = None) -> np.ndarray:
     """int64 [N, S]: the UTF-8 bytes of each target token input_ids[:, 1:] (`table` = piece_bytes). With
     `dummy_prefix` (dummy_prefix_pieces), a target right after `eos_id` starts a document, and the '▁' its piece
-    starts with is sentencepiece's dummy prefix, not a space of the text: one byte less."""
+    starts with is sentencepiece's dummy prefix, not a space of the text: one byte less. With `labels` (a causal
+    objective's, negative where a token carries no loss, e.g. SFT's prompts), the targets are labels[:, 1:] and
+    those without loss count no bytes."""
     ids = np.asarray(input_ids, np.int64)
-    out = table[ids[:, 1:]]
+    targets = ids[:, 1:] if labels is None else np.asarray(labels, np.int64)[:, 1:]
+    counted = targets >= 0
+    targets = np.where(counted, targets, 0)
+    out = table[targets]
     if dummy_prefix is not None:
-        out = out - ((ids[:, :-1] == eos_id) & dummy_prefix[ids[:, 1:]])
-    return out
+        out = out - ((ids[:, :-1] == eos_id) & dummy_prefix[targets])
+    return out * counted
 
 
 def bits_per_byte(nll_nats: float, n_bytes: int) -> float:
@@ -410,9 +418,15 @@ class LoglikelihoodScorer:
         return ids, min(len(cont), len(ids) - 1)
 
     def __call__(self, requests: Sequence[Tuple[str, str]]) -> List[float]:
-        encoded = [self.encode(c, x) for c, x in requests]
+        return [logp for logp, _ in self.score([self.encode(c, x) for c, x in requests])]
+
+    def score(self, encoded: Sequence[Tuple[List[int], int]]) -> List[Tuple[float, bool]]:
+        """Rows (ids, n): the summed log-probability of the last n tokens of ids given the ones before, and
+        whether each of them is the model's most likely token (lm-eval's loglikelihood answer)."""
+        from mindspore import Tensor
+
         order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i][0]))
-        scores = [0.0] * len(encoded)
+        out = [(0.0, False)] * len(encoded)
         pad = self.tokenizer.pad_id
         for start in range(0, len(order), self.batch_size):
             chunk = order[start:start + self.batch_size]
@@ -421,11 +435,12 @@ class LoglikelihoodScorer:
             rows = np.full((self.batch_size, width), pad, np.int32)
             for r, i in enumerate(chunk):
                 rows[r, :len(encoded[i][0])] = encoded[i][0]
-            nll = token_nll(self.cell, [rows])
+            nll, greedy = (x.asnumpy() for x in self.cell(Tensor(rows)))
             for r, i in enumerate(chunk):
                 ids, n = encoded[i]
-                scores[i] = -float(nll[r, len(ids) - 1 - n:len(ids) - 1].sum())
-        return scores
+                span = slice(len(ids) - 1 - n, len(ids) - 1)
+                out[i] = (-float(nll[r, span].astype(np.float64).sum()), bool(greedy[r, span].all()))
+        return out
 
 
 def generation_fn(model, tokenizer, cfg) -> Tuple[Optional[Callable], Optional[str]]:
@@ -475,6 +490,36 @@ def load_tasks(names: Optional[List[str]], tasks_dir: Optional[str], max_items: 
         if max_items:
             task.items = task.items[:max_items]
     return tasks
+
+
+# ---------------------------------------------------------------------------------------- during training
+
+TASK_METRICS = ("acc", "acc_norm", "exact_match", "rouge_l")
+
+
+def val_target_bytes(val: Dict[str, List[tuple]], tokenizer) -> Dict[str, int]:
+    """Per source, the UTF-8 bytes of the loss targets of validation inputs (input_ids, labels, ...) whose loss is
+    their mean NLL (an objective with `token_nll`): what turns trainer/callbacks.py's val_loss into bits per byte."""
+    table, prefix = piece_bytes(tokenizer), dummy_prefix_pieces(tokenizer)
+    return {source: int(sum(target_bytes(inputs[0], table, tokenizer.eos_id, prefix, inputs[1]).sum()
+                            for inputs in batches)) for source, batches in val.items()}
+
+
+def task_scorer(model, tokenizer, names: Sequence[str], max_items: int, batch_size: int, max_len: int,
+                max_new_tokens: int = 64) -> Callable[[], dict]:
+    """The task files `names` (loaded and checked now: a bad one fails before training starts) ->
+    score() -> {"<task>/<metric>": value}, with the scorers `python -m evaluate` uses."""
+    from generate import make_generate_fn
+
+    tasks = load_tasks(list(names), None, max_items)
+    loglikelihood = LoglikelihoodScorer(token_nll_cell(model), tokenizer, batch_size, max_len)
+    generate_fn = make_generate_fn(model, tokenizer) if any(t.kind == "generation" for t in tasks) else None
+
+    def score() -> dict:
+        results = run_tasks(tasks, loglikelihood, generate_fn, max_new_tokens, {}, log=lambda *_: None)
+        return {f"{name}/{key}": r[key] for name, r in results.items() for key in TASK_METRICS if key in r}
+
+    return score
 
 
 # ------------------------------------------------------------------------------------------ data sources

@@ -210,6 +210,10 @@ class TrainerConfig:
     log_every: int = 10
     eval_every: int = 100
     eval_batches: int = 8
+    # task files (`python -m data.tasks build` writes them; a name or a .jsonl path) scored at every evaluation:
+    # acc/acc_norm by log-likelihood, exact match/ROUGE-L by greedy generation (evaluate.py's scorers)
+    eval_tasks: List[str] = field(default_factory=list)
+    eval_task_items: int = 200  # the first items of each task (0: all)
     save_every: int = 0  # 0: only at the end (and on SIGTERM/SIGINT)
     keep_last: int = 3  # checkpoints kept, newest first; 0 keeps all
     keep_every: int = 0  # also keep every step divisible by this (0: none)

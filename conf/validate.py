@@ -45,6 +45,7 @@ def validate(cfg: DictConfig, world_size: int = 1) -> None:
     _check_batch(cfg)
     _check_optim(cfg)
     _check_data(cfg)
+    _check_eval_tasks(cfg)
     if not cfg.dry_run:
         _check_machine(cfg, world_size)
         _require(cfg.stage.name != "long_context" or cfg.stage.init_from or cfg.stage.allow_random_init,
@@ -199,6 +200,24 @@ def _check_data(cfg: DictConfig) -> None:
     _require(c.min_chars >= 0, "data.cleaning.min_chars", f"must be >= 0, got {c.min_chars}")
     for key in ("max_symbol_fraction", "max_repeated_line_fraction", "near_dedup_threshold"):
         _require(0 < c[key] <= 1, f"data.cleaning.{key}", f"must be in (0, 1], got {c[key]}")
+
+
+def _check_eval_tasks(cfg: DictConfig) -> None:
+    from models import family
+
+    t = cfg.trainer
+    _require(t.eval_task_items >= 0, "trainer.eval_task_items", f"must be >= 0 (0: every item), got {t.eval_task_items}")
+    if t.eval_tasks:
+        _require(family(cfg.model.family).CAUSAL, "trainer.eval_tasks", f"tasks score a causal decoder's "
+                 f"log-likelihoods; model.family={cfg.model.family} is not one (set trainer.eval_tasks=[])")
+        _require(not is_sharded(cfg.parallel), "trainer.eval_tasks", "tasks run the model outside the sharded "
+                 "step graph, which tp/pp/optimizer sharding does not allow; score the checkpoints with "
+                 "`python -m evaluate CKPT tasks=[...]` instead (set trainer.eval_tasks=[])")
+        from data.tasks import task_path
+
+        for name in t.eval_tasks:
+            _require(task_path(name).is_file(), "trainer.eval_tasks", f"{task_path(name)}: no such task file (build "
+                     "the real tasks with `python -m data.tasks build`, or give a .jsonl path)")
 
 
 def _check_machine(cfg: DictConfig, world_size: int) -> None:

@@ -14,6 +14,8 @@ An objective module exposes:
     loss_tokens(inputs)  how many tokens of the batch carry loss (the step normalizes by the global count)
     loss_cell(model)     nn.Cell: construct(*inputs) -> (loss, *metrics), loss the mean over its loss tokens
   and optionally
+    token_nll = True     the loss is the mean NLL of the targets labels[:, 1:] (inputs start with input_ids,
+                         labels): evaluation then also reports bits per byte (trainer/callbacks.py Evaluation)
     attach(model, cfg)   after the weights are loaded (and LoRA applied), before the optimizer: returns the
                          cell that is trained and saved (the reward model's head on the decoder), and may
                          build what the loss needs besides it (DPO's frozen reference model)

@@ -41,6 +41,7 @@ def row_spec(cfg: Config):
 class Objective:
     inputs = ("input_ids", "labels", "position_ids", "segment_ids")
     metrics = ("mean_token_accuracy",)
+    token_nll = True  # the loss is the mean NLL of labels[:, 1:]: evaluation adds bits per byte
 
     def __init__(self, cfg: Config, tokenizer=None, seed: int = 0):
         self.cfg = cfg

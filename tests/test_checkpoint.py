@@ -62,6 +62,7 @@ def uninterrupted(tmp_path_factory):
     return run_dir
 
 
+@pytest.mark.slow
 def test_sigterm_saves_exits_zero_and_resume_is_bit_exact(uninterrupted, tmp_path):
     run_dir = str(tmp_path / "run")
     proc = start(run_dir)
@@ -86,6 +87,7 @@ def test_sigterm_saves_exits_zero_and_resume_is_bit_exact(uninterrupted, tmp_pat
     assert json.load(open(os.path.join(run_dir, final, "state.json")))["run_id"] == run_id
 
 
+@pytest.mark.slow
 def test_sigkill_mid_run_resumes_from_the_last_checkpoint_and_matches(uninterrupted, tmp_path):
     run_dir = str(tmp_path / "run")
     proc = start(run_dir)
@@ -137,6 +139,7 @@ def test_unreadable_checkpoint_file_gives_one_clear_error(tmp_path):
         checkpoint.load_weights(str(bad), model)
 
 
+@pytest.mark.slow
 def test_injected_nan_is_skipped_logged_and_training_recovers(tmp_path):
     run_dir = str(tmp_path / "run")
     code, _, err = finish(start(run_dir, "trainer.max_steps=12", "trainer.inject_nan_steps=[5,6]"))
@@ -150,6 +153,7 @@ def test_injected_nan_is_skipped_logged_and_training_recovers(tmp_path):
     assert after[-1]["loss"] < after[0]["loss"]
 
 
+@pytest.mark.slow
 def test_too_many_consecutive_skips_stop_with_a_message_and_a_checkpoint(tmp_path):
     run_dir = str(tmp_path / "run")
     code, _, err = finish(start(run_dir, "trainer.max_steps=12", "trainer.inject_nan_steps=[3,4,5]",

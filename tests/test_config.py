@@ -98,6 +98,7 @@ def run_train(cwd, *overrides, timeout=120):
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_cli_refuses_tensor_parallel_on_cpu_with_one_clear_message(tmp_path):
     proc = run_train(tmp_path, "model=13b", "parallel=tp8pp2", "stage=pretrain")
     assert proc.returncode == 2

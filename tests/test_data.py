@@ -370,6 +370,7 @@ def test_leftover_tmp_dirs_are_removed(corpus):
         assert len(read_rows(rebuilt, "a", "train")) == rebuilt.meta["sources"]["a"]["train"]["rows"]
 
 
+@pytest.mark.slow
 def test_corpora_tiny_prepares_in_worker_processes_then_is_a_no_op(tmp_path, monkeypatch):
     monkeypatch.delenv("MINDLAB_CORPORA", raising=False)
     if not (REPO / "../shared/corpora/tiny").is_dir():
@@ -405,6 +406,7 @@ def test_concurrent_prepares_build_once(corpus):
     assert len({r.rows_dir for r in results}) == 1
 
 
+@pytest.mark.slow
 def test_prepare_command_line(tmp_path):
     if not (REPO / "../shared/corpora/tiny").is_dir():
         pytest.skip("../shared/corpora/tiny is absent")

@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import psutil
+import pytest
 
 from conftest import ROOT
 
@@ -33,6 +34,7 @@ def weights(run_dir):
                               format="safetensors")
 
 
+@pytest.mark.slow
 def test_dp2_matches_one_process_on_the_same_global_batch(tmp_path):
     single, dp2 = str(tmp_path / "single"), str(tmp_path / "dp2")
     proc = train(single, "trainer.micro_batch_size=8")
@@ -49,6 +51,7 @@ def test_dp2_matches_one_process_on_the_same_global_batch(tmp_path):
     assert max(float(np.abs(a[k].asnumpy() - b[k].asnumpy()).max()) for k in a) < 1e-4
 
 
+@pytest.mark.slow
 def test_a_failing_worker_fails_the_launch_within_seconds(tmp_path):
     run_dir = str(tmp_path / "run")
     proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *COMMON, "parallel=dp2",
@@ -72,6 +75,7 @@ def test_a_failing_worker_fails_the_launch_within_seconds(tmp_path):
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers_and_scheduler)
 
 
+@pytest.mark.slow
 def test_a_worker_error_is_shown_by_the_launch(tmp_path):
     proc = train(str(tmp_path / "run"), "parallel=dp2", "trainer.micro_batch_size=4", "trainer.resume=/no/such/ckpt")
     assert proc.returncode == 1

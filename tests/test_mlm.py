@@ -48,6 +48,7 @@ def test_a_tokenizer_file_without_mask_is_refused(tmp_path):
         validate(cfg)
 
 
+@pytest.mark.slow
 def test_micro_batches_are_weighted_by_their_loss_tokens(pynative):
     """Two micro-batches with different numbers of loss tokens give the gradient and loss of one batch holding
     both (the mean over all loss tokens), not the mean of the two micro-batch means."""
@@ -100,6 +101,7 @@ def mlm_run(tmp_path_factory):
     return root, run_dir
 
 
+@pytest.mark.slow
 @needs_corpora
 def test_mlm_run_learns_and_logs_its_metrics(mlm_run):
     _, run_dir = mlm_run
@@ -115,6 +117,7 @@ def test_mlm_run_learns_and_logs_its_metrics(mlm_run):
     assert evals[-1]["val_mlm_loss"] < evals[0]["val_mlm_loss"]
 
 
+@pytest.mark.slow
 @needs_corpora
 def test_mlm_resume_after_sigkill_equals_the_uninterrupted_run(mlm_run):
     """Masks are a function of (trainer.seed, sample index): the resumed run masks every batch as the

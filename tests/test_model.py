@@ -91,6 +91,7 @@ def _loss_and_grads(cfg, compute_dtype="fp32"):
     return float(loss.asnumpy()), [g.asnumpy() for g in forward_backward.grad_buffers]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["full", "selective"])
 def test_recompute_gives_the_same_loss_and_gradients(mode):
     ms.set_context(mode=ms.GRAPH_MODE)  # recompute is a pass of the graph compiler

@@ -22,6 +22,7 @@ BACKEND_ERROR = ("probe: Invalid communication backend: CPU for semi_auto_parall
 @pytest.mark.parametrize("layout", [["parallel.tp=2", "parallel.sequence_parallel=true", "model.recompute=full"],
                                     ["parallel.pp=2", "parallel.micro_batches=2"],
                                     ["parallel.dp=2", "parallel.optimizer_shard=true"]], ids=["tp2-sp", "pp2", "dp2-zero"])
+@pytest.mark.slow
 def test_sharded_step_reaches_the_parallel_compiler(tmp_path, layout):
     msrun = os.path.join(os.path.dirname(sys.executable), "msrun")
     logs = tmp_path / "workers"

@@ -141,6 +141,7 @@ def sft_cfg(tmp_path, base, *overrides):
                        "logger.progress_bar=false", *overrides)
 
 
+@pytest.mark.slow
 def test_sft_stage_trains_from_a_checkpoint_in_process(tmp_path, base_checkpoint):
     from trainer.loop import train
 
@@ -227,6 +228,7 @@ def lora_runs(tmp_path_factory, base_checkpoint):
     return tmp, sft_cfg(tmp, base_checkpoint, *common)
 
 
+@pytest.mark.slow
 def test_lora_checkpoints_hold_adapters_only_and_resume_exactly(lora_runs):
     from safetensors.numpy import load_file
 

@@ -314,6 +314,7 @@ def test_wandb_report_blocks_are_valid_for_the_real_reports_api(synthetic_sweep,
 
 # --- a real multirun ---------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_real_three_job_multirun_is_reported_with_its_lrs_and_losses(tmp_path):
     """train.py -m over three lrs on model=tiny, then the report CLI. The run builds its own data cache
     (~20 s), so it does not depend on what ~/.cache/mindlab/data holds."""

@@ -21,6 +21,7 @@ def train(tmp_path, *overrides, timeout=600):
     return run_dir, [m for m in lines if "loss" in m], [m for m in lines if "val_loss" in m]
 
 
+@pytest.mark.slow
 def test_tiny_pretraining_on_the_default_data_learns(tmp_path):
     """The README's first command, shortened: the loss falls far below its step-1 value."""
     run_dir, steps, evals = train(tmp_path, "experiment=tiny_pretrain", "trainer.max_steps=60",
@@ -38,6 +39,7 @@ def test_tiny_pretraining_on_the_default_data_learns(tmp_path):
     assert sorted(os.listdir(run_dir / "checkpoints")) == ["latest", "step_000060"]
 
 
+@pytest.mark.slow
 def test_mindformers_llama_trains_from_the_same_command_line(tmp_path):
     """model.impl=native is the default, trained by the test above."""
     _, steps, _ = train(tmp_path, "model.impl=mindformers", "trainer.max_steps=12", "trainer.log_every=3",
@@ -45,6 +47,7 @@ def test_mindformers_llama_trains_from_the_same_command_line(tmp_path):
     assert steps[-1]["loss"] < steps[0]["loss"] - 0.3
 
 
+@pytest.mark.slow
 def test_fp16_with_accumulation_and_recompute_trains(tmp_path):
     _, steps, _ = train(tmp_path, "precision=fp16", "trainer.grad_accum=2", "trainer.micro_batch_size=4",
                         "model.recompute=full", "trainer.max_steps=12", "trainer.log_every=3",
@@ -54,6 +57,7 @@ def test_fp16_with_accumulation_and_recompute_trains(tmp_path):
     assert steps[-1]["tokens_seen"] == 12 * 2 * 4 * 256
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir(os.path.join(CORPORA, "tiny")), reason="../shared/corpora not present")
 def test_trains_on_jsonl_corpora(tmp_path):
     _, steps, evals = train(tmp_path, "data=corpora_tiny", "trainer.max_steps=10", "trainer.log_every=5",

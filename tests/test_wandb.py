@@ -88,6 +88,7 @@ def run_id(job_dir):
     return json.load(open(os.path.join(job_dir, "checkpoints", ckpt, "state.json")))["run_id"]
 
 
+@pytest.mark.slow
 def test_a_resumed_run_logs_to_the_same_wandb_run(tmp_path):
     """(One group per multirun and names from the swept values: tests/test_sweeps.py's real multirun.)"""
     job = str(tmp_path / "run")
@@ -99,6 +100,7 @@ def test_a_resumed_run_logs_to_the_same_wandb_run(tmp_path):
     assert len(glob.glob(os.path.join(job, "wandb", f"offline-run-*-{first}"))) == 2
 
 
+@pytest.mark.slow
 def test_disabled_mode_writes_no_wandb_files(tmp_path):
     run(tmp_path, "logger=wandb", "logger.mode=disabled", "trainer.max_steps=2", *SMALL,
         f"hydra.run.dir={tmp_path / 'run'}")

@@ -4,11 +4,12 @@
 
     TrainMetrics   every trainer.log_every steps: loss, the objective's metrics, loss tokens per step (and
                    their fraction of the target tokens), lr, grad norm, tokens, speed
-    Evaluation     every trainer.eval_every steps and at the end: the objective's loss and metrics per source
+    Evaluation     every trainer.eval_every steps and at the end: the objective's loss and metrics per source,
+                   bits per byte (objectives whose loss is a per-token NLL) and the trainer.eval_tasks scores
     Checkpointing  every trainer.save_every steps, at the end and on SIGTERM/SIGINT
 """
 import math
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -63,24 +64,35 @@ class TrainMetrics:
 
 class Evaluation:
     """val_loss (token-weighted over all sources), val_ppl, and per source val_loss/<source>; the objective's
-    metrics as val_<metric> and val_<metric>/<source>."""
+    metrics as val_<metric> and val_<metric>/<source>. With `val_bytes` (per source, the UTF-8 bytes of the loss
+    targets, given when the loss is their mean NLL in nats): val_bpb and val_bpb/<source>, comparable across
+    tokenizers. With `tasks` (a scorer returning {"<task>/<metric>": value}): val_task/<task>/<metric>."""
 
-    def __init__(self, sinks: Sinks, every: int, max_steps: int, module, val: Dict[str, List[tuple]]):
+    def __init__(self, sinks: Sinks, every: int, max_steps: int, module, val: Dict[str, List[tuple]],
+                 val_bytes: Optional[Dict[str, int]] = None, tasks: Optional[Callable[[], dict]] = None):
         self.sinks, self.every, self.max_steps, self.module, self.val = sinks, every, max_steps, module, val
+        self.val_bytes, self.tasks = val_bytes, tasks
         self.last: dict = {}
 
     def evaluate(self) -> dict:
         per_source = {source: self.module.evaluate(batches) for source, batches in self.val.items() if batches}
-        tokens = [n for _, n in per_source.values()]
         out = {}
-        for key in ("loss",) + tuple(self.module.objective.metrics):
-            out[f"val_{key}"] = float(np.average([m[key] for m, _ in per_source.values()], weights=tokens))
-            out.update({f"val_{key}/{source}": m[key] for source, (m, _) in per_source.items()})
-        out["val_ppl"] = math.exp(min(out["val_loss"], 50.0))
+        if per_source:
+            tokens = [n for _, n in per_source.values()]
+            for key in ("loss",) + tuple(self.module.objective.metrics):
+                out[f"val_{key}"] = float(np.average([m[key] for m, _ in per_source.values()], weights=tokens))
+                out.update({f"val_{key}/{source}": m[key] for source, (m, _) in per_source.items()})
+            out["val_ppl"] = math.exp(min(out["val_loss"], 50.0))
+        if self.val_bytes and per_source:
+            nats = {source: m["loss"] * n for source, (m, n) in per_source.items()}  # the mean NLL x its tokens
+            out["val_bpb"] = sum(nats.values()) / math.log(2) / sum(self.val_bytes[s] for s in nats)
+            out.update({f"val_bpb/{s}": v / math.log(2) / self.val_bytes[s] for s, v in nats.items()})
+        if self.tasks:
+            out.update({f"val_task/{key}": value for key, value in self.tasks().items()})
         return out
 
     def on_step(self, step: int, result: StepResult) -> None:
-        if self.val and ((self.every and step % self.every == 0) or step == self.max_steps):
+        if (self.val or self.tasks) and ((self.every and step % self.every == 0) or step == self.max_steps):
             self.last = self.evaluate()
             self.sinks.log({"step": step, **self.last})
 

@@ -54,6 +54,7 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
         checkpoint.load_weights(cfg.stage.init_from, model)
     adapters = add_adapters(model, cfg) if cfg.peft.name != "none" else None  # LoRA: the base frozen
     objective = plugin.Objective(cfg.objective, data.tokenizer, t.seed)
+    lm = model  # the language model itself, before an objective wraps it (what evaluation tasks score)
     if hasattr(objective, "attach"):  # e.g. the reward model's head, DPO's frozen reference
         model = objective.attach(model, cfg)
         if adapters:  # a LoRA run saves what it trains: the adapters and any head the objective added
@@ -61,6 +62,9 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     optimizer = build_optimizer(model.trainable_params(), cfg.optim, t.max_steps)
     module = ShardedModule(model, objective, optimizer, cfg, rt.rank, run_dir) if sharded else \
         LocalModule(model, objective, optimizer, cfg.optim.clip_grad_norm, rt.world_size, adapters)
+    val = {} if hasattr(objective, "next_inputs") else {  # a rollout objective: no val rows
+        source: [objective.batch(b, -1 - i) for i, b in enumerate(batches)] for source, batches in data.val.items()}
+    downstream = _downstream(cfg, lm, objective, data, val)  # (task files are read here: before any file is written)
 
     def draw() -> tuple:
         """This rank's next batch of rows and the global index of its first sample."""
@@ -111,10 +115,7 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     extra = lambda: {"skipped_steps": skipped, **({"loss_scale": scaler.scale} if scaler else {}),
                      **getattr(objective, "logged", {})}  # an objective's host-side numbers (PPO's rollout)
     train_metrics = TrainMetrics(sinks, t.log_every, t.max_steps, speed, tokens_per_step, tokens_by_source, extra)
-    evaluation = Evaluation(sinks, t.eval_every, t.max_steps, module,
-                            {} if hasattr(objective, "next_inputs") else  # a rollout objective: no val rows
-                            {source: [objective.batch(b, -1 - i) for i, b in enumerate(batches)]
-                             for source, batches in data.val.items()})
+    evaluation = Evaluation(sinks, t.eval_every, t.max_steps, module, val, *downstream)
     callbacks = [train_metrics, evaluation, Checkpointing(save, t.save_every, t.max_steps, preemption)]
 
     step = start
@@ -149,6 +150,22 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     sinks.close()
     return {**train_metrics.last, **evaluation.last, "step": step,
             **({"preempted": preemption.signal} if preemption.signal else {})}
+
+
+def _downstream(cfg: DictConfig, lm, objective, data, val) -> tuple:
+    """What Evaluation measures besides the objective: (the val targets' UTF-8 bytes when the objective's loss
+    is a per-token NLL, for bits per byte; the trainer.eval_tasks scorer), each None when not wanted."""
+    val_bytes, tasks = None, None
+    if getattr(objective, "token_nll", False) and val:
+        from evaluate import val_target_bytes
+
+        val_bytes = val_target_bytes(val, data.tokenizer)
+    if cfg.trainer.eval_tasks:
+        from evaluate import task_scorer
+
+        t = cfg.trainer
+        tasks = task_scorer(lm, data.tokenizer, t.eval_tasks, t.eval_task_items, t.micro_batch_size, cfg.data.seq_len)
+    return val_bytes, tasks
 
 
 def add_adapters(model, cfg: DictConfig):
