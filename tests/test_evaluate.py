@@ -400,9 +400,10 @@ def test_passkey_rows_hide_the_key_at_the_depth_and_score_by_likelihood(tok):
         def __init__(self, good):
             self.good = good
 
-        def __call__(self, ids):
+        def __call__(self, ids):  # (NLL, is-greedy), as TokenNLL returns them
             ids = ids.asnumpy()
-            return Tensor(np.array([[0.0 if self.good(r) else 1.0] * (ids.shape[1] - 1) for r in ids], np.float32))
+            nll = np.array([[0.0 if self.good(r) else 1.0] * (ids.shape[1] - 1) for r in ids], np.float32)
+            return Tensor(nll), Tensor(nll == 0)
 
     def needle_key(r):
         return tok.decode(r.tolist()).split("The pass key is ")[1][:5] == tok.decode(r.tolist())[-5:]

@@ -1,0 +1,24 @@
+"""benchmarks/profile_step.py reads MindSpore's CPU profiler output: per kernel type and scope sums, matmul share."""
+from benchmarks.profile_step import MS_MATMULS, op_table, parse_ms_timestamps
+
+LINES = [  # the format of FRAMEWORK/cpu_op_execute_timestamp_0.txt (MindSpore 2.9), two profiled steps
+    "Default/loss_net-CausalLMLoss/model-Llama/MatMul-op12;HostCpuOps;1796074937645629462,3.0,0 1796074941124586319,5.0,0 \n",
+    "Gradients/Default/loss_net-CausalLMLoss/MatMul-op40;HostCpuOps;1796074937645317597,6.0,0\n",
+    "Default/update-ClipAndUpdate/optimizer-AdamW/Mul-op149;HostCpuOps;1796074937645291699,1.5,0 1796074941124268435,0.5,0\n",
+    "Expand/_SoftmaxBackward/Mul-op3;HostCpuOps;1796074937878972050,2.0,0\n",
+    "Default/TensorMove-op289;HostCpuOps;1796074937878972050,2.0,0\n",
+    "\n",
+]
+
+
+def test_sums_per_kernel_type_and_scope():
+    by_type, by_scope = parse_ms_timestamps(LINES)
+    assert by_type == {"MatMul": 14.0, "Mul": 4.0, "TensorMove": 2.0}
+    assert by_scope == {"forward (+ loss)": 8.0, "backward": 8.0, "optimizer (clip + AdamW)": 2.0,
+                        "other (Default/TensorMove)": 2.0}
+
+
+def test_matmul_share_is_the_matmul_kernels_over_all_kernel_time():
+    text, share = op_table({"MatMul": 14.0, "BatchMatMul": 1.0, "Mul": 4.0, "TensorMove": 1.0}, MS_MATMULS, top=2)
+    assert share == 15.0 / 20.0
+    assert "(2 more)" in text and text.splitlines()[1].startswith("MatMul")
