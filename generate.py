@@ -214,17 +214,18 @@ def build(model_cfg, path: str, device: str):
 
 
 def make_generate_fn(model, tokenizer, cfg=None):
-    """Greedy continuations for evaluation (evaluate.py's generation tasks): generate_fn(prompts: list[str],
-    max_new_tokens) -> list[str], the new text of each prompt (without it), stopping at eos. Prompts longer
-    than the context are cut on the left so that they and the new tokens fit."""
+    """Continuations for evaluation (evaluate.py's generation tasks, harness.py's generate_until):
+    generate_fn(prompts: list[str], max_new_tokens, **options) -> list[str], the new text of each prompt (without
+    it), stopping at eos; `options` are the Generator's (greedy by default; `stop` strings cut the text before
+    them). Prompts longer than the context are cut on the left so that they and the new tokens fit."""
     from models.llama.generation import generator
 
     gen = generator(model)
 
-    def generate_fn(prompts, max_new_tokens: int):
+    def generate_fn(prompts, max_new_tokens: int, **options):
         room = gen.max_positions - max_new_tokens
         ids = [(tokenizer.encode(p) or [tokenizer.eos_id])[-room:] for p in prompts]
-        out = gen.generate(ids, max_new_tokens, eos_id=tokenizer.eos_id, decode=tokenizer.decode)
+        out = gen.generate(ids, max_new_tokens, eos_id=tokenizer.eos_id, decode=tokenizer.decode, **options)
         return [sample.text for sample in out.samples]
 
     return generate_fn

@@ -64,7 +64,7 @@ class MindlabLM:
         self.batch_size = int(batch_size)
         self.scorer = LoglikelihoodScorer(token_nll_cell(self.model), self.tokenizer, self.batch_size,
                                           self.max_length)
-        self._generator = None
+        self._generate = None  # generate.make_generate_fn's, built on first use
 
     def loglikelihood(self, requests) -> List[Tuple[float, bool]]:
         """(context, continuation) -> (log P(continuation | eos + context), whether it is the greedy one)."""
@@ -81,24 +81,18 @@ class MindlabLM:
     def generate_until(self, requests) -> List[str]:
         """(context, {until, max_gen_toks, do_sample, temperature}) -> the continuation, cut before the first
         stop string; greedy unless do_sample (then the temperature, seeded by trainer.seed)."""
-        from models.llama.generation import generator
+        from generate import make_generate_fn
 
-        gen = self._generator = self._generator or generator(self.model)
+        self._generate = self._generate or make_generate_fn(self.model, self.tokenizer)
         out = []
         for request in requests:
             context, kwargs = request.args
             until = kwargs.get("until") or []
-            until = [until] if isinstance(until, str) else list(until)
-            new = int(kwargs.get("max_gen_toks", 256))
-            room = gen.max_positions - new
-            ids = (self.tokenizer.encode(context) or [self.tokenizer.eos_id])[-room:]
             sample = kwargs.get("do_sample", False)
-            result = gen.generate([ids], new, eos_id=self.tokenizer.eos_id, decode=self.tokenizer.decode,
-                                  stop=until, temperature=float(kwargs.get("temperature", 1.0)) if sample else 0.0,
-                                  seed=self.cfg.trainer.seed)
-            text = result.samples[0].text
-            for stop in until:
-                text = text.split(stop)[0]
+            (text,) = self._generate([context], int(kwargs.get("max_gen_toks", 256)),
+                                     stop=[until] if isinstance(until, str) else list(until),
+                                     temperature=float(kwargs.get("temperature", 1.0)) if sample else 0.0,
+                                     seed=self.cfg.trainer.seed)
             out.append(text)
         return out
 

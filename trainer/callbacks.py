@@ -83,10 +83,10 @@ class Evaluation:
                 out[f"val_{key}"] = float(np.average([m[key] for m, _ in per_source.values()], weights=tokens))
                 out.update({f"val_{key}/{source}": m[key] for source, (m, _) in per_source.items()})
             out["val_ppl"] = math.exp(min(out["val_loss"], 50.0))
-        if self.val_bytes and per_source:
-            nats = {source: m["loss"] * n for source, (m, n) in per_source.items()}  # the mean NLL x its tokens
-            out["val_bpb"] = sum(nats.values()) / math.log(2) / sum(self.val_bytes[s] for s in nats)
-            out.update({f"val_bpb/{s}": v / math.log(2) / self.val_bytes[s] for s, v in nats.items()})
+            if self.val_bytes:
+                nats = {source: m["loss"] * n for source, (m, n) in per_source.items()}  # the mean NLL x its tokens
+                out["val_bpb"] = sum(nats.values()) / math.log(2) / sum(self.val_bytes[s] for s in nats)
+                out.update({f"val_bpb/{s}": v / math.log(2) / self.val_bytes[s] for s, v in nats.items()})
         if self.tasks:
             out.update({f"val_task/{key}": value for key, value in self.tasks().items()})
         return out
