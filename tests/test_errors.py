@@ -40,6 +40,7 @@ ENTRIES = {
     "instructions": ("data.instructions", "python -m data.instructions"),
     "tasks": ("data.tasks", "python -m data.tasks"),
     "preferences": ("data.preference_set", "python -m data.preference_set"),
+    "harness": ("harness", "python -m harness"),
 }
 
 
@@ -273,6 +274,7 @@ CASES = [
       lambda w: [w.path("data", "prompts_bad.jsonl") + ":2"], 2),
     C("generate: bad --top-p", "generate", lambda w: [w.ckpt, "--prompt", "hi", "--top-p", "2"], ["--top-p"], 2),
     # ---------------------------------------------------------------------------------------- evaluate
+    C("harness: no tasks", "harness", lambda w: [w.ckpt], ["--tasks"], 2, "lm-eval harness without --tasks"),
     C("evaluate: missing checkpoint", "evaluate", lambda w: [w.path("nowhere")], lambda w: [w.path("nowhere")], 2),
     C("evaluate: converted model without data", "evaluate", lambda w: [w.model_only, "tasks=[]"], ["data="], 2),
     C("evaluate: unknown task", "evaluate", lambda w: [w.ckpt, "tasks=[nope]", f"--tasks-dir={w.data}"], ["nope"], 2),
