@@ -10,7 +10,8 @@ An objective module exposes:
     inputs               names of the step's inputs, in the order its loss cell's construct takes them
     metrics              names of the scalars the loss cell returns after the loss (means over its loss tokens)
     batch(rows, sample)  host side: a batch of rows (dict of columns) whose first sample has global index
-                         `sample` -> the step's inputs (numpy arrays, in `inputs` order)
+                         `sample` (the loop's held-out batches: -1 - i) -> the step's inputs (numpy arrays,
+                         in `inputs` order)
     loss_tokens(inputs)  how many tokens of the batch carry loss (the step normalizes by the global count)
     loss_cell(model)     nn.Cell: construct(*inputs) -> (loss, *metrics), loss the mean over its loss tokens
   and optionally

@@ -5,13 +5,17 @@
     lora_base  with peft=lora: a model without adapters whose cells hold the policy's own frozen base
                Parameters (the same objects): no second copy in memory, exactly the starting model while the
                LoRA B matrices start at zero
+    precomputed  no reference model at all while training: before the first step the starting model (the policy
+               as attach() receives it) scores every pair once, and each batch carries those numbers as inputs
+               (objectives/dpo.py; TRL's precompute_ref_log_probs). Only for an objective whose sequences are
+               known before training: PPO samples its own, so it takes copy or lora_base
 
 and `token_logps`, the log-probabilities both objectives compare policy and reference on.
 """
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-MODES = ("copy", "lora_base")
+MODES = ("copy", "lora_base", "precomputed")
 
 
 def token_logps(logits, tokens):
@@ -21,17 +25,18 @@ def token_logps(logits, tokens):
     return ops.gather_elements(logp, 2, tokens.expand_dims(-1)).squeeze(-1), logp
 
 
-def check(cfg, key: str) -> None:
+def check(cfg, key: str, modes=MODES) -> None:
+    """`modes`: those the objective supports (PPO cannot precompute: it samples its sequences while training)."""
     from conf.errors import require
 
     mode = cfg.objective.reference
-    require(mode in MODES, key, f"got {mode!r}; choose one of {', '.join(MODES)}")
+    require(mode in modes, key, f"got {mode!r}; objective={cfg.objective.name} takes one of {', '.join(modes)}")
     require(mode != "lora_base" or cfg.peft.name == "lora", key,
             "lora_base is the frozen base of a LoRA policy; set peft=lora, or objective.reference=copy")
 
 
 def build_reference(policy: nn.Cell, cfg, mode: str) -> nn.Cell:
-    """A frozen model equal to `policy` now (built as cfg.model says), in eval mode."""
+    """A frozen model equal to `policy` now (built as cfg.model says), in eval mode (`mode` copy or lora_base)."""
     from models import build_model
 
     reference = build_model(cfg.model, cfg.data.seq_len, cfg.precision.compute_dtype, cfg.device.target,

@@ -6,8 +6,11 @@ One rollout per `trainer.micro_batch_size` prompts (data=instructions: each samp
   1. sample a response to each prompt with the policy (models/llama/generation.py: KV cache, temperature,
      top-k/p, up to `max_new_tokens`; the random stream of a prompt depends on (trainer.seed, rollout, row));
   2. score prompt + response with the reward model (objectives/rm.py; `reward_model` = its checkpoint) at
-     the response's last token, normalized by the running mean and std of all scores so far; a response that
-     did not end with eos loses `missing_eos_penalty`;
+     the response's last token, normalized (`score_norm`) by the reward model's mean and std over its held-out
+     pairs, saved in its checkpoint (`rm_val`: a fixed scale, the one the RM was judged on, so a rollout's
+     normalized score says how it compares with a held-out human-written response), or by the running mean and
+     std of all scores so far (`running`: a scale that drifts as the policy improves); `auto` takes rm_val
+     when the checkpoint holds them. A response that did not end with eos loses `missing_eos_penalty`;
   3. the policy's and the reference's log-probabilities of the sampled tokens and the value head's values
      (one forward each, no gradient);
   4. rewards per response token: -kl_coef * KL_t (k1: log pi - log ref; k3: (r - 1) - log r with r = ref / pi,
@@ -49,8 +52,10 @@ from conf.schema import INSTRUCTION_KINDS
 from data.samples import prompt_row_spec
 from models.llama.generation import PROMPT_BUCKET
 from objectives import _reference, check_fine_tuning
+from objectives.rm import RewardModel, val_reward_stats
 
 ESTIMATORS = ("k1", "k3")
+SCORE_NORMS = ("auto", "rm_val", "running")
 
 
 @dataclass
@@ -76,6 +81,7 @@ class Config:
     minibatches: int = 1  # per pass: the rollout is split into this many optimizer steps
     missing_eos_penalty: float = 1.0  # subtracted from the (normalized) score of a response without eos; 0: off
     reference: str = "copy"  # copy | lora_base
+    score_norm: str = "auto"  # rm_val (the RM checkpoint's held-out mean/std) | running | auto: rm_val if saved
 
 
 def check(cfg) -> None:
@@ -106,7 +112,9 @@ def check(cfg) -> None:
     require(o.max_prompt_len + o.max_new_tokens <= cfg.data.seq_len, "data.seq_len",
             f"must hold objective.max_prompt_len + max_new_tokens = {o.max_prompt_len + o.max_new_tokens}, "
             f"got {cfg.data.seq_len}")
-    _reference.check(cfg, "objective.reference")
+    require(o.score_norm in SCORE_NORMS, "objective.score_norm", f"got {o.score_norm!r}; choose one of "
+            f"{', '.join(SCORE_NORMS)}")
+    _reference.check(cfg, "objective.reference", ("copy", "lora_base"))  # responses are sampled while training
     if os.path.isdir(o.reward_model):
         rm = OmegaConf.load(os.path.join(o.reward_model, "config.yaml"))
         require(OmegaConf.select(rm, "objective.name") == "rm", "objective.reward_model",
@@ -115,6 +123,11 @@ def check(cfg) -> None:
         require(rm.model.vocab_size == cfg.model.vocab_size, "objective.reward_model",
                 f"its vocabulary ({rm.model.vocab_size}) differs from the policy's ({cfg.model.vocab_size}); the "
                 f"reward model must share the policy's tokenizer")
+        require(o.score_norm != "rm_val" or val_reward_stats(o.reward_model), "objective.score_norm",
+                f"rm_val normalizes scores by the reward model's held-out mean and std, and "
+                f"{os.path.join(o.reward_model, 'state.json')} has no objective.val_reward_mean/val_reward_std "
+                f"(an RM run without val pairs, or from before they were saved); train the reward model with "
+                f"held-out pairs (a source's val_paths, or data.val_fraction > 0), or set objective.score_norm=running")
     else:
         raise ConfigError("objective.reward_model", f"{o.reward_model} is not a checkpoint directory")
 
@@ -215,7 +228,8 @@ class Objective:
     def __init__(self, cfg: Config, tokenizer=None, seed: int = 0):
         self.cfg, self.tokenizer, self.seed = cfg, tokenizer, seed
         self.kl_coef, self.rollouts = cfg.kl_coef, 0
-        self.score_moments = [0, 0.0, 0.0]  # count, mean, sum of squared deviations (Welford) of raw scores
+        self.score_moments = [0, 0.0, 0.0]  # running: count, mean, sum of squared deviations (Welford) of scores
+        self.score_stats = None  # rm_val: (mean, std) the reward model's checkpoint holds
         self.buffer: list = []  # the current rollout's remaining minibatches (tuples of arrays)
         self.logged: dict = {}  # the rollout's numbers, logged with each step trained on it
 
@@ -224,7 +238,6 @@ class Objective:
     def attach(self, model: nn.Cell, cfg) -> nn.Cell:
         import checkpoint
         from models import build_model, family
-        from objectives.rm import RewardModel
 
         self.reference = _reference.build_reference(model, cfg, self.cfg.reference)
         rm_model = OmegaConf.load(os.path.join(self.cfg.reward_model, "config.yaml")).model
@@ -237,6 +250,9 @@ class Objective:
             p.requires_grad = False
         reward_model.set_train(False)
         self.reward_model, self.lm = reward_model, model
+        self.score_stats = val_reward_stats(self.cfg.reward_model) if self.cfg.score_norm != "running" else None
+        print("[ppo] scores normalized by " + (f"the reward model's held-out mean {self.score_stats[0]:.4f} and std "
+              f"{self.score_stats[1]:.4f}" if self.score_stats else "their running mean and std"), flush=True)
         self.policy = PolicyWithValue(model)
         self.forward = RolloutForward(self.policy, self.reference)
         return self.policy
@@ -290,7 +306,7 @@ class Objective:
             ends[i] = len(seq) - 1
         logp, ref_logp, values = (x.asnumpy().astype(np.float64) for x in self.forward(Tensor(tokens)))
         scores = self.reward_model(Tensor(tokens[:, :-1]), Tensor(ends)).asnumpy().astype(np.float64)
-        mean, std = self._update_moments(scores)
+        mean, std = self.score_stats if self.score_stats else self._update_moments(scores)
         normalized = (scores - mean) / std - c.missing_eos_penalty * ~eos
         kl = kl_per_token(logp, ref_logp, c.kl_estimator) * mask
         rewards = -self.kl_coef * kl

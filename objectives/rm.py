@@ -13,12 +13,19 @@ with the pair's margin from the data (Llama 2's margin loss; 0 unless the data s
 same across micro-batches and replicas.
 
 Logged: `accuracy` (r_chosen > r_rejected), `margin` (mean r_chosen - r_rejected), `mean_reward` (over both
-sides), `reward_sq` (mean square, so val_reward_sq - val_mean_reward^2 is the variance over the val set
-that PPO normalizes scores with), and `min_reward` / `max_reward` (each micro-batch's, averaged).
+sides), `reward_sq` (mean square, so val_reward_sq - val_mean_reward^2 is the variance over the val set),
+and `min_reward` / `max_reward` (each micro-batch's, averaged).
+
+Every checkpoint's state.json holds, under "objective", `val_reward_mean` and `val_reward_std` of the saved
+weights over the held-out pairs the run evaluates on (both sides; what val_mean_reward and val_reward_sq say
+when evaluation and the save fall on the same step): PPO normalizes its scores with them (objectives/ppo.py
+`score_norm`), so a score of 0 means "as good as the average held-out response". They are computed at the
+save, not kept from the last evaluation, so they always describe the weights beside them.
 
     python train.py stage=rm stage.init_from=runs/sft/checkpoints/latest data=preferences model=small
 """
 from dataclasses import dataclass
+from typing import Optional, Tuple
 
 import numpy as np
 
@@ -55,21 +62,51 @@ class Objective:
 
     def __init__(self, cfg: Config, tokenizer=None, seed: int = 0):
         self.cfg, self.seed = cfg, seed
+        self.reward_model, self.val_inputs = None, []  # the held-out batches, for the checkpoint's statistics
 
     def batch(self, rows: dict, sample: int) -> tuple:
-        """Rows hold seq_len + 1 columns, the last always padding: the model reads the first seq_len."""
-        return (rows["chosen_ids"][:, :-1], last_labelled(rows["chosen_labels"]).astype(np.int32),
-                rows["rejected_ids"][:, :-1], last_labelled(rows["rejected_labels"]).astype(np.int32),
-                rows["margin"].reshape(-1).astype(np.float32))
+        """Rows hold seq_len + 1 columns, the last always padding: the model reads the first seq_len. The loop's
+        held-out batches come with a negative `sample` (trainer/loop.py): they are kept for state_dict."""
+        inputs = (rows["chosen_ids"][:, :-1], last_labelled(rows["chosen_labels"]).astype(np.int32),
+                  rows["rejected_ids"][:, :-1], last_labelled(rows["rejected_labels"]).astype(np.int32),
+                  rows["margin"].reshape(-1).astype(np.float32))
+        if sample < 0:
+            self.val_inputs.append(inputs)
+        return inputs
 
     def loss_tokens(self, inputs: tuple) -> int:
         return len(inputs[0])  # pairs
 
     def attach(self, model: nn.Cell, cfg) -> nn.Cell:
-        return RewardModel(model, self.seed)
+        self.reward_model = RewardModel(model, self.seed)
+        return self.reward_model
+
+    def state_dict(self) -> dict:
+        """The saved weights' reward mean and std (population) over the held-out pairs' both sides; {} without
+        held-out pairs. PPO reads them back with val_reward_stats."""
+        if not self.val_inputs:
+            return {}
+        rewards = np.concatenate([self.reward_model(Tensor(np.concatenate((c, r))), Tensor(np.concatenate((ce, re))))
+                                  .asnumpy().astype(np.float64) for c, ce, r, re, _ in self.val_inputs])
+        return {"val_reward_mean": float(rewards.mean()), "val_reward_std": float(rewards.std()),
+                "val_rewards": int(rewards.size)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Nothing to restore: the statistics are computed afresh at every save."""
 
     def loss_cell(self, model: nn.Cell) -> nn.Cell:
         return PairwiseLoss(model, self.cfg.center_coefficient)
+
+
+def val_reward_stats(path: str) -> Optional[Tuple[float, float]]:
+    """(val_reward_mean, val_reward_std) from a stage=rm checkpoint's state.json, or None when it has none (no
+    held-out pairs, a zero spread, or a checkpoint written before they were saved)."""
+    import checkpoint
+
+    state = checkpoint.read_state(path).get("objective", {})
+    if state.get("val_reward_std", 0.0) > 0:
+        return state["val_reward_mean"], state["val_reward_std"]
+    return None
 
 
 class RewardModel(nn.Cell):

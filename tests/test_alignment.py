@@ -175,6 +175,43 @@ def test_reward_model_loss_and_metrics_equal_a_hand_computation(pynative, models
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("loss", ["sigmoid", "ipo"])
+def test_a_precomputed_reference_gives_the_copy_references_loss_and_metrics(tmp_path, base_checkpoint, pynative,
+                                                                              loss):
+    """Both attached to the same starting weights, then the policy moved: on a training and a val batch the
+    precomputed reference's loss and metrics equal those against a copy (all but kl, which it does not log)."""
+    import mindspore as ms
+
+    import checkpoint
+    from data import build_data
+    from models import build_model
+    from objectives import objective
+
+    dpo = objective("dpo")
+    train_path = write_jsonl(tmp_path / "train.jsonl", synthetic_pairs(12, 0))
+    val_path = write_jsonl(tmp_path / "val.jsonl", synthetic_pairs(4, 1))
+    cfgs = {mode: pair_cfg(tmp_path, base_checkpoint, "dpo", train_path, val_path, f"objective.reference={mode}",
+                           f"objective.loss={loss}", "objective.beta=1.0", "trainer.micro_batch_size=4",
+                           "data.seq_len=96")
+            for mode in ("copy", "precomputed")}
+    model = build_model(cfgs["copy"].model, 96, "fp32", "CPU", seed=0)
+    checkpoint.load_weights(base_checkpoint, model)
+    objectives = {mode: dpo.Objective(c.objective) for mode, c in cfgs.items()}
+    for mode, o in objectives.items():
+        o.attach(model, cfgs[mode])
+    assert "kl" not in objectives["precomputed"].metrics and len(objectives["precomputed"].reference_logps) == 16
+    rng = np.random.default_rng(0)
+    for p in model.trainable_params():  # the policy moves away from the reference
+        p.set_data(ms.Tensor(p.asnumpy() + rng.normal(0, 0.05, p.shape).astype(np.float32)))
+    data = build_data(cfgs["copy"].data, 4, spec=dpo.row_spec(cfgs["copy"].objective), eval_batches=1)
+    for rows in (data.train.next_batch(), data.val["prefs"][0]):
+        out = {mode: [float(x.asnumpy()) for x in o.loss_cell(model)(*map(ms.Tensor, o.batch(rows, 0)))]
+               for mode, o in objectives.items()}
+        assert abs(out["copy"][0] - {"sigmoid": np.log(2), "ipo": 0.25}[loss]) > 1e-2  # the reference matters
+        np.testing.assert_allclose(out["precomputed"], out["copy"][:-1], rtol=1e-5, atol=1e-5)
+
+
 def synthetic_pairs(n, seed):
     """Prompts that ask for a word n times; chosen does it, rejected loops on the wrong word or stops short."""
     rng = np.random.default_rng(seed)
@@ -235,6 +272,70 @@ def test_reward_model_learns_held_out_pairs_and_saves_its_head(alignment_runs):
     assert not any(k.startswith("lm_head") for k in weights)
 
 
+@pytest.mark.slow
+def test_dpo_with_a_precomputed_reference_trains_as_with_a_copy_and_resumes_exactly(tmp_path, base_checkpoint):
+    """4 steps with reference=copy and =precomputed log the same losses and metrics (kl aside); the
+    precomputed run killed after step 2 resumes (scoring the pairs again from stage.init_from) to the same
+    numbers and weights."""
+    import shutil
+
+    from safetensors.numpy import load_file
+
+    from trainer.loop import train
+
+    train_path = write_jsonl(tmp_path / "train.jsonl", synthetic_pairs(24, 0))
+    val_path = write_jsonl(tmp_path / "val.jsonl", synthetic_pairs(8, 1))
+    logs = {}
+    for mode in ("copy", "precomputed"):
+        cfg = pair_cfg(tmp_path, base_checkpoint, "dpo", train_path, val_path, f"objective.reference={mode}",
+                       "trainer.max_steps=4", "trainer.save_every=2", "trainer.eval_every=2", "trainer.keep_last=0",
+                       "trainer.micro_batch_size=4", "trainer.eval_batches=2", "trainer.log_every=1",
+                       "data.seq_len=96", "optim.lr=5e-3", "optim.warmup_steps=0")
+        validate(cfg)
+        train(cfg, str(tmp_path / mode))
+        logs[mode] = [json.loads(line) for line in open(tmp_path / mode / "metrics.jsonl")]
+    run = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "precomputed", run)
+    shutil.rmtree(run / "checkpoints" / "step_000004")
+    (run / "checkpoints" / "latest").write_text("step_000002\n")
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in logs["precomputed"][:3]))  # to step 2
+    train(cfg, str(run))
+    logs["resumed"] = [json.loads(line) for line in open(run / "metrics.jsonl")]
+    same = lambda m: {k: v for k, v in m.items() if "tokens_per_sec" not in k and k != "mfu" and "rss" not in k}
+    assert [same(m) for m in logs["resumed"]] == [same(m) for m in logs["precomputed"]]
+    for name, value in load_file(str(tmp_path / "precomputed" / "checkpoints" / "step_000004" / "model.safetensors")).items():
+        np.testing.assert_array_equal(value, load_file(str(run / "checkpoints" / "step_000004" / "model.safetensors"))[name])
+    assert logs["precomputed"][0]["loss"] == pytest.approx(np.log(2), abs=1e-6)
+    assert abs(logs["copy"][-1]["val_loss"] - np.log(2)) > 1e-3  # it moved: the comparison is not of constants
+    for copy, pre in zip(logs["copy"], logs["precomputed"]):
+        keys = [k for k in copy if k.startswith(("loss", "val_", "rewards/", "logps/")) and "kl" not in k]
+        assert {"kl", "val_kl"} & set(copy) and not {"kl", "val_kl"} & set(pre) and keys
+        np.testing.assert_allclose([pre[k] for k in keys], [copy[k] for k in keys], rtol=1e-5, atol=1e-5,
+                                   err_msg=str(keys))
+
+
+@pytest.mark.slow
+def test_a_reward_models_checkpoint_holds_its_val_reward_mean_and_std(tmp_path, base_checkpoint):
+    """The statistics PPO normalizes by equal those the run logged at the same step: mean = val_mean_reward,
+    std = sqrt(val_reward_sq - val_mean_reward^2)."""
+    from trainer.loop import train
+
+    train_path = write_jsonl(tmp_path / "train.jsonl", synthetic_pairs(16, 0))
+    val_path = write_jsonl(tmp_path / "val.jsonl", synthetic_pairs(8, 1))
+    cfg = pair_cfg(tmp_path, base_checkpoint, "rm", train_path, val_path, "trainer.max_steps=2",
+                   "trainer.micro_batch_size=4", "trainer.eval_batches=2", "data.seq_len=96", "optim.lr=1e-3",
+                   "optim.warmup_steps=0")
+    validate(cfg)
+    train(cfg, str(tmp_path / "rm"))
+    logged = [json.loads(line) for line in open(tmp_path / "rm" / "metrics.jsonl")][-1]
+    state = json.loads((tmp_path / "rm" / "checkpoints" / "step_000002" / "state.json").read_text())["objective"]
+    mean, sq = logged["val_mean_reward"], logged["val_reward_sq"]
+    assert state["val_rewards"] == 16  # 2 batches of 4 pairs, both sides
+    np.testing.assert_allclose([state["val_reward_mean"], state["val_reward_std"]], [mean, np.sqrt(sq - mean ** 2)],
+                               rtol=1e-5, atol=1e-6)
+    assert state["val_reward_std"] > 0.01
+
+
 @pytest.mark.parametrize("overrides,key,message", [
     (["stage=dpo"], "stage.init_from", "objective=dpo fine-tunes a pretrained model"),
     (["stage=rm", "stage.init_from=/x", "data=instructions"], "data.sources",
@@ -246,7 +347,9 @@ def test_reward_model_learns_held_out_pairs_and_saves_its_head(alignment_runs):
      "set peft=lora"),
     (["stage=dpo", "stage.init_from=/x", "data=preferences", "objective.loss=ipo", "objective.label_smoothing=0.1"],
      "objective.label_smoothing", "applies to loss=sigmoid only"),
-], ids=["no-init", "instructions", "beta", "loss", "lora-base", "smoothing"])
+    (["stage=dpo", "stage.init_from=/x", "data=preferences", "objective.reference=cached"], "objective.reference",
+     "objective=dpo takes one of copy, lora_base, precomputed"),
+], ids=["no-init", "instructions", "beta", "loss", "lora-base", "smoothing", "reference"])
 def test_bad_alignment_configs_are_refused(overrides, key, message):
     with pytest.raises(ConfigError) as err:
         validate(compose_cfg(*overrides))

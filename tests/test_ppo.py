@@ -150,6 +150,38 @@ def test_ppo_run_logs_trls_metrics_and_resumes_mid_rollout_exactly(tmp_path, bas
         np.testing.assert_array_equal(weights[name], again[name], err_msg=name)
 
 
+@pytest.mark.slow
+def test_ppo_normalizes_scores_by_the_reward_models_val_statistics(tmp_path, base_checkpoint, reward_checkpoint):
+    """With the statistics a stage=rm checkpoint saves (objectives/rm.py), a rollout's normalized score, which
+    the first rollout's returns show at each response's last token (KL 0, values 0), is (score - mean) / std."""
+    import shutil
+
+    import mindspore as ms
+
+    import checkpoint
+    from data import build_data
+    from models import build_model
+    from objectives import objective
+
+    rm = str(tmp_path / "rm")
+    shutil.copytree(reward_checkpoint, rm)
+    state = {k: v for k, v in checkpoint.read_state(rm).items() if k != "file_sizes"}
+    checkpoint.write_state(rm, {**state, "objective": {"val_reward_mean": 0.3, "val_reward_std": 2.5, "val_rewards": 64}})
+    cfg = ppo_cfg(tmp_path, base_checkpoint, rm, "objective.missing_eos_penalty=0")
+    validate(cfg)
+    ppo = objective("ppo")
+    data = build_data(cfg.data, 4, spec=ppo.row_spec(cfg.objective))
+    model = build_model(cfg.model, cfg.data.seq_len, "fp32", "CPU", seed=0)
+    checkpoint.load_weights(base_checkpoint, model)
+    o = ppo.Objective(cfg.objective, data.tokenizer, 0)
+    o.attach(model, cfg)
+    tokens, mask, _, _, returns, _ = o.rollout(data.train.next_batch(), 0)[0]
+    last = mask.shape[1] - 1 - np.argmax(mask[:, ::-1], 1)  # each response's last target position
+    scores = o.reward_model(ms.Tensor(tokens[:, :-1]), ms.Tensor((last + 1).astype(np.int32))).asnumpy()
+    np.testing.assert_allclose(returns[np.arange(4), last], (scores - 0.3) / 2.5, rtol=1e-5, atol=1e-6)
+    assert o.score_moments[0] == 0 and o.logged["objective/kl"] == 0.0  # running moments unused; KL 0 as said
+
+
 @pytest.mark.parametrize("overrides,key,message", [
     ([], "objective.reward_model", "stage=ppo needs a reward model"),
     (["objective.reward_model=/nonexistent"], "objective.reward_model", "/nonexistent is not a checkpoint directory"),
@@ -162,7 +194,14 @@ def test_ppo_run_logs_trls_metrics_and_resumes_mid_rollout_exactly(tmp_path, bas
      "must fit model.max_position_embeddings=1024"),
     (["objective.reward_model=RM", "objective.max_new_tokens=200"], "data.seq_len",
      "must hold objective.max_prompt_len + max_new_tokens = 328"),
-], ids=["no-rm", "missing-rm", "not-an-rm", "kl-target", "estimator", "grad-accum", "cache", "seq-len"])
+    (["objective.reward_model=RM", "objective.reference=precomputed"], "objective.reference",
+     "objective=ppo takes one of copy, lora_base"),
+    (["objective.reward_model=RM", "objective.score_norm=whiten"], "objective.score_norm",
+     "choose one of auto, rm_val, running"),
+    (["objective.reward_model=RM", "objective.score_norm=rm_val"], "objective.score_norm",
+     "state.json has no objective.val_reward_mean/val_reward_std"),
+], ids=["no-rm", "missing-rm", "not-an-rm", "kl-target", "estimator", "grad-accum", "cache", "seq-len", "precomputed",
+        "score-norm", "rm-val-missing"])
 def test_bad_ppo_configs_are_refused(base_checkpoint, reward_checkpoint, overrides, key, message):
     overrides = [o.replace("=BASE", f"={base_checkpoint}").replace("=RM", f"={reward_checkpoint}") for o in overrides]
     with pytest.raises(ConfigError) as err:
