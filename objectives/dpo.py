@@ -141,6 +141,8 @@ def precompute_reference(model: nn.Cell, cfg) -> dict:
 
     prepared = prepare(cfg.data, row_spec(cfg.objective))
     scorer, b = SequenceLogps(model, cfg.objective.loss == "ipo"), cfg.trainer.micro_batch_size
+    training = model.training
+    model.set_train(False)  # as build_reference leaves the reference
     out, start = {}, time.time()
     for split in ("train", "val"):
         for source, n in prepared.rows(split).items():
@@ -152,6 +154,7 @@ def precompute_reference(model: nn.Cell, cfg) -> dict:
                 full = [np.concatenate([rows[c], np.repeat(rows[c][-1:], b - k, 0)]) for c in SIDES]
                 logps = scorer(*map(Tensor, full)).asnumpy()  # [2b]: chosen sides, then rejected
                 out.update(zip(pair_keys(rows), zip(logps[:k].tolist(), logps[b:b + k].tolist())))
+    model.set_train(training)
     print(f"[dpo] reference log-probabilities of {len(out):,} pairs precomputed in {time.time() - start:.0f} s; "
           f"no reference model is kept", flush=True)
     return out

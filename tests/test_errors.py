@@ -97,6 +97,11 @@ class World:
                        os.path.join(self.model_only, "config.yaml"))
         self.lora = self.copy_ckpt("lora", {"peft": {"name": "lora", "r": 4}, "stage": {"init_from": self.path("gone")}})
         self.write("ckpt/lora/adapter_config.json", b'{"peft_type": "LORA"}\n')
+        self.rm_no_stats = self.copy_ckpt("rm_no_stats", {"objective": {"name": "rm"}})  # a reward model from
+        # before its checkpoints held the val reward statistics, its config's new size recorded
+        from checkpoint import read_state, write_state
+
+        write_state(self.rm_no_stats, {k: v for k, v in read_state(self.ckpt).items() if k != "file_sizes"})
         self.no_ckpt = self.path("ckpt/not_a_checkpoint")
         os.makedirs(self.no_ckpt)
         self.write("ckpt/not_a_checkpoint/notes.txt", b"just notes\n")
@@ -188,6 +193,15 @@ CASES = [
     C("dpo lora_base without lora", "train",
       lambda w: w.train("stage=dpo", f"stage.init_from={w.ckpt}", "data=preferences", "objective.reference=lora_base"),
       ["objective.reference", "peft=lora"], 2),
+    C("ppo with a precomputed reference", "train",
+      lambda w: w.train("stage=ppo", f"stage.init_from={w.ckpt}", f"objective.reward_model={w.rm_no_stats}",
+                        "objective.reference=precomputed"), ["objective.reference", "copy, lora_base"], 2,
+      "a reference mode the objective cannot use"),
+    C("ppo rm_val without statistics", "train",
+      lambda w: w.train("stage=ppo", f"stage.init_from={w.ckpt}", f"objective.reward_model={w.rm_no_stats}",
+                        "objective.score_norm=rm_val"),
+      lambda w: ["objective.score_norm", os.path.join(w.rm_no_stats, "state.json"), "objective.score_norm=running"], 2,
+      "reward-model statistics its checkpoint does not hold"),
     # ---------------------------------------------------------------------------------------- train.py: files
     C("eval task file missing", "train", lambda w: w.train(f"trainer.eval_tasks=[{w.path('nowhere.jsonl')}]"),
       lambda w: [w.path("nowhere.jsonl"), "data.tasks build"], 2, "a task file that is not there"),
