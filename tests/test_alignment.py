@@ -272,6 +272,24 @@ def test_reward_model_learns_held_out_pairs_and_saves_its_head(alignment_runs):
     assert not any(k.startswith("lm_head") for k in weights)
 
 
+def test_the_dry_run_plans_no_reference_under_precomputed():
+    """precomputed keeps neither the frozen copy nor the reference's log-probabilities: of model=tiny's
+    fp32 [2 x 8 x 256, 4096] arrays (64 MiB each), one is left, the policy's."""
+    from planner.dry_run import dry_run_report
+
+    rows = {}
+    for mode in ("copy", "precomputed"):
+        report = dry_run_report(compose_cfg("stage=dpo", "stage.init_from=/x", "data=preferences", "model=tiny",
+                                            "data.tokenizer.path=/x", f"objective.reference={mode}"))
+        rows[mode] = {line[2:20].strip(): float(line[20:28].replace(",", "")) for line in report.splitlines()
+                      if line.startswith("  ") and line[20:28].strip().replace(",", "").replace(".", "").isdigit()}
+    assert rows["copy"]["logits (fp32)"] == 2 * rows["precomputed"]["logits (fp32)"] == 128.0
+    assert rows["copy"]["reference (frozen)"] == rows["copy"]["weights (fp32)"]
+    assert "reference (frozen)" not in rows["precomputed"]
+    assert rows["copy"]["total"] - rows["precomputed"]["total"] == pytest.approx(64.0 + rows["copy"]["weights (fp32)"],
+                                                                                 abs=0.02)
+
+
 @pytest.mark.slow
 def test_dpo_with_a_precomputed_reference_trains_as_with_a_copy_and_resumes_exactly(tmp_path, base_checkpoint):
     """4 steps with reference=copy and =precomputed log the same losses and metrics (kl aside); the
