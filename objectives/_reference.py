@@ -1,14 +1,14 @@
 """The frozen reference model of DPO and PPO: the starting weights, kept fixed while the policy trains.
 
-    copy       a second model holding a copy of the policy's weights as they are now, its parameters named
-               "reference." + name (one graph may hold both models)
-    lora_base  with peft=lora: a model without adapters whose cells hold the policy's own frozen base
-               Parameters (the same objects): no second copy in memory, exactly the starting model while the
-               LoRA B matrices start at zero
-    precomputed  no reference model at all while training: before the first step the starting model (the policy
-               as attach() receives it) scores every pair once, and each batch carries those numbers as inputs
-               (objectives/dpo.py; TRL's precompute_ref_log_probs). Only for an objective whose sequences are
-               known before training: PPO samples its own, so it takes copy or lora_base
+    copy         a second model holding a copy of the policy's weights as they are now, its parameters named
+                 "reference." + name (one graph may hold both models)
+    lora_base    with peft=lora: a model without adapters whose cells hold the policy's own frozen base
+                 Parameters (the same objects): no second copy in memory, exactly the starting model while the
+                 LoRA B matrices start at zero
+    precomputed  no reference model while training: before the first step the starting model (the policy as
+                 attach() receives it) scores every pair once, and each batch carries those numbers as inputs
+                 (objectives/dpo.py; TRL's precompute_ref_log_probs). Only for an objective whose sequences are
+                 known before training: PPO samples its own, so it takes copy or lora_base
 
 and `token_logps`, the log-probabilities both objectives compare policy and reference on.
 """

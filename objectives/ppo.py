@@ -7,10 +7,11 @@ One rollout per `trainer.micro_batch_size` prompts (data=instructions: each samp
      top-k/p, up to `max_new_tokens`; the random stream of a prompt depends on (trainer.seed, rollout, row));
   2. score prompt + response with the reward model (objectives/rm.py; `reward_model` = its checkpoint) at
      the response's last token, normalized (`score_norm`) by the reward model's mean and std over its held-out
-     pairs, saved in its checkpoint (`rm_val`: a fixed scale, the one the RM was judged on, so a rollout's
-     normalized score says how it compares with a held-out human-written response), or by the running mean and
-     std of all scores so far (`running`: a scale that drifts as the policy improves); `auto` takes rm_val
-     when the checkpoint holds them. A response that did not end with eos loses `missing_eos_penalty`;
+     pairs, saved in its checkpoint (`rm_val`: a fixed scale, the one the RM was judged on, so 0 is the
+     average held-out response, chosen and rejected alike, and a score means the same in every rollout), or by
+     the running mean and std of all scores so far (`running`: a scale that drifts as the policy improves);
+     `auto` takes rm_val when the checkpoint holds them. A response that did not end with eos loses
+     `missing_eos_penalty`;
   3. the policy's and the reference's log-probabilities of the sampled tokens and the value head's values
      (one forward each, no gradient);
   4. rewards per response token: -kl_coef * KL_t (k1: log pi - log ref; k3: (r - 1) - log r with r = ref / pi,

@@ -19,8 +19,9 @@ and `min_reward` / `max_reward` (each micro-batch's, averaged).
 Every checkpoint's state.json holds, under "objective", `val_reward_mean` and `val_reward_std` of the saved
 weights over the held-out pairs the run evaluates on (both sides; what val_mean_reward and val_reward_sq say
 when evaluation and the save fall on the same step): PPO normalizes its scores with them (objectives/ppo.py
-`score_norm`), so a score of 0 means "as good as the average held-out response". They are computed at the
-save, not kept from the last evaluation, so they always describe the weights beside them.
+`score_norm`), so a score of 0 means "as good as the average held-out response, chosen and rejected alike".
+They are computed at the save, not kept from the last evaluation, so they always describe the weights beside
+them.
 
     python train.py stage=rm stage.init_from=runs/sft/checkpoints/latest data=preferences model=small
 """

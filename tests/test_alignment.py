@@ -321,8 +321,10 @@ def test_dpo_with_a_precomputed_reference_trains_as_with_a_copy_and_resumes_exac
     logs["resumed"] = [json.loads(line) for line in open(run / "metrics.jsonl")]
     same = lambda m: {k: v for k, v in m.items() if "tokens_per_sec" not in k and k != "mfu" and "rss" not in k}
     assert [same(m) for m in logs["resumed"]] == [same(m) for m in logs["precomputed"]]
-    for name, value in load_file(str(tmp_path / "precomputed" / "checkpoints" / "step_000004" / "model.safetensors")).items():
-        np.testing.assert_array_equal(value, load_file(str(run / "checkpoints" / "step_000004" / "model.safetensors"))[name])
+    weights = [load_file(str(r / "checkpoints" / "step_000004" / "model.safetensors"))
+               for r in (tmp_path / "precomputed", run)]
+    for name in weights[0]:
+        np.testing.assert_array_equal(weights[0][name], weights[1][name], err_msg=name)
     assert logs["precomputed"][0]["loss"] == pytest.approx(np.log(2), abs=1e-6)
     assert abs(logs["copy"][-1]["val_loss"] - np.log(2)) > 1e-3  # it moved: the comparison is not of constants
     for copy, pre in zip(logs["copy"], logs["precomputed"]):

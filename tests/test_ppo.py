@@ -181,7 +181,8 @@ def test_ppo_normalizes_scores_by_the_reward_models_val_statistics(tmp_path, bas
     rm = str(tmp_path / "rm")
     shutil.copytree(reward_checkpoint, rm)
     state = {k: v for k, v in checkpoint.read_state(rm).items() if k != "file_sizes"}
-    checkpoint.write_state(rm, {**state, "objective": {"val_reward_mean": 0.3, "val_reward_std": 2.5, "val_rewards": 64}})
+    checkpoint.write_state(rm, {**state, "objective": {"val_reward_mean": 0.3, "val_reward_std": 2.5,
+                                                       "val_rewards": 64}})
     cfg = ppo_cfg(tmp_path, base_checkpoint, rm, "objective.missing_eos_penalty=0")
     validate(cfg)
     ppo = objective("ppo")
