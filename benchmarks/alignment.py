@@ -6,6 +6,9 @@ SFT checkpoint against that reward model, with held-out preference accuracy and 
     scripts/venv.sh python -m benchmarks.alignment --base CKPT [--model tiny] [--sft-steps 300] [--steps 200]
         [--ppo-steps 100] [--workdir DIR]     # DIR keeps the runs (default: a temporary directory)
 
+With --workdir, a stage whose run already holds its last checkpoint there is read, not re-run, so an interrupted
+benchmark picks up where it stopped (a stage killed half-way is re-run from its start).
+
 CKPT is a pretraining checkpoint of --model (e.g. `make train`'s last one for tiny). Each run is its own
 train.py process with the stage preset's recipe, except the learning rates below (small models take larger
 ones than the 7B recipes the presets cite). Printed: each held-out evaluation of the RM (pair accuracy vs
@@ -23,7 +26,7 @@ import tempfile
 
 import boot  # noqa: F401  (first: MindSpore before anything that loads protobuf)
 
-from benchmarks.measure import ROOT, train_and_measure
+from benchmarks.measure import ROOT, summarize, train_and_measure
 
 COMMON = ["trainer.micro_batch_size=8", "trainer.log_every=10", "trainer.eval_batches=16", "logger.progress_bar=false"]
 
@@ -40,6 +43,14 @@ def rule_check(ckpt: str, items: int, workdir: str) -> dict:
                     "eval.data=false", f"eval.max_items={items}", "--out", out], check=True, cwd=ROOT,
                    stdout=subprocess.DEVNULL)
     return json.load(open(out))["tasks"]["val"]
+
+
+def finished_or_run(name: str, overrides: list, steps: int, workdir: str) -> dict:
+    """train_and_measure, unless <workdir>/<name> already holds the run's last checkpoint (see the docstring)."""
+    run_dir = os.path.join(workdir, name)
+    if os.path.isdir(os.path.join(run_dir, "checkpoints", f"step_{steps:06d}")):
+        return summarize(run_dir)
+    return train_and_measure(name, overrides, workdir)
 
 
 def main() -> None:
@@ -59,26 +70,27 @@ def main() -> None:
     model = f"model={args.model}"
     with tempfile.TemporaryDirectory() as tmp:
         workdir = args.workdir or tmp
-        sft = train_and_measure("sft", ["stage=sft", model, "data=instructions", f"stage.init_from={args.base}",
-                                        "data.seq_len=256", "objective.truncate=true",
-                                        f"trainer.max_steps={args.sft_steps}",
-                                        f"trainer.eval_every={args.sft_steps}", f"optim.lr={args.sft_lr}",
-                                        *COMMON, *overrides], workdir)
+        sft = finished_or_run("sft", ["stage=sft", model, "data=instructions", f"stage.init_from={args.base}",
+                                      "data.seq_len=256", "objective.truncate=true",
+                                      f"trainer.max_steps={args.sft_steps}",
+                                      f"trainer.eval_every={args.sft_steps}", f"optim.lr={args.sft_lr}",
+                                      *COMMON, *overrides], args.sft_steps, workdir)
         sft_ckpt = os.path.join(workdir, "sft", "checkpoints", f"step_{args.sft_steps:06d}")
         sft_val = evals(os.path.join(workdir, "sft"))[-1]
         every = max(args.steps // 4, 1)
         runs = {}
         for stage, lr in (("rm", args.rm_lr), ("dpo", args.dpo_lr)):
-            runs[stage] = train_and_measure(stage, [f"stage={stage}", model, "data=preferences",
-                                                    f"stage.init_from={sft_ckpt}", f"trainer.max_steps={args.steps}",
-                                                    f"trainer.eval_every={every}", f"optim.lr={lr}", *COMMON,
-                                                    *overrides], workdir)
+            runs[stage] = finished_or_run(stage, [f"stage={stage}", model, "data=preferences",
+                                                  f"stage.init_from={sft_ckpt}", f"trainer.max_steps={args.steps}",
+                                                  f"trainer.eval_every={every}", f"optim.lr={lr}", *COMMON,
+                                                  *overrides], args.steps, workdir)
             runs[stage]["evals"] = evals(os.path.join(workdir, stage))
         rm_ckpt = os.path.join(workdir, "rm", "checkpoints", f"step_{args.steps:06d}")
-        ppo = train_and_measure("ppo", ["stage=ppo", model, f"stage.init_from={sft_ckpt}",
-                                        f"objective.reward_model={rm_ckpt}", f"trainer.max_steps={args.ppo_steps}",
-                                        f"optim.lr={args.ppo_lr}", "objective.max_new_tokens=48",
-                                        "trainer.log_every=4", "logger.progress_bar=false", *overrides], workdir)
+        ppo = finished_or_run("ppo", ["stage=ppo", model, f"stage.init_from={sft_ckpt}",
+                                      f"objective.reward_model={rm_ckpt}", f"trainer.max_steps={args.ppo_steps}",
+                                      f"optim.lr={args.ppo_lr}", "objective.max_new_tokens=48",
+                                      "trainer.log_every=4", "logger.progress_bar=false", *overrides],
+                              args.ppo_steps, workdir)
         ppo_logs = [json.loads(line) for line in open(os.path.join(workdir, "ppo", "metrics.jsonl"))]
         rules = {name: rule_check(os.path.join(workdir, name, "checkpoints", f"step_{steps:06d}"), args.rule_items,
                                   workdir)
