@@ -18,7 +18,7 @@ import tempfile
 
 import boot  # noqa: F401  (first: MindSpore before anything that loads protobuf)
 
-from benchmarks.measure import timed_run, train_command
+from benchmarks.measure import summarize, timed_run, train_command
 
 
 def head(src: str, dst: str, n: int) -> str:
@@ -56,11 +56,9 @@ def main() -> None:
             run_dir = os.path.join(workdir, mode)
             out = timed_run(train_command([*common, f"objective.reference={mode}", *overrides], run_dir), run_dir,
                             workdir)
-            steady = out["logs"][1:] or out["logs"]
             log = open(os.path.join(workdir, f"{mode}.log"), encoding="utf-8").read()
             pre = re.search(r"reference log-probabilities of ([\d,]+) pairs precomputed in (\d+) s", log)
-            runs[mode] = {"tokens_per_sec": sum(m["tokens_per_sec"] for m in steady) / len(steady),
-                          "peak_rss_gb": out["logs"][-1]["peak_rss_gb"], "wall_s": out["wall_s"], "load": out["load"],
+            runs[mode] = {**summarize(run_dir), "wall_s": out["wall_s"], "load": out["load"],
                           "losses": [m["loss"] for m in out["logs"]],
                           "precompute": (pre.group(1), int(pre.group(2))) if pre else None}
     print(f"DPO, model=tiny, {args.steps} steps of 8 pairs at data.seq_len 256, {args.train_pairs} training and "
