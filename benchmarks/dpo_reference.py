@@ -4,7 +4,7 @@ Printed per mode: tokens/s of the steps (after the first logging interval, which
 the precompute pass (pairs, seconds), wall time, final loss, and the two modes' largest loss difference.
 
     scripts/venv.sh python -m benchmarks.dpo_reference --init CKPT [--steps 60] [--train-pairs 1000]
-        [--val-pairs 200] [--workdir DIR] [overrides ...]
+        [--val-pairs 200] [--modes precomputed,copy] [--workdir DIR] [overrides ...]
 
 CKPT: an SFT checkpoint (e.g. benchmarks.alignment's). The pairs are the first N of data=preferences' files
 (python -m data.preference_set), so the precompute pass, which scores every training pair, stays short; its
@@ -36,6 +36,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--train-pairs", type=int, default=1000)
     parser.add_argument("--val-pairs", type=int, default=200)
+    parser.add_argument("--modes", default="copy,precomputed", help="the reference modes, in the order run "
+                        "(alternate the order between repeats: the box's load drifts)")
     parser.add_argument("--workdir")
     args, overrides = parser.parse_known_args()
     data_dir = os.environ.get("MINDLAB_DATA_DIR", os.path.expanduser("~/.cache/mindlab/data"))
@@ -52,7 +54,7 @@ def main() -> None:
                   f"trainer.max_steps={args.steps}", "trainer.micro_batch_size=8", "trainer.log_every=10",
                   "trainer.eval_batches=4", "trainer.save_every=0", "optim.lr=5e-5", "logger.progress_bar=false"]
         runs = {}
-        for mode in ("copy", "precomputed"):
+        for mode in args.modes.split(","):
             run_dir = os.path.join(workdir, mode)
             out = timed_run(train_command([*common, f"objective.reference={mode}", *overrides], run_dir), run_dir,
                             workdir)
