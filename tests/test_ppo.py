@@ -101,9 +101,8 @@ def reward_checkpoint(tmp_path_factory, base_checkpoint, tokenizer_file):
                            ms.nn.SGD(reward_model.trainable_params()), {}, cfg, tokenizer_file)
 
 
-def ppo_cfg(tmp_path, base, rm, *overrides):
-    prompts = [{"instruction": f"Say {w} {n} times.", "output": " ".join([w] * n)}
-               for n in range(1, 11) for w in ("apple", "river", "stone", "cloud")]
+def ppo_cfg(tmp_path, base, rm, *overrides, counts=range(1, 11), words=("apple", "river", "stone", "cloud")):
+    prompts = [{"instruction": f"Say {w} {n} times.", "output": " ".join([w] * n)} for n in counts for w in words]
     path = tmp_path / "prompts.jsonl"
     path.write_text("".join(json.dumps(p) + "\n" for p in prompts))
     return compose_cfg("stage=ppo", f"stage.init_from={base}", f"objective.reward_model={rm}", "model=tiny",
@@ -196,31 +195,26 @@ def signed_vocabulary(tmp_path_factory, base_checkpoint, tokenizer_file):
 
 @pytest.mark.slow
 def test_a_short_ppo_run_raises_the_mean_reward_model_score(tmp_path, signed_vocabulary):
-    """4 rollouts of 32 three-token responses, 2 updates each at lr 1e-3, against the same run at lr 0 (the
-    frozen policy on the same prompts with the same random streams, so both start from the same first rollout):
-    the learning run's rise over its first rollout exceeds the frozen run's by >= 0.4 in mean score over the last
-    2 rollouts (20 points more responses ending in a + token). Either run alone is too noisy to judge: a first
-    rollout of 32 samples can be 0.8 below the policy's mean. When written (trainer.seed 1234 / 2 / 3) the last
-    2 rollouts scored 0.84 / 0.78 / 0.75 learning and 0.13 / 0.09 / 0.09 frozen."""
+    """6 rollouts, each of the same 32 prompts with three-token responses, 2 updates each at lr 1e-3: the mean
+    score of the last 3 rollouts exceeds the first rollout's by >= 0.6 (30 points more responses ending in a +
+    token). Every rollout holds every prompt, so the spread between rollouts is the sampling's alone. Measured
+    when written, trainer.seed 1234 / 2 / 3: this run rises by 0.73 / 0.83 / 1.02, the same run at lr 0
+    (validation refuses it; train() runs it) by 0.06 / 0.21 / 0.46, so the margin is the learning's."""
     from trainer.loop import train
 
-    runs = {}
-    for lr in ("1e-3", "0"):
-        cfg = ppo_cfg(tmp_path, *signed_vocabulary, "objective.max_prompt_len=80", "objective.max_new_tokens=3",
-                      "trainer.micro_batch_size=32", "trainer.max_steps=8", f"optim.lr={lr}", "optim.min_lr=0",
-                      "trainer.save_every=0")
-        if lr != "0":
-            validate(cfg)  # which refuses lr 0, a value only this control needs
-        train(cfg, str(tmp_path / f"lr{lr}"))
-        lines = [json.loads(line) for line in open(tmp_path / f"lr{lr}" / "metrics.jsonl")]
-        runs[lr] = [m for m in lines if "objective/scores" in m][::2]  # a rollout's two steps log its numbers twice
-    learning, frozen = ([m["objective/scores"] for m in runs[lr]] for lr in ("1e-3", "0"))
-    assert len(learning) == len(frozen) == 4
-    assert all(abs(16 * s - round(16 * s)) < 0.02 for s in learning + frozen)  # means of 32 scores of ±1 (up to
-    # RMSNorm's eps)
-    assert learning[0] == frozen[0] and all(abs(m["objective/kl"]) < 1e-6 for m in runs["0"])
-    assert np.mean(learning[-2:]) - np.mean(frozen[-2:]) >= 0.4, (learning, frozen)
-    assert runs["1e-3"][-1]["objective/kl"] > 0
+    cfg = ppo_cfg(tmp_path, *signed_vocabulary, "objective.max_prompt_len=80", "objective.max_new_tokens=3",
+                  "trainer.micro_batch_size=32", "trainer.max_steps=12", "optim.lr=1e-3", "optim.min_lr=0",
+                  "trainer.save_every=0", counts=range(1, 5),
+                  words=("apple", "river", "stone", "cloud", "green", "quick", "table", "light"))
+    validate(cfg)
+    train(cfg, str(tmp_path / "run"))
+    lines = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    logged = [m for m in lines if "objective/scores" in m][::2]  # a rollout's two steps log its numbers twice
+    scores = [m["objective/scores"] for m in logged]
+    assert len(scores) == 6
+    assert all(abs(16 * s - round(16 * s)) < 0.02 for s in scores)  # means of 32 scores of ±1 (up to RMSNorm's eps)
+    assert np.mean(scores[-3:]) - scores[0] >= 0.6, scores
+    assert logged[0]["objective/kl"] == 0 < logged[-1]["objective/kl"]
 
 @pytest.mark.parametrize("overrides,key,message", [
     ([], "objective.reward_model", "stage=ppo needs a reward model"),
