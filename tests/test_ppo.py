@@ -166,7 +166,7 @@ def signed_vocabulary(tmp_path_factory, base_checkpoint, tokenizer_file):
     from models import build_model
     from objectives.rm import RewardModel
 
-    lever = 0.2  # A: at the start the + half's share of a context's probability is sigmoid(2 A h.u), h.u ~ N(0, 1)
+    lever = 0.2  # A: the + half starts with roughly sigmoid(2 A h.u) of a context's probability, h.u ~ N(0, 1)
     rng = np.random.default_rng(11)
     u = rng.normal(size=128)
     u /= np.linalg.norm(u)
