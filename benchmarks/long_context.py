@@ -1,7 +1,7 @@
 """Context extension, end to end: loss by position and passkey accuracy for (a) a base model at its training
 length, (b) zero-shot extension with each RoPE scaling, (c) after stage=long_context.
 
-    python -m benchmarks.long_context                     # model=small, base at 256, zero-shot x8, extended x4
+    python -m benchmarks.long_context                     # model=small, base at 256, zero-shot x8, extended x4, x8
     python -m benchmarks.long_context --model tiny --base-steps 400 --extend-steps 150 --work runs/lc
 
 Steps (each a subprocess; needs ../shared/corpora for data=long_docs):
@@ -9,14 +9,16 @@ Steps (each a subprocess; needs ../shared/corpora for data=long_docs):
   2. evaluate.py on it with a window of B x --factor: rope none (extrapolation: max_position_embeddings raised,
      nothing scaled), linear, ntk, dynamic, yarn, llama3 with that factor; loss on rows of B and of the window,
      passkey at B, 2B, 4B, ... the window
-  3. train.py stage=long_context from the base (yarn x --extend-factor, data.seq_len = B x that factor), evaluated
-     the same way up to its window, and at B x --factor with the factor raised (zero-shot past its window); and a
-     control: the same steps, tokens per step and lr at length B without scaling, evaluated like the base
+  3. train.py stage=long_context from the base for each of --extend-factors (yarn x F, data.seq_len = B x F, the
+     same --extend-tokens per step), evaluated the same way up to its window, and at B x --factor with the factor
+     raised when its window is shorter (zero-shot past its window); and a control: the same steps, tokens per
+     step and lr at length B without scaling, evaluated like the base
 Every evaluation uses the same validation documents (data=long_docs, objective=clm stream packing, rows re-packed
 at each length). Loss by position comes from rows of the full window: in a causal model the positions < n of a
 long row see what a row of n tokens sees (dynamic NTK aside, whose table follows the row length, which is why
-rows of B are scored too). Prints one table of mean NLL per position range and one of passkey accuracy (mean
-over depths) per length.
+rows of B are scored too). Prints one table of mean NLL per position range, one of passkey accuracy (mean over
+depths) per length, and the tokens/s and peak RSS of each training run at its length (metrics.jsonl: the mean
+over the logging intervals after the first, which holds the compile).
 """
 import argparse
 import json
@@ -24,6 +26,8 @@ import math
 import os
 import subprocess
 import sys
+
+from omegaconf import OmegaConf
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METHODS = ("none", "linear", "ntk", "dynamic", "yarn", "llama3")
@@ -85,9 +89,9 @@ def main() -> None:
     p.add_argument("--base-steps", type=int, default=300)
     p.add_argument("--base-micro-batch", type=int, default=8)
     p.add_argument("--factor", type=int, default=8, help="zero-shot scaling factor (window B x factor)")
-    p.add_argument("--extend-factor", type=int, default=4)
+    p.add_argument("--extend-factors", type=int, nargs="+", default=[4, 8])
     p.add_argument("--extend-steps", type=int, default=150)
-    p.add_argument("--extend-micro-batch", type=int, default=2)
+    p.add_argument("--extend-tokens", type=int, default=2048, help="tokens per step of the extensions and control")
     p.add_argument("--attention-chunk", type=int, default=0, help="model.attention_chunk for the extension (0: off)")
     p.add_argument("--eval-batches", type=int, default=4, help="validation batches (of 2 rows) per source")
     p.add_argument("--passkey-trials", type=int, default=4, help="keys per length and depth")
@@ -114,38 +118,44 @@ def main() -> None:
         by_len, pk = evaluate(base, scaling, B, longest, os.path.join(a.work, f"eval-{method}.json"), log, a)
         rows.append((name, longest, by_len))
         passkeys.append((name, pk))
-    ext_len = B * a.extend_factor
-    ext_dir = os.path.join(a.work, f"extended-x{a.extend_factor}")
-    if not os.path.isdir(os.path.join(ext_dir, "checkpoints")):
-        chunk = [f"model.attention_chunk={a.attention_chunk}", "model.recompute=selective"] if a.attention_chunk else []
-        run([sys.executable, "train.py", "stage=long_context", f"stage.init_from={base}", *common,
-             f"trainer.micro_batch_size={a.extend_micro_batch}", f"data.seq_len={ext_len}",
-             "model.rope_scaling.type=yarn", f"model.rope_scaling.factor={a.extend_factor}", *chunk,
-             f"trainer.max_steps={a.extend_steps}", f"hydra.run.dir={ext_dir}"], log)
-    ext = latest(ext_dir)
-    name = f"stage=long_context yarn x{a.extend_factor} ({a.extend_steps} steps at {ext_len})"
-    by_len, pk = evaluate(ext, [], B, ext_len, os.path.join(a.work, "eval-extended.json"), log, a)
-    rows.append((name, ext_len, by_len))
-    passkeys.append((name, pk))
+    runs = [("base", B, base_dir)]  # (name, trained length, run dir) for the speed table
+    extended = []
+    for f in a.extend_factors:
+        ext_len = B * f
+        ext_dir = os.path.join(a.work, f"extended-x{f}")
+        if not os.path.isdir(os.path.join(ext_dir, "checkpoints")):
+            chunk = [f"model.attention_chunk={a.attention_chunk}", "model.recompute=selective"] \
+                if a.attention_chunk else []
+            run([sys.executable, "train.py", "stage=long_context", f"stage.init_from={base}", *common,
+                 f"trainer.micro_batch_size={max(a.extend_tokens // ext_len, 1)}", f"data.seq_len={ext_len}",
+                 "model.rope_scaling.type=yarn", f"model.rope_scaling.factor={f}", *chunk,
+                 f"trainer.max_steps={a.extend_steps}", f"hydra.run.dir={ext_dir}"], log)
+        runs.append((f"stage=long_context yarn x{f}", ext_len, ext_dir))
+        ext = latest(ext_dir)
+        name = f"stage=long_context yarn x{f} ({a.extend_steps} steps at {ext_len})"
+        by_len, pk = evaluate(ext, [], B, ext_len, os.path.join(a.work, f"eval-extended-x{f}.json"), log, a)
+        extended += [(name, ext_len, by_len, pk)]
+        if longest > ext_len:
+            name = f"stage=long_context yarn x{f}, raised to x{a.factor} at eval"
+            by_len, pk = evaluate(ext, [f"model.rope_scaling.factor={a.factor}"], B, longest,
+                                  os.path.join(a.work, f"eval-extended-x{f}-raised.json"), log, a)
+            extended += [(name, longest, by_len, pk)]
     # control: the same continued training (steps, tokens per step, lr) at the base length without scaling, so
     # what the extended model gains at short positions from more training is not credited to the extension
     ctl_dir = os.path.join(a.work, "continued-base-len")
     if not os.path.isdir(os.path.join(ctl_dir, "checkpoints")):
         run([sys.executable, "train.py", "stage=long_context", f"stage.init_from={base}", *common,
-             f"trainer.micro_batch_size={a.extend_micro_batch * a.extend_factor}", f"data.seq_len={B}",
+             f"trainer.micro_batch_size={a.extend_tokens // B}", f"data.seq_len={B}",
              "model.rope_scaling.type=none", "model.rope_scaling.factor=1", f"trainer.max_steps={a.extend_steps}",
              f"hydra.run.dir={ctl_dir}"], log)
+    runs.append(("control (continued at the base length)", B, ctl_dir))
     name = f"control: same {a.extend_steps} steps at {B}, no scaling"
     by_len, pk = evaluate(latest(ctl_dir), [f"model.max_position_embeddings={longest}"], B, longest,
                           os.path.join(a.work, "eval-control.json"), log, a)
-    rows.insert(len(METHODS), (name, longest, by_len))
-    passkeys.insert(len(METHODS), (name, pk))
-    if longest > ext_len:
-        name = f"stage=long_context, yarn raised to x{a.factor} at eval"
-        by_len, pk = evaluate(ext, [f"model.rope_scaling.factor={a.factor}"], B, longest,
-                              os.path.join(a.work, "eval-extended-raised.json"), log, a)
-        rows.append((name, longest, by_len))
-        passkeys.append((name, pk))
+    rows.append((name, longest, by_len))
+    passkeys.append((name, pk))
+    rows += [(name, window, by_len) for name, window, by_len, _ in extended]
+    passkeys += [(name, pk) for name, _, _, pk in extended]
 
     spans = ranges(B, longest)
     fmt = lambda v: "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"  # noqa: E731
@@ -164,6 +174,16 @@ def main() -> None:
     for name, pk in passkeys:
         cells = [f"{sum(pk[str(n)].values()) / len(pk[str(n)]):.2f}" if str(n) in pk else "" for n in lengths]
         print(f"| {name} | " + " | ".join(cells) + " |")
+
+    print(f"\ntraining cost at each trained length (model={a.model}, fp32, graph mode)\n")
+    print("| run | seq_len | rows per step | tokens/s | peak RSS GB |")
+    print("|---|---:|---:|---:|---:|")
+    for name, length, run_dir in runs:
+        logs = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl")) if '"loss"' in line]
+        steady = logs[1:] or logs
+        tps = sum(m["tokens_per_sec"] for m in steady) / len(steady)
+        rows_per_step = OmegaConf.load(os.path.join(run_dir, "config.yaml")).trainer.micro_batch_size
+        print(f"| {name} | {length} | {rows_per_step} | {tps:.0f} | {logs[-1]['peak_rss_gb']:.2f} |")
 
 
 if __name__ == "__main__":

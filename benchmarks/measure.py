@@ -12,7 +12,14 @@ def train_and_measure(name: str, overrides: list, workdir: str) -> dict:
     """Run train.py with `overrides` in <workdir>/<name>; throughput is averaged over the logging intervals
     after the first (which holds the graph compilation)."""
     run_dir = os.path.join(workdir, name)
-    logs = timed_run(train_command(overrides, run_dir), run_dir, workdir)["logs"]
+    timed_run(train_command(overrides, run_dir), run_dir, workdir)
+    return summarize(run_dir)
+
+
+def summarize(run_dir: str) -> dict:
+    """train_and_measure's numbers of a finished run, from its metrics.jsonl."""
+    logs = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8")
+            if '"loss"' in line]
     steady = logs[1:] or logs
     return {"tokens_per_sec": sum(m["tokens_per_sec"] for m in steady) / len(steady),
             "mfu": sum(m["mfu"] for m in steady) / len(steady),

@@ -16,6 +16,8 @@ An objective module exposes:
   and optionally
     token_nll = True     the loss is the mean NLL of the targets labels[:, 1:] (inputs start with input_ids,
                          labels): evaluation then also reports bits per byte (trainer/callbacks.py Evaluation)
+    memory(cfg)          planner/memory.ObjectiveMemory for `dry_run=true`: sequences per sample, logits kept,
+                         extra parameters and what is held besides the trained model (frozen models, caches)
     attach(model, cfg)   after the weights are loaded (and LoRA applied), before the optimizer: returns the
                          cell that is trained and saved (the reward model's head on the decoder), and may
                          build what the loss needs besides it (DPO's frozen reference model)

@@ -48,3 +48,13 @@ def build_reference(policy: nn.Cell, cfg, mode: str) -> nn.Cell:
         reference.update_parameters_name("reference.")
     reference.set_train(False)
     return reference
+
+
+def memory_rows(cfg) -> tuple:
+    """The dry-run planner's row for the reference (planner/memory.py ObjectiveMemory.extra)."""
+    from models import family
+
+    if cfg.objective.reference == "copy":
+        params = family(cfg.model.family).parameter_count(cfg.model)["total"]
+        return (("reference (frozen)", 4.0 * params, "a second fp32 copy of the starting weights"),)
+    return ()  # lora_base: the policy's own Parameters

@@ -67,6 +67,15 @@ def row_spec(cfg: Config):
     return pair_row_spec(cfg.skip_long)
 
 
+def memory(cfg):
+    """For the dry-run planner: a pair is two sequences, whose fp32 log-probabilities over the vocabulary the
+    step keeps for the policy and, for the KL term's backward, for a reference run in the graph."""
+    from planner.memory import ObjectiveMemory
+
+    in_graph = cfg.objective.reference in ("copy", "lora_base")
+    return ObjectiveMemory(sequences=2, logits=2 if in_graph else 1, extra=_reference.memory_rows(cfg))
+
+
 class Objective:
     inputs = ("chosen_ids", "chosen_labels", "rejected_ids", "rejected_labels")
     metrics = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",

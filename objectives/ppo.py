@@ -123,6 +123,27 @@ def row_spec(cfg: Config):
     return prompt_row_spec(cfg.max_prompt_len)
 
 
+def memory(cfg):
+    """For the dry-run planner: an update runs micro_batch_size / minibatches sequences and keeps their fp32
+    log-probabilities; the trained model gains the value row. Besides it: the reference, the frozen reward
+    model (fp32, no LM head) and the rollout's KV cache (generation.py: K and V per layer, [B, kv heads,
+    prompt bucket + max_new_tokens, head dim] in the compute dtype). Rollouts and updates alternate, so the
+    cache is never alive with the update's activations: counting both makes the total an upper bound."""
+    from models import family
+    from planner.memory import DTYPE_BYTES, ObjectiveMemory
+
+    m, o = cfg.model, cfg.objective
+    rm = OmegaConf.load(os.path.join(o.reward_model, "config.yaml")).model
+    counts = family(rm.family).parameter_count(rm)
+    columns = -(-o.max_prompt_len // PROMPT_BUCKET) * PROMPT_BUCKET + o.max_new_tokens
+    cache = (2 * m.num_layers * cfg.trainer.micro_batch_size * m.num_kv_heads * columns
+             * (m.hidden_size // m.num_heads) * DTYPE_BYTES[cfg.precision.compute_dtype])
+    extra = (*_reference.memory_rows(cfg),
+             ("reward model", 4.0 * (counts["total"] - counts["lm_head"] + rm.hidden_size), "frozen, fp32"),
+             ("rollout KV cache", cache, f"{cfg.trainer.micro_batch_size} prompts x {columns} columns"))
+    return ObjectiveMemory(sequences=1 / o.minibatches, params_delta=m.hidden_size, extra=extra)
+
+
 # --- the numbers of a rollout (NumPy; tests compare them with plain loops) ----------------------------------
 
 def kl_per_token(logp: np.ndarray, ref_logp: np.ndarray, estimator: str) -> np.ndarray:

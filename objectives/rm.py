@@ -49,6 +49,16 @@ def row_spec(cfg: Config):
     return pair_row_spec(cfg.skip_long)
 
 
+def memory(cfg):
+    """For the dry-run planner: a pair is two sequences; the model has a score row instead of the LM head, so
+    no logits."""
+    from models import family
+    from planner.memory import ObjectiveMemory
+
+    lm_head = family(cfg.model.family).parameter_count(cfg.model)["lm_head"]
+    return ObjectiveMemory(sequences=2, logits=0, params_delta=cfg.model.hidden_size - lm_head)
+
+
 class Objective:
     inputs = ("chosen_ids", "chosen_end", "rejected_ids", "rejected_end", "margin")
     metrics = ("accuracy", "margin", "mean_reward", "reward_sq", "min_reward", "max_reward")

@@ -8,7 +8,8 @@ from typing import Any
 from conf.schema import global_batch_size, pipeline_micro_batches
 from models import family, use_flash_attention
 from planner.layout import Layout
-from planner.memory import format_plan, memory_plan
+from objectives import objective
+from planner.memory import ObjectiveMemory, format_plan, memory_plan
 
 
 def _count(n: float) -> str:
@@ -47,8 +48,10 @@ def dry_run_report(cfg: Any) -> str:
     m, p = cfg.model, cfg.parallel
     flash = use_flash_attention(m, cfg.device.target)
     layout = Layout.from_config(p, m.num_layers)
+    plugin = objective(cfg.objective.name)
+    needs = plugin.memory(cfg) if hasattr(plugin, "memory") else ObjectiveMemory()
     plan = memory_plan(m, p, cfg.data.seq_len, cfg.trainer.micro_batch_size, cfg.precision.compute_dtype,
-                       m.recompute, flash)
+                       m.recompute, flash, needs)
     pipeline = f" x {pipeline_micro_batches(cfg)} pipeline micro-batches" if p.pp > 1 else ""
     return "\n\n".join([
         f"dry run: model {m.name} x parallel {p.name} on {layout.world_size} x {cfg.device.name}\n"

@@ -36,6 +36,12 @@ Conventions (bytes per device):
   * Pipeline (1F1B): stage i holds min(pp - i, micro_batches) micro-batches in flight, so the first
     stage holds the most.
   * Logits: the last stage holds one micro-batch of fp32 logits, s*b*V/t*4 bytes (vocab-parallel).
+  * The objective (its optional `memory(cfg)`, objectives/__init__.py) says what it changes: how many
+    sequences the trained model runs per micro-batch sample (a preference pair is 2), how many fp32
+    [tokens, vocab] arrays it keeps (DPO keeps the policy's and the reference's log-probabilities, the
+    reward model none), parameters the trained model gains or loses against the causal LM (the reward model
+    drops the LM head for a score row), and what it holds besides the trained model: frozen models (DPO's and
+    PPO's reference, PPO's reward model: fp32 weights, no grads or optimizer states) and PPO's rollout cache.
 Not counted: framework workspace, communication buffers, allocator fragmentation, the embedding output.
 
 tests/test_memory_published.py holds this plan against published figures: Korthikanti et al.'s Table 2 (all
@@ -46,13 +52,22 @@ Megatron-LM's theoretical_memory_usage.py parameter counts (equal), 18 B/param (
 s*b*h*(18 + 4*f/h)/t bytes per layer (4*f/h + 4*kv/a - 6 fewer: GeLU width, MHA, dropout masks).
 """
 from dataclasses import dataclass
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 from models import family
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 RECOMPUTE_MODES = ("none", "selective", "full")
 MIB, GIB = 2 ** 20, 2 ** 30
+
+
+@dataclass(frozen=True)
+class ObjectiveMemory:
+    """What an objective changes in the plan (see the module docstring); the default is the causal LM's."""
+    sequences: float = 1.0  # sequences the trained model runs per micro-batch sample
+    logits: float = 1.0  # fp32 [sequences x seq_len, vocab / tp] arrays kept per micro-batch
+    params_delta: int = 0  # parameters of the trained model beyond the family's causal LM (last stage)
+    extra: Tuple[Tuple[str, float, str], ...] = ()  # (row, bytes, note) held besides the trained model
 
 
 @dataclass
@@ -72,6 +87,7 @@ class MemoryPlan:
     activations: float  # with `recompute`, all micro-batches in flight
     activations_by_recompute: Dict[str, float]  # the same for each of RECOMPUTE_MODES
     logits: float  # fp32 logits, last stage only
+    extra: Tuple[Tuple[str, float, str], ...]  # the objective's (row, bytes, note), last stage
     total: float
 
 
@@ -104,7 +120,7 @@ def _stage_activations(p: Any, stage: int, layers: int, per_layer: Dict[str, flo
 
 
 def _stage_plan(p: Any, stage: int, params: int, activations: Dict[str, float], recompute: str,
-                logits: float) -> MemoryPlan:
+                logits: float, extra: Tuple[Tuple[str, float, str], ...]) -> MemoryPlan:
     optimizer_unsharded = 8.0 * params
     optimizer_sharded = optimizer_unsharded / p.dp
     optimizer = optimizer_sharded if p.optimizer_shard else optimizer_unsharded
@@ -115,26 +131,30 @@ def _stage_plan(p: Any, stage: int, params: int, activations: Dict[str, float], 
         optimizer_states=optimizer, optimizer_states_unsharded=optimizer_unsharded,
         optimizer_states_sharded=optimizer_sharded, dp=p.dp, optimizer_shard=p.optimizer_shard,
         recompute=recompute, activations=activations[recompute], activations_by_recompute=activations,
-        logits=logits, total=weights + grads + optimizer + activations[recompute] + logits,
+        logits=logits, extra=extra,
+        total=weights + grads + optimizer + activations[recompute] + logits + sum(n for _, n, _ in extra),
     )
 
 
 def memory_plan(model_cfg: Any, parallel_cfg: Any, seq_len: int, micro_batch_size: int,
-                compute_dtype: str, recompute: str, flash_attention: bool) -> MemoryPlan:
+                compute_dtype: str, recompute: str, flash_attention: bool,
+                objective: ObjectiveMemory = ObjectiveMemory()) -> MemoryPlan:
     """The memory plan of the pipeline stage that needs the most memory per device.
 
-    micro_batch_size: sequences per micro-batch (trainer.micro_batch_size); under pp a step feeds
-    `parallel.micro_batches` of them through the pipeline.
+    micro_batch_size: samples per micro-batch (trainer.micro_batch_size); under pp a step feeds
+    `parallel.micro_batches` of them through the pipeline. `objective`: what the objective changes.
     """
     if recompute not in RECOMPUTE_MODES:
         raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
     m, p = model_cfg, parallel_cfg
-    per_layer = {mode: layer_activation_bytes(m, p, seq_len, micro_batch_size, compute_dtype, mode,
-                                              flash_attention)
+    sequences = micro_batch_size * objective.sequences
+    per_layer = {mode: layer_activation_bytes(m, p, seq_len, sequences, compute_dtype, mode, flash_attention)
                  for mode in RECOMPUTE_MODES}
-    logits = 4.0 * seq_len * micro_batch_size * m.vocab_size / p.tp
-    plans = [_stage_plan(p, stage, params, _stage_activations(p, stage, m.num_layers // p.pp, per_layer),
-                         recompute, logits if stage == p.pp - 1 else 0.0)
+    logits = objective.logits * 4.0 * seq_len * sequences * m.vocab_size / p.tp
+    last = p.pp - 1
+    plans = [_stage_plan(p, stage, params + (objective.params_delta if stage == last else 0),
+                         _stage_activations(p, stage, m.num_layers // p.pp, per_layer), recompute,
+                         logits if stage == last else 0.0, objective.extra if stage == last else ())
              for stage, params in enumerate(stage_parameters(m, p))]
     return max(plans, key=lambda plan: plan.total)
 
@@ -158,6 +178,7 @@ def format_plan(plan: MemoryPlan, device_memory_gb: float) -> str:
         ("AdamW m, v (fp32)", plan.optimizer_states, optimizer_note),
         ("activations", plan.activations, f"recompute={plan.recompute} ({by_mode})"),
         ("logits (fp32)", plan.logits, "last stage" if plan.logits else ""),
+        *plan.extra,
         ("total", plan.total, verdict),
     ]
     header = (f"memory per device, {unit}: pipeline stage {plan.stage} of {plan.num_stages} (the fullest), "

@@ -4,7 +4,7 @@ from omegaconf import OmegaConf
 
 from conftest import compose_cfg, load_preset
 from planner.layout import Coords, Layout
-from planner.memory import GIB, format_plan, layer_activation_bytes, memory_plan
+from planner.memory import GIB, ObjectiveMemory, format_plan, layer_activation_bytes, memory_plan
 from models import use_flash_attention
 from planner.dry_run import dry_run_report
 
@@ -71,6 +71,19 @@ def plan_for(model_name: str, parallel_name: str, seq_len: int = 4096, micro_bat
              dtype: str = "bf16", recompute: str = "none", flash: bool = False, **parallel_overrides):
     return memory_plan(model(model_name), parallel(parallel_name, **parallel_overrides), seq_len,
                        micro_batch_size, dtype, recompute, flash)
+
+
+def test_an_objectives_needs_enter_the_plan():
+    """A preference pair doubles the sequences (activations, logits), the extra rows add to the total and the
+    trained model's extra parameters carry weights, grads and AdamW states (16 B each)."""
+    base = plan_for("tiny", "single", seq_len=256, micro_batch_size=8, dtype="fp32")
+    needs = ObjectiveMemory(sequences=2, logits=2, params_delta=-1000, extra=(("reference (frozen)", 123.0, "x"),))
+    pair = memory_plan(model("tiny"), parallel("single"), 256, 8, "fp32", "none", False, needs)
+    assert pair.activations == 2 * base.activations
+    assert base.logits == 4 * 256 * 8 * 4096 and pair.logits == 4 * base.logits
+    assert pair.params == base.params - 1000
+    assert pair.total == base.total + base.activations + 3 * base.logits + 123.0 - 16 * 1000
+    assert "reference (frozen)" in format_plan(pair, 24)
 
 
 def test_optimizer_sharding_divides_by_dp():

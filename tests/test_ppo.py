@@ -113,6 +113,21 @@ def ppo_cfg(tmp_path, base, rm, *overrides, counts=range(1, 11), words=("apple",
                        "trainer.keep_last=0", "logger.progress_bar=false", *overrides)
 
 
+def test_the_dry_run_plans_reference_reward_model_and_rollout_cache(tmp_path, base_checkpoint, reward_checkpoint):
+    """The rows PPO adds, by hand for model=tiny (h 128, 4 layers, 4 heads of 32, 2 KV heads, vocab 4096):
+    each frozen model is 4 B per parameter, the reward model without its LM head; the cache is K and V of
+    4 prompts x (64 prompt columns + 12 new) per layer."""
+    from planner.dry_run import dry_run_report
+
+    report = dry_run_report(ppo_cfg(tmp_path, base_checkpoint, reward_checkpoint, "objective.minibatches=2"))
+    params = 4096 * 128 + 4 * (128 + 128 * 128 * 2 + 128 * 64 * 2 + 128 + 3 * 128 * 352) + 128 + 4096 * 128
+    rows = {line[2:20].strip(): float(line[20:28]) for line in report.splitlines()[-10:] if line.startswith("  ")}
+    assert rows["reference (frozen)"] == round(4 * params / 2 ** 20, 2)
+    assert rows["reward model"] == round(4 * (params - 4096 * 128 + 128) / 2 ** 20, 2)
+    assert rows["rollout KV cache"] == round(2 * 4 * 4 * 2 * (64 + 12) * 32 * 4 / 2 ** 20, 2)
+    assert rows["logits (fp32)"] == round(4 * 96 * 2 * 4096 / 2 ** 20, 2)  # a minibatch of 2 sequences
+
+
 @pytest.mark.slow
 def test_ppo_run_logs_trls_metrics_and_resumes_mid_rollout_exactly(tmp_path, base_checkpoint, reward_checkpoint):
     """6 steps = 3 rollouts of 2 updates; killed after step 3, half-way through a rollout, the resumed run
