@@ -231,6 +231,7 @@ def test_a_short_ppo_run_raises_the_mean_reward_model_score(tmp_path, signed_voc
     assert np.mean(scores[-3:]) - scores[0] >= 0.6, scores
     assert logged[0]["objective/kl"] == 0 < logged[-1]["objective/kl"]
 
+
 @pytest.mark.parametrize("overrides,key,message", [
     ([], "objective.reward_model", "stage=ppo needs a reward model"),
     (["objective.reward_model=/nonexistent"], "objective.reward_model", "/nonexistent is not a checkpoint directory"),
