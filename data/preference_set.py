@@ -28,6 +28,25 @@ applies, trying them in turn from rule (i mod 5) for the i-th sample, so all fiv
 answer is worse than a truncated right one. Writes `train.jsonl`, `val.jsonl` and `stats.json` (pairs per
 rule, task and split) to `--out` (default `${MINDLAB_DATA_DIR:-~/.cache/mindlab/data}/preferences`),
 atomically; output is a function of the input files and `--seed` only.
+
+On-policy pairs, `python -m data.preference_set --on-policy CKPT [--samples 4] [--temperature 1.0]
+[--max-prompts N]`: the model's own responses, ranked by how faithful they are to the corpus answer. For each
+instruction sample (a checkable prompt: its answer is known), k responses are sampled from CKPT (usually the
+SFT checkpoint) through generate.py's KV-cache generator, each scored against the sample's output with
+evaluate.py's scorers (data/tasks.py): ranked by exact match, then ROUGE-L F. The best and the worst make a
+pair `{..., "margin", "corruption": "on_policy", "task", "entry", "exact_match": [chosen, rejected],
+"rouge_l": [chosen, rejected]}` when their ROUGE-L differ by at least `--min-gap`; `margin` is that
+difference, in (0, 1] like the rules' margins: 1.0 is a verbatim answer against one sharing no word with it.
+Empty responses (the preference loader refuses them) and repeats are left out before ranking, so chosen and
+rejected always differ. What these pairs measure is, again, faithfulness to the corpus answer among what
+the model actually says, not helpfulness. Train pairs come from the instruction set's train split, val pairs
+from its val split (held out by entry, as above). The response j of the i-th prompt of a split is drawn from
+the random stream (`--seed`, i * k + j), so the output is a function of the checkpoint, the input files and
+the options, whatever `--batch-size`. Written to their own `--out` (default
+`${MINDLAB_DATA_DIR:-~/.cache/mindlab/data}/preferences_on_policy`), not merged into the rule-built set: they
+depend on a checkpoint and go stale as the policy trains, while the rule-built set depends on the corpus only.
+`data=preferences_on_policy` trains on both sets (two sources); `stats.json` holds, per split, the prompts,
+responses, pairs, the mean gap and the responses' mean ROUGE-L and exact-match rate.
 """
 from __future__ import annotations
 
@@ -38,13 +57,16 @@ import re
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from conf.errors import ArgumentParser, UsageError, entry_point
 from data.errors import DataError
+from data.tasks import alpaca_item, exact_match, rouge_l
 
 DATA_DIR = Path(os.environ.get("MINDLAB_DATA_DIR", Path.home() / ".cache" / "mindlab" / "data"))
+SPLITS = ("train", "val")
 MARGINS = {"neighbour": 1.0, "loop": 1.0, "fact_swap": 0.5, "shuffle": 0.5, "truncate": 0.25}
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 _FACT = re.compile(r"\b(?:\d[\d,.:]*\d|\d|[A-Z][a-z]+(?:[A-Z][a-z]+)*)\b")
@@ -144,32 +166,130 @@ def make_pairs(samples: List[dict], seed: int) -> List[dict]:
 
 def build(instructions: Path, out: Path, seed: int, max_pairs: int) -> dict:
     stats = {"seed": seed, "source": str(instructions), "splits": {}}
+    pairs = {}
+    for split in SPLITS:
+        samples = read_split(instructions, split)
+        pairs[split] = make_pairs(samples, seed)[:max_pairs if split == "train" else None]
+        counts: Dict[str, Dict[str, int]] = {}
+        for p in pairs[split]:
+            counts.setdefault(p["corruption"], {}).setdefault(p["task"], 0)
+            counts[p["corruption"]][p["task"]] += 1
+        stats["splits"][split] = {"samples": len(samples), "pairs": len(pairs[split]), "by_rule": counts}
+        print(f"[preferences] {split}: {len(pairs[split]):,} pairs from {len(samples):,} samples; "
+              + ", ".join(f"{r} {sum(c.values()):,}" for r, c in counts.items()), flush=True)
+    write_set(out, pairs, stats)
+    return stats
+
+
+def read_split(instructions: Path, split: str) -> List[dict]:
+    """The samples of the instruction set's `split`.jsonl, each checked (DataError naming file:line)."""
+    path = instructions / f"{split}.jsonl"
+    if not path.exists():
+        raise UsageError(f"{path} does not exist; build the instruction set first: "
+                         f"python -m data.instructions --out {instructions}")
+    return [_sample(line, f"{path}:{number}")
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if line.strip()]
+
+
+def write_set(out: Path, pairs: Dict[str, List[dict]], stats: dict) -> None:
+    """`<split>.jsonl` per split and stats.json, replacing `out` whole (nothing half-written is left)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".preferences-", dir=out.parent))
     try:
-        for split in ("train", "val"):
-            path = instructions / f"{split}.jsonl"
-            if not path.exists():
-                raise UsageError(f"{path} does not exist; build the instruction set first: "
-                                 f"python -m data.instructions --out {instructions}")
-            samples = [_sample(line, f"{path}:{number}")
-                       for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if line.strip()]
-            pairs = make_pairs(samples, seed)[:max_pairs if split == "train" else None]
-            with open(tmp / f"{split}.jsonl", "w") as f:
-                for p in pairs:
+        for split, split_pairs in pairs.items():
+            with open(tmp / f"{split}.jsonl", "w", encoding="utf-8") as f:
+                for p in split_pairs:
                     f.write(json.dumps(p, ensure_ascii=False) + "\n")
-            counts: Dict[str, Dict[str, int]] = {}
-            for p in pairs:
-                counts.setdefault(p["corruption"], {}).setdefault(p["task"], 0)
-                counts[p["corruption"]][p["task"]] += 1
-            stats["splits"][split] = {"samples": len(samples), "pairs": len(pairs), "by_rule": counts}
-            print(f"[preferences] {split}: {len(pairs):,} pairs from {len(samples):,} samples; "
-                  + ", ".join(f"{r} {sum(c.values()):,}" for r, c in counts.items()), flush=True)
         (tmp / "stats.json").write_text(json.dumps(stats, indent=1) + "\n")
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --- on-policy pairs (see the module docstring) ---------------------------------------------------------------
+
+def score(response: str, answer: str) -> Tuple[bool, float]:
+    """(exact match, ROUGE-L F) of a response against the corpus answer: the key responses are ranked by."""
+    return exact_match(response, answer), rouge_l(response.strip(), answer.strip())
+
+
+def on_policy_pair(sample: dict, responses: Sequence[str], min_gap: float) -> Optional[dict]:
+    """The best against the worst of `responses` to the sample's prompt, or None when fewer than two distinct
+    non-empty responses remain or their ROUGE-L differ by less than `min_gap`. An exact match has ROUGE-L 1,
+    so the best also has the highest ROUGE-L and the margin is never negative."""
+    distinct = sorted({r.strip() for r in responses} - {""})  # sorted: ties are broken the same way every run
+    ranked = sorted(distinct, key=lambda r: score(r, sample["output"]))
+    if len(ranked) < 2:
+        return None
+    (best_em, best_rl), (worst_em, worst_rl) = score(ranked[-1], sample["output"]), score(ranked[0], sample["output"])
+    if best_rl - worst_rl < min_gap:
+        return None
+    return {"instruction": sample["instruction"], "input": sample.get("input", ""), "chosen": ranked[-1],
+            "rejected": ranked[0], "margin": round(best_rl - worst_rl, 4), "corruption": "on_policy",
+            "task": sample["task"], "entry": sample["entry"], "exact_match": [best_em, worst_em],
+            "rouge_l": [round(best_rl, 4), round(worst_rl, 4)]}
+
+
+def sample_responses(generate_fn: Callable, prompts: Sequence[str], ids: Sequence[int], k: int, batch_size: int,
+                     max_new_tokens: int, **options) -> List[List[str]]:
+    """k responses per prompt; prompt i's j-th comes from the random stream (seed, ids[i] * k + j), so it does not
+    depend on the batch it was drawn in. Every batch has `batch_size` rows (the last filled up with repeats
+    whose responses are dropped), so all batches share the same two compiled graphs."""
+    rows = [(prompt, at * k + j) for prompt, at in zip(prompts, ids) for j in range(k)]
+    texts: List[str] = []
+    for first in range(0, len(rows), batch_size):
+        chunk = rows[first:first + batch_size]
+        filled = chunk + [chunk[0]] * (batch_size - len(chunk))
+        out = generate_fn([p for p, _ in filled], max_new_tokens, rows=[r for _, r in filled], **options)
+        texts += out[:len(chunk)]
+    return [texts[i * k:(i + 1) * k] for i in range(len(prompts))]
+
+
+def build_on_policy(ckpt: str, instructions: Path, out: Path, args) -> dict:
+    """Samples, ranks and pairs every split of `args.splits`; writes them and stats.json to `out`."""
+    from generate import build, load, make_generate_fn
+    from models.llama.generation import PROMPT_BUCKET
+
+    samples = {split: read_split(instructions, split)[:args.max_prompts or None] for split in args.splits}
+    with tempfile.TemporaryDirectory(prefix="mindlab-on-policy-") as workdir:
+        model_cfg, path, tokenizer = load(ckpt, workdir)
+        model = build(model_cfg, path, args.device)  # reads the weights: the temporary directory may go
+    width = -(-args.max_prompt_len // PROMPT_BUCKET) * PROMPT_BUCKET  # one padded prompt length: two graphs
+    if width + args.max_new_tokens > model_cfg.max_position_embeddings:
+        raise UsageError(f"--max-new-tokens: {args.max_new_tokens} new tokens after prompts of up to {width} tokens "
+                         f"(--max-prompt-len rounded up to {PROMPT_BUCKET}) overflow the model's context "
+                         f"(max_position_embeddings={model_cfg.max_position_embeddings})")
+    generate_fn = make_generate_fn(model, tokenizer)
+    stats = {"checkpoint": str(Path(path).resolve()), "source": str(instructions), "samples": args.samples,
+             "temperature": args.temperature, "max_new_tokens": args.max_new_tokens, "min_gap": args.min_gap,
+             "seed": args.seed, "splits": {}}
+    pairs = {}
+    for split, split_samples in samples.items():
+        start = time.perf_counter()
+        prompts = [alpaca_item(s)["prompt"] for s in split_samples]
+        ids = [i for i, p in enumerate(prompts) if len(tokenizer.encode(p)) <= args.max_prompt_len]
+        responses = sample_responses(generate_fn, [prompts[i] for i in ids], ids, args.samples, args.batch_size,
+                                     args.max_new_tokens, temperature=args.temperature, seed=args.seed,
+                                     prompt_len=width) if ids else []
+        scores = [score(r, split_samples[i]["output"]) for i, rs in zip(ids, responses) for r in rs]
+        made = [on_policy_pair(split_samples[i], rs, args.min_gap) for i, rs in zip(ids, responses)]
+        pairs[split] = [p for p in made if p is not None]
+        gaps = [p["margin"] for p in pairs[split]]
+        stats["splits"][split] = {
+            "prompts": len(ids), "too_long": len(prompts) - len(ids), "responses": len(scores),
+            "empty": sum(not r.strip() for rs in responses for r in rs), "pairs": len(pairs[split]),
+            "mean_gap": round(sum(gaps) / len(gaps), 4) if gaps else None,
+            "mean_rouge_l": round(sum(rl for _, rl in scores) / len(scores), 4) if scores else None,
+            "exact_match": round(sum(em for em, _ in scores) / len(scores), 4) if scores else None,
+            "seconds": round(time.perf_counter() - start, 1)}
+        s = stats["splits"][split]
+        print(f"[preferences] {split}: {s['pairs']:,} on-policy pairs from {s['prompts']:,} prompts x {args.samples} "
+              f"samples ({s['too_long']:,} prompts longer than --max-prompt-len left out); mean gap "
+              f"{s['mean_gap']}, responses' ROUGE-L {s['mean_rouge_l']}, exact match {s['exact_match']}; "
+              f"{s['seconds']} s", flush=True)
+    write_set(out, pairs, stats)
     return stats
 
 
@@ -193,13 +313,40 @@ def main(argv=None) -> None:
     parser = ArgumentParser(prog="python -m data.preference_set", description=__doc__.split("\n\n")[0])
     parser.add_argument("--instructions", type=Path, default=DATA_DIR / "instructions",
                         help="directory with the instruction set's train.jsonl and val.jsonl")
-    parser.add_argument("--out", type=Path, default=DATA_DIR / "preferences")
+    parser.add_argument("--out", type=Path, help="default: <data dir>/preferences, or preferences_on_policy")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-pairs", type=int, default=20000, help="training pairs kept (val: all)")
+    on_policy = parser.add_argument_group("on-policy pairs (sampled from a checkpoint)")
+    on_policy.add_argument("--on-policy", metavar="CKPT", help="sample the responses from this checkpoint")
+    on_policy.add_argument("--samples", type=int, default=4, help="responses per prompt (k >= 2)")
+    on_policy.add_argument("--temperature", type=float, default=1.0)
+    on_policy.add_argument("--max-new-tokens", type=int, default=64)
+    on_policy.add_argument("--max-prompt-len", type=int, default=256, help="longer prompts (tokens) are left out")
+    on_policy.add_argument("--max-prompts", type=int, default=0, help="the first N samples of each split (0: all)")
+    on_policy.add_argument("--min-gap", type=float, default=0.1, help="least ROUGE-L difference that makes a pair")
+    on_policy.add_argument("--splits", nargs="+", choices=SPLITS, default=list(SPLITS))
+    on_policy.add_argument("--batch-size", type=int, default=16, help="sequences per generation batch")
+    on_policy.add_argument("--device", default="CPU", help="MindSpore device target (CPU, Ascend, GPU)")
     args = parser.parse_args(argv)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    build(args.instructions, args.out, args.seed, args.max_pairs)
-    print(f"[preferences] wrote {args.out}")
+    if args.on_policy is None:
+        out = args.out or DATA_DIR / "preferences"
+        build(args.instructions, out, args.seed, args.max_pairs)
+    else:
+        checks = [(args.samples >= 2, "--samples", f"must be >= 2 (a pair needs two responses), got {args.samples}"),
+                  (args.temperature > 0, "--temperature", f"must be > 0 (at 0 every sample is the greedy response), "
+                                                          f"got {args.temperature}"),
+                  (args.max_new_tokens >= 1, "--max-new-tokens", f"must be >= 1, got {args.max_new_tokens}"),
+                  (args.max_prompt_len >= 1, "--max-prompt-len", f"must be >= 1, got {args.max_prompt_len}"),
+                  (args.max_prompts >= 0, "--max-prompts", f"must be >= 0 (0: all), got {args.max_prompts}"),
+                  (0 < args.min_gap <= 1, "--min-gap", f"must be in (0, 1] (a ROUGE-L difference), got {args.min_gap}"),
+                  (args.batch_size >= 1, "--batch-size", f"must be >= 1, got {args.batch_size}"),
+                  (os.path.isdir(args.on_policy), "--on-policy", f"no such checkpoint directory: {args.on_policy}")]
+        for ok, name, message in checks:
+            if not ok:
+                raise UsageError(f"{name}: {message}")
+        out = args.out or DATA_DIR / "preferences_on_policy"
+        build_on_policy(args.on_policy, args.instructions, out, args)
+    print(f"[preferences] wrote {out}")
 
 
 if __name__ == "__main__":

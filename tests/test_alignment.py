@@ -93,6 +93,88 @@ def test_rule_built_pairs_follow_their_rules():
     assert cut["chosen"].startswith(cut["rejected"]) and not cut["rejected"].endswith(".")
 
 
+def hand_rouge_l(prediction, reference):
+    """ROUGE-L F1 = 2 LCS / (len(p) + len(r)) over whitespace words, LCS by the textbook recursion (not
+    data.tasks' dynamic program)."""
+    import functools
+
+    p, r = tuple(prediction.split()), tuple(reference.split())
+
+    @functools.lru_cache(maxsize=None)
+    def lcs(i, j):
+        if i == len(p) or j == len(r):
+            return 0
+        return lcs(i + 1, j + 1) + 1 if p[i] == r[j] else max(lcs(i + 1, j), lcs(i, j + 1))
+
+    return 2 * lcs(0, 0) / (len(p) + len(r)) if p and r else 0.0
+
+
+@pytest.mark.slow
+def test_on_policy_pairs_are_the_best_and_worst_of_the_models_samples(tmp_path, base_checkpoint):
+    """k = 4 samples per prompt from the tiny checkpoint, drawn once here with the command's random streams;
+    the corpus answers are then made from them (one verbatim, others mixing two samples' words, one sharing
+    nothing), so the ranks are known by hand. The command pairs the best against the worst sample wherever
+    their ROUGE-L differ by >= --min-gap, writes the same bytes whatever the batch size, and the pairs load
+    as preference data."""
+    from data.cache import prepare
+    from data.preference_set import main, sample_responses
+    from data.tasks import alpaca_item
+    from generate import build, load, make_generate_fn
+
+    k, opts = 4, ["--samples", "4", "--max-new-tokens", "8", "--max-prompt-len", "80", "--seed", "5"]
+    splits = {"train": [f"Say {w} {n} times." for w in ("apple", "stone") for n in (2, 3)],
+              "val": ["Name a colour.", "Count to four."]}
+    model_cfg, path, tokenizer = load(base_checkpoint, str(tmp_path / "unused"))
+    generate_fn = make_generate_fn(build(model_cfg, path, "CPU"), tokenizer)
+    drawn = {}
+    for split, instructions in splits.items():
+        prompts = [alpaca_item({"instruction": i, "output": ""})["prompt"] for i in instructions]
+        drawn[split] = [[r.strip() for r in rs] for rs in sample_responses(
+            generate_fn, prompts, range(len(prompts)), k, 8, 8, temperature=1.0, seed=5, prompt_len=80)]
+    assert all(r for rs in drawn["train"] + drawn["val"] for r in rs)
+
+    def answer(i, rs):  # verbatim; half of one and half of another; nothing in common; verbatim, cut
+        words = [r.split() for r in rs]
+        return [rs[2], " ".join(words[1][:len(words[1]) // 2] + words[3][len(words[3]) // 2:]), "zz yy xx",
+                " ".join(words[0][:-1]) or rs[0]][i % 4]
+
+    (tmp_path / "inst").mkdir()
+    for split, instructions in splits.items():
+        write_jsonl(tmp_path / "inst" / f"{split}.jsonl",
+                    [{"instruction": ins, "input": "", "output": answer(i + (split == "val"), drawn[split][i]),
+                      "task": "say", "entry": f"{split}{i}"} for i, ins in enumerate(instructions)])
+    for out, batch in (("a", "8"), ("b", "3")):
+        assert main([*opts, "--on-policy", base_checkpoint, "--instructions", str(tmp_path / "inst"),
+                     "--out", str(tmp_path / out), "--batch-size", batch]) == 0
+    for split in splits:
+        assert (tmp_path / "a" / f"{split}.jsonl").read_bytes() == (tmp_path / "b" / f"{split}.jsonl").read_bytes()
+    expected = 0
+    for split, instructions in splits.items():
+        samples = [json.loads(line) for line in open(tmp_path / "inst" / f"{split}.jsonl")]
+        pairs = {p["entry"]: p for p in map(json.loads, open(tmp_path / "a" / f"{split}.jsonl"))}
+        for s, rs in zip(samples, drawn[split]):
+            ranked = sorted((r.strip() == s["output"].strip(), hand_rouge_l(r, s["output"]), r) for r in set(rs))
+            gap = ranked[-1][1] - ranked[0][1]
+            if gap < 0.1:
+                assert s["entry"] not in pairs
+                continue
+            expected += 1
+            p = pairs[s["entry"]]
+            assert p["corruption"] == "on_policy" and p["chosen"] != p["rejected"]
+            assert p["chosen"] in rs and p["rejected"] in rs  # the model's own samples
+            for side, at, want in (("chosen", 0, ranked[-1]), ("rejected", 1, ranked[0])):  # the best, the worst
+                hand = (p[side] == s["output"].strip(), hand_rouge_l(p[side], s["output"]))
+                assert hand == pytest.approx(want[:2]) and hand == pytest.approx(
+                    (p["exact_match"][at], p["rouge_l"][at]), abs=1e-4)
+            assert p["margin"] == pytest.approx(gap, abs=1e-4)
+        assert len(pairs) == len([s for s in samples if s["entry"] in pairs])  # pairs of this split's prompts only
+    assert expected >= 4 and json.load(open(tmp_path / "a" / "stats.json"))["splits"]["train"]["prompts"] == 4
+    verbatim = json.loads(open(tmp_path / "a" / "train.jsonl").readline())
+    assert verbatim["exact_match"] == [True, False] and verbatim["chosen"] == drawn["train"][0][2]
+    cfg = pair_cfg(tmp_path, base_checkpoint, "dpo", tmp_path / "a" / "train.jsonl", tmp_path / "a" / "val.jsonl")
+    prepare(cfg.data)  # the preference loader takes them (it refuses identical or empty sides)
+
+
 @pytest.fixture(scope="module")
 def models():
     from models import build_model

@@ -310,6 +310,14 @@ CASES = [
     C("preferences: not a sample", "preferences",
       lambda w: ["--instructions", w.path("inst_field"), "--out", w.path("prefs")],
       lambda w: [w.path("inst_field", "train.jsonl") + ":1", "entry"], 1),
+    C("preferences: on-policy without a checkpoint", "preferences",
+      lambda w: ["--on-policy", w.path("nowhere"), "--out", w.path("prefs")],
+      lambda w: ["--on-policy", w.path("nowhere")], 2, "on-policy pairs from a checkpoint that is not there"),
+    C("preferences: one sample per prompt", "preferences",
+      lambda w: ["--on-policy", w.ckpt, "--samples", "1", "--out", w.path("prefs")], ["--samples", ">= 2"], 2,
+      "on-policy pairs from one sample per prompt"),
+    C("preferences: greedy on-policy samples", "preferences",
+      lambda w: ["--on-policy", w.ckpt, "--temperature", "0", "--out", w.path("prefs")], ["--temperature"], 2),
 ]
 
 ERROR_LINE = re.compile(r"^(config )?error: ")

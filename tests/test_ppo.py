@@ -101,9 +101,8 @@ def reward_checkpoint(tmp_path_factory, base_checkpoint, tokenizer_file):
                            ms.nn.SGD(reward_model.trainable_params()), {}, cfg, tokenizer_file)
 
 
-def ppo_cfg(tmp_path, base, rm, *overrides):
-    prompts = [{"instruction": f"Say {w} {n} times.", "output": " ".join([w] * n)}
-               for n in range(1, 11) for w in ("apple", "river", "stone", "cloud")]
+def ppo_cfg(tmp_path, base, rm, *overrides, counts=range(1, 11), words=("apple", "river", "stone", "cloud")):
+    prompts = [{"instruction": f"Say {w} {n} times.", "output": " ".join([w] * n)} for n in counts for w in words]
     path = tmp_path / "prompts.jsonl"
     path.write_text("".join(json.dumps(p) + "\n" for p in prompts))
     return compose_cfg("stage=ppo", f"stage.init_from={base}", f"objective.reward_model={rm}", "model=tiny",
@@ -196,6 +195,74 @@ def test_ppo_normalizes_scores_by_the_reward_models_val_statistics(tmp_path, bas
     scores = o.reward_model(ms.Tensor(tokens[:, :-1]), ms.Tensor((last + 1).astype(np.int32))).asnumpy()
     np.testing.assert_allclose(returns[np.arange(4), last], (scores - 0.3) / 2.5, rtol=1e-5, atol=1e-6)
     assert o.score_moments[0] == 0 and o.logged["objective/kl"] == 0.0  # running moments unused; KL 0 as said
+
+
+@pytest.fixture(scope="module")
+def signed_vocabulary(tmp_path_factory, base_checkpoint, tokenizer_file):
+    """(policy, reward model) checkpoints built by hand so that PPO can raise the reward within a few rollouts.
+
+    Each token x gets a sign s_x = ±1 (half the vocabulary each) and one unit direction u is drawn. The reward
+    model's embedding of x is s_x u and every layer's output projections (attention.wo, feed_forward.w2) are 0, so
+    its final hidden state at the last token is RMSNorm(s_x u) = sqrt(hidden) s_x u, and its head u / sqrt(hidden)
+    scores a response exactly +1 if its last token is in the + half, -1 otherwise. The policy is the base model
+    with A s_x u added to token x's LM-head row: one direction of its final hidden state raises every + token's
+    logit at once, a lever PPO's gradient finds from a few samples (the base model's near-uniform logits over
+    4096 tokens give it no other)."""
+    import mindspore as ms
+
+    import checkpoint
+    from models import build_model
+    from objectives.rm import RewardModel
+
+    lever = 0.2  # A: the + half starts with roughly sigmoid(2 A h.u) of a context's probability, h.u ~ N(0, 1)
+    rng = np.random.default_rng(11)
+    u = rng.normal(size=128)
+    u /= np.linalg.norm(u)
+    signs = rng.choice([-1.0, 1.0], 4096)[:, None]
+    tmp = tmp_path_factory.mktemp("signed")
+    cfg = compose_cfg("model=tiny")
+    policy = build_model(cfg.model, 64, "fp32", "CPU", seed=3)
+    checkpoint.load_weights(base_checkpoint, policy)
+    params = {p.name: p for p in policy.get_parameters()}
+    params["lm_head.weight"].set_data(ms.Tensor((params["lm_head.weight"].asnumpy() + lever * signs * u)
+                                                .astype(np.float32)))
+    policy_dir = checkpoint.save(str(tmp / "policy"), 1, policy, ms.nn.SGD(policy.trainable_params()), {}, cfg,
+                                 tokenizer_file)
+    cfg = compose_cfg("model=tiny", "stage=rm", f"stage.init_from={base_checkpoint}", "data=preferences")
+    reward_model = RewardModel(build_model(cfg.model, 64, "fp32", "CPU", seed=3), seed=0)
+    for p in reward_model.get_parameters():
+        if p.name.endswith(("attention.wo.weight", "feed_forward.w2.weight")):
+            p.set_data(ms.Tensor(np.zeros(p.shape, np.float32)))
+        elif p.name == "model.tok_embeddings.embedding_weight":
+            p.set_data(ms.Tensor((signs * u).astype(np.float32)))
+        elif p.name == "score.weight":
+            p.set_data(ms.Tensor((u / np.sqrt(128))[None].astype(np.float32)))
+    return policy_dir, checkpoint.save(str(tmp / "rm"), 1, reward_model,
+                                       ms.nn.SGD(reward_model.trainable_params()), {}, cfg, tokenizer_file)
+
+
+@pytest.mark.slow
+def test_a_short_ppo_run_raises_the_mean_reward_model_score(tmp_path, signed_vocabulary):
+    """6 rollouts, each of the same 32 prompts with three-token responses, 2 updates each at lr 1e-3: the mean
+    score of the last 3 rollouts exceeds the first rollout's by >= 0.6 (30 points more responses ending in a +
+    token). Every rollout holds every prompt, so the spread between rollouts is the sampling's alone. Measured
+    when written, trainer.seed 1234 / 2 / 3: this run rises by 0.73 / 0.83 / 1.02, the same run at lr 0
+    (validation refuses it; train() runs it) by 0.06 / 0.21 / 0.46, so the margin is the learning's."""
+    from trainer.loop import train
+
+    cfg = ppo_cfg(tmp_path, *signed_vocabulary, "objective.max_prompt_len=80", "objective.max_new_tokens=3",
+                  "trainer.micro_batch_size=32", "trainer.max_steps=12", "optim.lr=1e-3", "optim.min_lr=0",
+                  "trainer.save_every=0", counts=range(1, 5),
+                  words=("apple", "river", "stone", "cloud", "green", "quick", "table", "light"))
+    validate(cfg)
+    train(cfg, str(tmp_path / "run"))
+    lines = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    logged = [m for m in lines if "objective/scores" in m][::2]  # a rollout's two steps log its numbers twice
+    scores = [m["objective/scores"] for m in logged]
+    assert len(scores) == 6
+    assert all(abs(16 * s - round(16 * s)) < 0.02 for s in scores)  # means of 32 scores of ±1 (up to RMSNorm's eps)
+    assert np.mean(scores[-3:]) - scores[0] >= 0.6, scores
+    assert logged[0]["objective/kl"] == 0 < logged[-1]["objective/kl"]
 
 
 @pytest.mark.parametrize("overrides,key,message", [
