@@ -7,7 +7,8 @@ plain matmul-softmax-matmul attention, the math of ours).
         [--impls native,mindformers,torch_sdpa,torch_eager] [--peak-tflops X] [hydra overrides ...]
 
 Every implementation trains in its own process, one after the other (so peak RSS is its own), logging every
-step. Per implementation:
+step. `native_warm` is native run a second time with `trainer.compile_cache=true`, loading the graphs its first
+run compiled (a resume or rerun of the same config). Per implementation:
   tokens/s      steady state: total tokens / total time of the steps after the first --warmup (compile)
   first step s  wall clock from the process launch to its first metrics.jsonl line: imports, data (already
                 prepared: the export step below leaves it in the cache), model build, compile, first update
@@ -42,7 +43,7 @@ SHAPES = {
 LR_WARMUP = 5  # optim.warmup_steps: a run needs more steps than that
 COMMON = ["trainer.log_every=1", "trainer.eval_every=0", "trainer.eval_batches=1", f"optim.warmup_steps={LR_WARMUP}",
           "logger.progress_bar=false", "trainer.resume=none"]
-IMPLS = ("native", "mindformers", "torch_sdpa", "torch_eager")
+IMPLS = ("native", "native_warm", "mindformers", "torch_sdpa", "torch_eager")
 
 
 def measured_peak_flops() -> dict:
@@ -72,13 +73,21 @@ def run_shape(overrides: list, impls, warmup: int, peak_flops: float, workdir: s
     results = {}
     for impl in impls:
         run_dir = os.path.join(workdir, f"{impl}{tag}")
+        fill = None  # a run before the measured one (native_warm: the one that fills the compile cache)
         if impl.startswith("torch_"):
             cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "torch_reference.py"), "train", export_dir,
                    impl[len("torch_"):], run_dir]
+        elif impl == "native_warm":
+            cached = [*overrides, "model.impl=native", "trainer.compile_cache=true",
+                      f"trainer.compile_cache_dir={os.path.join(workdir, 'compile' + tag)}"]
+            fill, cmd = train_command(cached, run_dir + "-cold"), train_command(cached, run_dir)
         else:
             cmd = train_command([*overrides, f"model.impl={impl}"], run_dir)
         try:
+            filled = timed_run(fill, run_dir + "-cold", workdir) if fill else None
             results[impl] = summarize(timed_run(cmd, run_dir, workdir), warmup, flops_per_token, peak_flops)
+            if filled:
+                results[impl]["fill_first_step_s"] = filled["first_log_s"]
         except RunFailed as err:  # e.g. out of memory at a long sequence: the other rows still count
             killed = " (killed: out of memory?)" if err.returncode == -9 else ""
             results[impl] = {"error": f"exit {err.returncode}{killed}: {err.tail.strip().splitlines()[-1][:160]}"}
@@ -95,8 +104,11 @@ def table(results: dict) -> str:
             continue
         lines.append(f"{impl:<12} {r['tokens_per_sec']:>9.0f} {r['first_step_s']:>13.1f} {r['peak_rss_gb']:>13.2f} "
                      f"{r['mfu']:>7.1%} {r['final_loss']:>11.4f} {r['load'][0]:>9.2f}/{r['load'][1]:.2f}")
+    if "fill_first_step_s" in results.get("native_warm", {}):
+        lines.append(f"native_warm: the first run, which wrote the compile cache, took "
+                     f"{results['native_warm']['fill_first_step_s']:.1f} s to its first step")
     native = results.get("native", {})
-    for other in ("mindformers", "torch_sdpa", "torch_eager"):
+    for other in IMPLS[2:]:
         r = results.get(other, {})
         if "tokens_per_sec" in native and "tokens_per_sec" in r:
             lines.append(f"native / {other}: tokens/s x{native['tokens_per_sec'] / r['tokens_per_sec']:.2f}, "

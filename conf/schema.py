@@ -218,6 +218,10 @@ class TrainerConfig:
     keep_last: int = 3  # checkpoints kept, newest first; 0 keeps all
     keep_every: int = 0  # also keep every step divisible by this (0: none)
     resume: str = "auto"  # auto: the run dir's newest intact checkpoint, if any | none | a checkpoint dir
+    # Keep this run's compiled graphs on disk and load them in the next process of the same config and code (a
+    # resume, a rerun): MindSpore's compile cache, under compile_cache_dir/<key> (trainer/runtime.py)
+    compile_cache: bool = False
+    compile_cache_dir: str = "${oc.env:HOME}/.cache/mindlab/compile"
     spike_factor: float = 0.0  # skip an update whose loss exceeds this x the running mean (0: off)
     spike_window: int = 50  # accepted losses in that running mean
     max_consecutive_skips: int = 5  # skipped steps in a row that stop the run (after a checkpoint)

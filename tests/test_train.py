@@ -64,3 +64,33 @@ def test_trains_on_jsonl_corpora(tmp_path):
                             "optim.warmup_steps=2", f"data.cache_dir={tmp_path / 'cache'}",
                             "trainer.eval_batches=2")
     assert len(steps) == 2 and evals
+
+
+def test_the_compile_cache_key_follows_what_shapes_the_graphs(tmp_path):
+    """trainer.compile_cache: a config that compiles other graphs gets another directory (MindSpore would load a
+    stale graph: trainer/runtime.py), one that differs only in what is logged shares it."""
+    from conftest import compose_cfg
+    from trainer.runtime import compile_cache_dir
+
+    base = compile_cache_dir(compose_cfg("model=tiny"))
+    assert compile_cache_dir(compose_cfg("model=tiny", "logger.run_name=other", "logger.tags=[a]")) == base
+    for override in ("model.hidden_size=64", "data.seq_len=128", "precision=fp16", "trainer.micro_batch_size=4"):
+        assert compile_cache_dir(compose_cfg("model=tiny", override)) != base, override
+
+
+@pytest.mark.slow
+def test_a_rerun_with_the_compile_cache_loads_the_graphs_and_trains_the_same(tmp_path):
+    cache = tmp_path / "compile"
+    args = ("model=tiny", "trainer.max_steps=2", "trainer.log_every=1", "trainer.eval_every=0",
+            "trainer.eval_batches=1", "trainer.compile_cache=true", f"trainer.compile_cache_dir={cache}")
+    for name in "ab":
+        (tmp_path / name).mkdir()
+    first = train(tmp_path / "a", *args)[1]
+    (key,) = os.listdir(cache)
+    graphs = cache / key / "rank_0" / "graph_cache"
+    written = {name: os.stat(graphs / name).st_mtime_ns for name in os.listdir(graphs)}
+    assert "compile_cache_0.mindir" in written
+    second = train(tmp_path / "b", *args)[1]
+    assert [m["loss"] for m in second] == [m["loss"] for m in first]
+    assert os.listdir(cache) == [key]
+    assert {name: os.stat(graphs / name).st_mtime_ns for name in os.listdir(graphs)} == written  # loaded, not rebuilt

@@ -1,14 +1,18 @@
-"""Process set-up: MindSpore execution mode, device, seeds, and which rank of how many this process is."""
+"""Process set-up: MindSpore execution mode, device, seeds, the compile cache, and which rank of how many this
+process is."""
+import hashlib
+import json
 import os
 import random
 import signal
+import sys
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
 import mindspore as ms
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from conf.schema import is_sharded
 
@@ -32,9 +36,41 @@ def launched_rank() -> int:
     return int(os.environ.get("MS_NODE_ID", "0"))
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CACHE_ENV = ("MS_COMPILER_CACHE_ENABLE", "MS_COMPILER_CACHE_PATH")
+
+
+def compile_cache_dir(cfg: DictConfig) -> str:
+    """Where `trainer.compile_cache` keeps this process's graphs: <trainer.compile_cache_dir>/<key>.
+
+    MindSpore's compile cache stores a process's graphs by the order they are compiled in (compile_cache_0,
+    1, ...) and checks only a hash of the Python files the entry script imports at its top: a graph of
+    another shape is loaded without complaint (measured: model=small after model=tiny crashes in a Gather
+    kernel). So the key covers everything that shapes the graphs: the whole config but the logger, every
+    mindlab .py file (train.py imports the model lazily, which MindSpore's hash does not see), the entry
+    script and MindSpore's version. Same key, same sequence of graphs."""
+    config = OmegaConf.to_container(cfg, resolve=True)
+    config.pop("logger", None)
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
+    digest.update(f"{os.path.basename(sys.argv[0])} {ms.__version__}".encode())
+    for folder, dirs, files in os.walk(ROOT):  # top-down, in the order of the sorted dirs
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in ("tests", "outputs", "multirun"))
+        for name in sorted(f for f in files if f.endswith(".py")):
+            with open(os.path.join(folder, name), "rb") as f:
+                digest.update(f.read())
+    return os.path.join(cfg.trainer.compile_cache_dir, digest.hexdigest()[:16])
+
+
 def init_runtime(cfg: DictConfig) -> Runtime:
     ms.set_context(mode=ms.GRAPH_MODE if cfg.trainer.mode == "graph" else ms.PYNATIVE_MODE)
     ms.set_device(cfg.device.target)
+    if cfg.trainer.get("compile_cache"):
+        path = compile_cache_dir(cfg)
+        os.environ.update(zip(CACHE_ENV, ("1", path)))  # MindSpore reads them when it compiles
+        print(f"[runtime] compile cache: {path}", flush=True)
+    elif os.environ.get(CACHE_ENV[1], "").startswith(cfg.trainer.compile_cache_dir):
+        for key in CACHE_ENV:  # set by an earlier run in this process, for another config
+            os.environ.pop(key)
     seed = cfg.trainer.seed
     ms.set_seed(seed)
     np.random.seed(seed)
