@@ -232,18 +232,12 @@ def on_policy_pair(sample: dict, responses: Sequence[str], min_gap: float) -> Op
             "rouge_l": [round(best_rl, 4), round(worst_rl, 4)]}
 
 
-def sample_responses(generate_fn: Callable, prompts: Sequence[str], ids: Sequence[int], k: int, batch_size: int,
+def sample_responses(generate_fn: Callable, prompts: Sequence[str], ids: Sequence[int], k: int,
                      max_new_tokens: int, **options) -> List[List[str]]:
     """k responses per prompt; prompt i's j-th comes from the random stream (seed, ids[i] * k + j), so it does not
-    depend on the batch it was drawn in. Every batch has `batch_size` rows (the last filled up with repeats
-    whose responses are dropped), so all batches share the same two compiled graphs."""
+    depend on the batch it was drawn in (generate_fn batches: generate.make_generate_fn)."""
     rows = [(prompt, at * k + j) for prompt, at in zip(prompts, ids) for j in range(k)]
-    texts: List[str] = []
-    for first in range(0, len(rows), batch_size):
-        chunk = rows[first:first + batch_size]
-        filled = chunk + [chunk[0]] * (batch_size - len(chunk))
-        out = generate_fn([p for p, _ in filled], max_new_tokens, rows=[r for _, r in filled], **options)
-        texts += out[:len(chunk)]
+    texts = generate_fn([p for p, _ in rows], max_new_tokens, rows=[r for _, r in rows], **options)
     return [texts[i * k:(i + 1) * k] for i in range(len(prompts))]
 
 
@@ -261,7 +255,7 @@ def build_on_policy(ckpt: str, instructions: Path, out: Path, args) -> dict:
         raise UsageError(f"--max-new-tokens: {args.max_new_tokens} new tokens after prompts of up to {width} tokens "
                          f"(--max-prompt-len rounded up to {PROMPT_BUCKET}) overflow the model's context "
                          f"(max_position_embeddings={model_cfg.max_position_embeddings})")
-    generate_fn = make_generate_fn(model, tokenizer)
+    generate_fn = make_generate_fn(model, tokenizer, batch_size=args.batch_size)
     stats = {"checkpoint": str(Path(path).resolve()), "source": str(instructions), "samples": args.samples,
              "temperature": args.temperature, "max_new_tokens": args.max_new_tokens, "min_gap": args.min_gap,
              "seed": args.seed, "splits": {}}
@@ -270,9 +264,8 @@ def build_on_policy(ckpt: str, instructions: Path, out: Path, args) -> dict:
         start = time.perf_counter()
         prompts = [alpaca_item(s)["prompt"] for s in split_samples]
         ids = [i for i, p in enumerate(prompts) if len(tokenizer.encode(p)) <= args.max_prompt_len]
-        responses = sample_responses(generate_fn, [prompts[i] for i in ids], ids, args.samples, args.batch_size,
-                                     args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                                     prompt_len=width) if ids else []
+        responses = sample_responses(generate_fn, [prompts[i] for i in ids], ids, args.samples, args.max_new_tokens,
+                                     temperature=args.temperature, seed=args.seed, prompt_len=width) if ids else []
         scores = [score(r, split_samples[i]["output"]) for i, rs in zip(ids, responses) for r in rs]
         made = [on_policy_pair(split_samples[i], rs, args.min_gap) for i, rs in zip(ids, responses)]
         pairs[split] = [p for p in made if p is not None]

@@ -125,12 +125,12 @@ def test_on_policy_pairs_are_the_best_and_worst_of_the_models_samples(tmp_path, 
     splits = {"train": [f"Say {w} {n} times." for w in ("apple", "stone") for n in (2, 3)],
               "val": ["Name a colour.", "Count to four."]}
     model_cfg, path, tokenizer = load(base_checkpoint, str(tmp_path / "unused"))
-    generate_fn = make_generate_fn(build(model_cfg, path, "CPU"), tokenizer)
+    generate_fn = make_generate_fn(build(model_cfg, path, "CPU"), tokenizer, batch_size=8)
     drawn = {}
     for split, instructions in splits.items():
         prompts = [alpaca_item({"instruction": i, "output": ""})["prompt"] for i in instructions]
         drawn[split] = [[r.strip() for r in rs] for rs in sample_responses(
-            generate_fn, prompts, range(len(prompts)), k, 8, 8, temperature=1.0, seed=5, prompt_len=80)]
+            generate_fn, prompts, range(len(prompts)), k, 8, temperature=1.0, seed=5, prompt_len=80)]
     assert all(r for rs in drawn["train"] + drawn["val"] for r in rs)
 
     def answer(i, rs):  # verbatim; half of one and half of another; nothing in common; verbatim, cut
