@@ -151,6 +151,7 @@ def test_sampling_options(ckpt, gen32):
     assert gen32.compile_count == 2
 
 
+@pytest.mark.slow
 def test_generate_fn_batches_without_changing_the_text(ckpt):
     """make_generate_fn runs prompts batch_size at a time (the last batch filled up): the texts, greedy or
     sampled (each prompt on its own random stream), equal one batch of all of them."""
