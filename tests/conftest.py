@@ -1,8 +1,10 @@
 import boot  # noqa: F401  (MindSpore first, as in train.py)
 
+import json
 import os
 import sys
 
+import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
@@ -21,6 +23,34 @@ def compose_cfg(*overrides):
 
     with initialize_config_dir(config_dir=os.path.join(ROOT, "conf"), version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides))
+
+
+# --- preference pairs (test_alignment.py, test_dpo_reference.py) ----------------------------------------------
+
+def write_jsonl(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(path)
+
+
+def pair_cfg(tmp_path, base, stage, train, val, *overrides):
+    return compose_cfg(f"stage={stage}", f"stage.init_from={base}", "model=tiny",
+                       f"data.sources=[{{name: prefs, kind: preference, paths: [{train}], val_paths: [{val}]}}]",
+                       "data.name=prefs", "data.seq_len=128", f"data.cache_dir={tmp_path / 'cache'}",
+                       "logger.progress_bar=false", *overrides)
+
+
+def synthetic_pairs(n, seed):
+    """Prompts that ask for a word n times; chosen does it, rejected loops on the wrong word or stops short."""
+    rng = np.random.default_rng(seed)
+    words = ["apple", "river", "stone", "cloud", "green", "quick", "silent", "table"]
+    pairs = []
+    for i in range(n):
+        w, other = rng.choice(words, 2, replace=False)
+        k = int(rng.integers(2, 6))
+        bad = " ".join([other] * k) if i % 2 else " ".join([w] * (k - 1)) + " and"
+        pairs.append({"instruction": f"Repeat {w} {k} times.", "chosen": " ".join([w] * k), "rejected": bad,
+                      "margin": 1.0})
+    return pairs
 
 
 def load_preset(group: str, name: str):
