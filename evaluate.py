@@ -48,7 +48,7 @@ BERT (objective mlm): loss and the objective's metrics as above, and fill-mask t
 validation batches' masked tokens (masked by the objective's own `mask_tokens`, seeded by trainer.seed as in
 training), next to the unigram baseline's (always the most frequent non-special training token).
 
-Generation: `generate.make_generate_fn(model, tokenizer, cfg)` returns `generate_fn(prompts: list[str],
+Generation: `generate.make_generate_fn(model, tokenizer)` returns `generate_fn(prompts: list[str],
 max_new_tokens: int) -> list[str]` (greedy continuations with the KV cache, without the prompts).
 """
 import boot  # noqa: F401  (first: MindSpore before anything that loads protobuf)
@@ -447,7 +447,7 @@ def generation_fn(model, tokenizer, cfg) -> Tuple[Optional[Callable], Optional[s
     """(generate_fn, None): greedy continuations with the KV cache (generate.py)."""
     from generate import make_generate_fn
 
-    return make_generate_fn(model, tokenizer, cfg), None
+    return make_generate_fn(model, tokenizer), None
 
 
 def run_tasks(tasks, loglikelihood: Optional[Callable], generate_fn: Optional[Callable], max_new_tokens: int,

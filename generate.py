@@ -213,7 +213,7 @@ def build(model_cfg, path: str, device: str):
     return model
 
 
-def make_generate_fn(model, tokenizer, cfg=None, batch_size: int = 16):
+def make_generate_fn(model, tokenizer, batch_size: int = 16):
     """Continuations for evaluation (evaluate.py's generation tasks, harness.py's generate_until, the on-policy
     preference pairs): generate_fn(prompts: list[str], max_new_tokens, rows=None, prompt_len=None, **options) ->
     list[str], the new text of each prompt (without it), stopping at eos; `options` are the Generator's (greedy

@@ -108,7 +108,7 @@ def table(results: dict) -> str:
         lines.append(f"native_warm: the first run, which wrote the compile cache, took "
                      f"{results['native_warm']['fill_first_step_s']:.1f} s to its first step")
     native = results.get("native", {})
-    for other in IMPLS[2:]:
+    for other in (impl for impl in IMPLS if not impl.startswith("native")):
         r = results.get(other, {})
         if "tokens_per_sec" in native and "tokens_per_sec" in r:
             lines.append(f"native / {other}: tokens/s x{native['tokens_per_sec'] / r['tokens_per_sec']:.2f}, "

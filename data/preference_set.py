@@ -219,15 +219,15 @@ def on_policy_pair(sample: dict, responses: Sequence[str], min_gap: float) -> Op
     """The best against the worst of `responses` to the sample's prompt, or None when fewer than two distinct
     non-empty responses remain or their ROUGE-L differ by less than `min_gap`. An exact match has ROUGE-L 1,
     so the best also has the highest ROUGE-L and the margin is never negative."""
-    distinct = sorted({r.strip() for r in responses} - {""})  # sorted: ties are broken the same way every run
-    ranked = sorted(distinct, key=lambda r: score(r, sample["output"]))
+    # by score, ties broken by the text, so the same every run
+    ranked = sorted((score(r, sample["output"]), r) for r in {r.strip() for r in responses} - {""})
     if len(ranked) < 2:
         return None
-    (best_em, best_rl), (worst_em, worst_rl) = score(ranked[-1], sample["output"]), score(ranked[0], sample["output"])
+    ((best_em, best_rl), best), ((worst_em, worst_rl), worst) = ranked[-1], ranked[0]
     if best_rl - worst_rl < min_gap:
         return None
-    return {"instruction": sample["instruction"], "input": sample.get("input", ""), "chosen": ranked[-1],
-            "rejected": ranked[0], "margin": round(best_rl - worst_rl, 4), "corruption": "on_policy",
+    return {"instruction": sample["instruction"], "input": sample.get("input", ""), "chosen": best,
+            "rejected": worst, "margin": round(best_rl - worst_rl, 4), "corruption": "on_policy",
             "task": sample["task"], "entry": sample["entry"], "exact_match": [best_em, worst_em],
             "rouge_l": [round(best_rl, 4), round(worst_rl, 4)]}
 
