@@ -135,6 +135,9 @@ def relaunch(workers: int, run_dir: str) -> int:
             os.remove(_done_marker(run_dir, rank))
     msrun = subprocess.Popen(cmd, env=interpreter_env(run_dir))
     failed = _watch(msrun, run_dir)
+    if not failed and msrun.returncode != 0:  # msrun ended the job before the watcher saw the worker die
+        failed = [rank for rank in range(workers) if not os.path.exists(_done_marker(run_dir, rank))
+                  and os.path.exists(os.path.join(run_dir, "workers", f"worker_{rank}.log"))]
     if not failed:
         return msrun.returncode
     print(f"[launch] worker {', '.join(map(str, failed))} stopped without finishing; stopped the other workers",

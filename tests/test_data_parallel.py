@@ -82,3 +82,18 @@ def test_a_worker_error_is_shown_by_the_launch(tmp_path):
     assert "stopped without finishing" in proc.stderr
     assert "error: trainer.resume: /no/such/ckpt is not a checkpoint directory" in proc.stderr
     assert "no error message" not in proc.stderr
+
+
+def test_a_worker_death_msrun_saw_first_is_still_reported(tmp_path, monkeypatch, capsys):
+    """msrun can end the job before the launch's watcher has seen the worker that died (a fast error on a busy
+    box): the ranks that left a log but no done marker are reported with their last lines all the same."""
+    from distributed import launch
+
+    run_dir = tmp_path / "run"
+    (run_dir / "workers").mkdir(parents=True)
+    (run_dir / "workers" / "worker_1.log").write_text("[INFO] starting\nerror: trainer.resume: bad\n")
+    msrun = f"import sys; open({launch._done_marker(str(run_dir), 0)!r}, 'w').close(); sys.exit(1)"  # rank 0 done
+    monkeypatch.setattr(launch, "msrun_command", lambda *args: [sys.executable, "-c", msrun])
+    assert launch.relaunch(2, str(run_dir)) == 1
+    err = capsys.readouterr().err
+    assert "worker 1 stopped without finishing" in err and "error: trainer.resume: bad" in err
