@@ -4,8 +4,8 @@ Every worker gets the same command line plus the parent's Hydra run dir, so all 
 msrun writes one log per worker to <run dir>/workers/. The launch fails (non-zero) as soon as any worker
 fails: a watchdog polls the workers and, when one is gone without having marked itself done, kills the
 rest, msrun and its scheduler (msrun alone kills the workers within a second but then waits ~30 s for
-its scheduler's heartbeat timeout), and prints that worker's log tail. Multi-node: start msrun yourself
-on each node (README; scripts/slurm_msrun.sbatch).
+its scheduler's heartbeat timeout), and prints the log tail of every worker that died within half a
+second of the first. Multi-node: start msrun yourself on each node (README; scripts/slurm_msrun.sbatch).
 """
 import os
 import signal
@@ -18,6 +18,7 @@ from typing import Dict, List, Optional
 import psutil
 
 POLL_SECONDS = 0.1  # msrun polls every 1 s and then kills the rest: see the first death first
+GRACE_SECONDS = 0.5  # after the first death, how long other ranks may take to be seen dead too
 
 
 def free_port() -> int:
@@ -97,6 +98,11 @@ def _kill_tree(msrun: subprocess.Popen, known: List[psutil.Process]) -> None:
     msrun.wait()
 
 
+def _dead_unfinished(workers: Dict[int, psutil.Process], run_dir: str) -> List[int]:
+    return [rank for rank, proc in sorted(workers.items())
+            if not _alive(proc) and not os.path.exists(_done_marker(run_dir, rank))]
+
+
 def _watch(msrun: subprocess.Popen, run_dir: str) -> List[int]:
     """Wait for msrun; returns the ranks that died without finishing (after killing the job), else []."""
     workers: Dict[int, psutil.Process] = {}
@@ -116,9 +122,11 @@ def _watch(msrun: subprocess.Popen, run_dir: str) -> List[int]:
                 seen.append(child)
                 if rank is not None and child.ppid() == msrun.pid:  # not a worker's own subprocess
                     workers[rank] = child
-        failed = [rank for rank, proc in workers.items()
-                  if not _alive(proc) and not os.path.exists(_done_marker(run_dir, rank))]
-        if failed:  # one rank, or several that died together (a peer's death can abort the collective)
+        if _dead_unfinished(workers, run_dir):
+            # A SIGKILLed multi-GB process takes a while to become a zombie, and a peer aborted by the broken
+            # collective can get there first (CI saw it): every rank that died within the grace time is named.
+            time.sleep(GRACE_SECONDS)
+            failed = _dead_unfinished(workers, run_dir)
             _kill_tree(msrun, seen)
             return failed
         time.sleep(POLL_SECONDS)

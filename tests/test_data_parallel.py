@@ -97,3 +97,26 @@ def test_a_worker_death_msrun_saw_first_is_still_reported(tmp_path, monkeypatch,
     assert launch.relaunch(2, str(run_dir)) == 1
     err = capsys.readouterr().err
     assert "worker 1 stopped without finishing" in err and "error: trainer.resume: bad" in err
+
+
+def test_ranks_that_die_together_are_all_named_and_the_ones_stopped_are_not(tmp_path, monkeypatch, capsys):
+    """A SIGKILLed worker can take longer to be seen dead than the peer its death aborted (CI saw only the
+    peer named): every rank dead within the grace time is reported; a rank the launch itself stops is not."""
+    from distributed import launch
+
+    run_dir = tmp_path / "run"
+    (run_dir / "workers").mkdir(parents=True)
+    for rank in range(3):
+        (run_dir / "workers" / f"worker_{rank}.log").write_text(f"rank {rank} log\n")
+    msrun = ("import os, subprocess, sys, time\n"
+             "procs = [subprocess.Popen([sys.executable, '-c', f'import time; time.sleep({t})'],\n"
+             "                          env={**os.environ, 'MS_ROLE': 'MS_WORKER', 'MS_NODE_ID': str(rank)})\n"
+             "         for rank, t in [(0, 3.2), (1, 3.0), (2, 60)]]\n"
+             "time.sleep(60)\n")
+    monkeypatch.setattr(launch, "msrun_command", lambda *args: [sys.executable, "-c", msrun])
+    started = time.time()
+    assert launch.relaunch(3, str(run_dir)) == 1
+    assert time.time() - started < 30
+    err = capsys.readouterr().err
+    assert "worker 0, 1 stopped without finishing" in err, err
+    assert "rank 0 log" in err and "rank 1 log" in err and "rank 2 log" not in err
