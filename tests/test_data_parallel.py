@@ -2,6 +2,7 @@
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,10 +18,24 @@ COMMON = ["data.seq_len=64", "trainer.max_steps=6", "trainer.log_every=1", "opti
           "optim.lr=3e-3", "trainer.eval_batches=1", "logger.progress_bar=false"]
 
 
-def train(run_dir, *overrides):
+def train(run_dir, *overrides, env=None):
     return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *COMMON, *overrides,
                            f"hydra.run.dir={run_dir}"], cwd=os.path.dirname(run_dir), capture_output=True,
-                          text=True, timeout=900)
+                          text=True, timeout=900, env=env)
+
+
+def path_with_another_python(tmp_path):
+    """The environment of a launch whose PATH holds another `python` (one without MindSpore) and not the venv:
+    msrun starts its workers as `python train.py`, which must still be the interpreter that launched."""
+    other = shutil.which("python3", path="/usr/bin:/bin")
+    if other is None or subprocess.run([other, "-c", "import mindspore"], capture_output=True).returncode == 0:
+        return None
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python").symlink_to(other)
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    env["PATH"] = f"{fake}:/usr/bin:/bin"
+    return env
 
 
 def losses(run_dir):
@@ -36,11 +51,14 @@ def weights(run_dir):
 
 @pytest.mark.slow
 def test_dp2_matches_one_process_on_the_same_global_batch(tmp_path):
+    """Same losses and weights as one process; the launch's PATH holds another python, which the workers must not
+    run (a `python` on PATH is what msrun starts)."""
     single, dp2 = str(tmp_path / "single"), str(tmp_path / "dp2")
     proc = train(single, "trainer.micro_batch_size=8")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    proc = train(dp2, "parallel=dp2", "trainer.micro_batch_size=4", "trainer.grad_accum=1")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = train(dp2, "parallel=dp2", "trainer.micro_batch_size=4", "trainer.grad_accum=1",
+                 env=path_with_another_python(tmp_path))  # None (this environment) where no such python exists
+    assert proc.returncode == 0 and "No module named" not in proc.stderr, proc.stderr[-3000:]
     np.testing.assert_allclose(losses(dp2), losses(single), atol=1e-5)
     digests = set()
     for worker in ("worker_0.log", "worker_1.log"):

@@ -506,25 +506,3 @@ def test_no_entry_point_imports_mindformers():
 def test_a_native_training_run_imports_no_mindformers():
     code = "import boot, sys, train, trainer.loop; sys.exit('mindformers' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True).returncode == 0
-
-
-@pytest.mark.slow  # a real 2-process launch (~70 s on 2 cores)
-def test_dp2_workers_run_the_interpreter_that_launched(tmp_path):
-    """The venv's python given by its path, PATH holding another `python` (one without MindSpore) and not the
-    venv: msrun starts its workers as `python train.py`, which must still be this interpreter."""
-    other = shutil.which("python3", path="/usr/bin:/bin")
-    if other is None or subprocess.run([other, "-c", "import mindspore"], capture_output=True).returncode == 0:
-        pytest.skip("needs a system python3 without MindSpore")
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "python").symlink_to(other)
-    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
-    env["PATH"] = f"{fake}:/usr/bin:/bin"
-    run_dir = tmp_path / "run"
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "parallel=dp2", "trainer.micro_batch_size=4",
-                           "trainer.max_steps=2", "optim.warmup_steps=0", "data.seq_len=64", "trainer.eval_batches=1",
-                           "logger.progress_bar=false", f"hydra.run.dir={run_dir}"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0 and "No module named" not in proc.stderr, proc.stderr[-3000:]
-    steps = [json.loads(line)["step"] for line in open(run_dir / "metrics.jsonl")]
-    assert steps[-1] == 2
