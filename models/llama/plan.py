@@ -35,7 +35,7 @@ def tensor_parallel_strategies(model: LlamaForCausalLM, dp: int, tp: int,
     """`<cell path>.<primitive>` -> strategy, for every primitive that tensor parallelism shards."""
     plan = {}
     if sequence_parallel:
-        act = (dp, tp, 1)  # [batch, sequence, hidden]
+        act = (dp * tp, 1)  # RMSNorm works on rows [batch x sequence, hidden]: split over dp and tp
         for name, cell in model.cells_and_names():
             if isinstance(cell, RMSNorm):
                 plan.update({f"{name}.square": (act,), f"{name}.mean": (act,), f"{name}.add": (act, ()),
