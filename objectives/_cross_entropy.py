@@ -18,6 +18,7 @@ class WeightedCrossEntropy(nn.Cell):
     def __init__(self):
         super().__init__()
         self.softmax = ops.Softmax(-1)
+        self.tile = ops.Tile()
 
     def construct(self, logits, targets, weights):
         picked = ops.gather_elements(ops.log_softmax(logits, -1), 1, targets.reshape(-1, 1)).reshape(-1)
@@ -25,7 +26,7 @@ class WeightedCrossEntropy(nn.Cell):
 
     def bprop(self, logits, targets, weights, out, dout):
         row = (weights * dout).reshape(-1, 1)
-        grad = self.softmax(logits) * ops.broadcast_to(row, logits.shape)
+        grad = self.softmax(logits) * self.tile(row, (1, logits.shape[-1]))  # faster than broadcast_to on CPU
         grad = ops.tensor_scatter_elements(grad, targets.reshape(-1, 1), -row, axis=1, reduction="add")
         return grad, ops.zeros_like(targets), ops.zeros_like(weights)
 

@@ -62,6 +62,22 @@ class Linear(nn.Cell):
         return y.reshape(shape[:-1] + (-1,))
 
 
+class ColumnBroadcast(nn.Cell):
+    """col [N, 1] -> [N, width of `like`]. `ops.tile` forward (MindSpore's CPU BroadcastTo along the columns takes 8x
+    as long: 1.29 vs 0.16 ms at [2048, 384]); the gradient is the 2-D row sums (the autodiff of either op reduces
+    slower). 16 RMSNorms forward and backward at [2048, 384]: 61 -> 44 ms."""
+
+    def __init__(self):
+        super().__init__()
+        self.tile, self.row_sum = ops.Tile(), ops.ReduceSum(keep_dims=True)
+
+    def construct(self, col, like):
+        return self.tile(col, (1, like.shape[-1]))
+
+    def bprop(self, col, like, out, dout):
+        return self.row_sum(dout, -1), ops.zeros_like(like)
+
+
 class RMSNorm(nn.Cell):
     """x / rms(x) * weight in fp32. Written with primitives so sequence parallelism can shard each of them; both
     products see operands of x's shape (the module docstring says why)."""
@@ -72,12 +88,13 @@ class RMSNorm(nn.Cell):
         self.eps = eps
         self.square, self.mean, self.add, self.rsqrt = ops.Square(), ops.ReduceMean(keep_dims=True), ops.Add(), ops.Rsqrt()
         self.normalize, self.scale = ops.Mul(), ops.Mul()
+        self.broadcast_rows = ColumnBroadcast()
 
     def construct(self, x):
         shape = x.shape
         x32 = x.reshape(-1, shape[-1]).astype(ms.float32)  # rows: see the module docstring (2-D reductions)
         inv_rms = self.rsqrt(self.add(self.mean(self.square(x32), -1), self.eps))
-        normed = self.normalize(x32, ops.broadcast_to(inv_rms, x32.shape))
+        normed = self.normalize(x32, self.broadcast_rows(inv_rms, x32))
         return self.scale(normed, ops.broadcast_to(self.weight, x32.shape)).reshape(shape).astype(x.dtype)
 
 
@@ -107,7 +124,7 @@ class Softmax(nn.Cell):
     def __init__(self):
         super().__init__()
         self.softmax = ops.Softmax(-1)
-        self.row_sum = ops.ReduceSum(keep_dims=True)
+        self.tile, self.row_sum = ops.Tile(), ops.ReduceSum(keep_dims=True)
 
     def construct(self, x):
         return self.softmax(x)
@@ -116,7 +133,7 @@ class Softmax(nn.Cell):
         shape = out.shape
         out, dout = out.reshape(-1, shape[-1]), dout.reshape(-1, shape[-1])  # 2-D reductions (module docstring)
         row_sums = self.row_sum(dout * out, -1)
-        return ((out * (dout - ops.broadcast_to(row_sums, out.shape))).reshape(shape),)
+        return ((out * (dout - self.tile(row_sums, (1, shape[-1])))).reshape(shape),)  # tile: ColumnBroadcast
 
 
 class AttentionBlock(nn.Cell):
