@@ -86,14 +86,14 @@ class RMSNorm(nn.Cell):
         super().__init__()
         self.weight = Parameter(Tensor(np.ones(dim, np.float32)))
         self.eps = eps
-        self.square, self.mean, self.add, self.rsqrt = ops.Mul(), ops.ReduceMean(keep_dims=True), ops.Add(), ops.Rsqrt()
+        self.square, self.mean, self.add, self.rsqrt = ops.Square(), ops.ReduceMean(keep_dims=True), ops.Add(), ops.Rsqrt()
         self.normalize, self.scale = ops.Mul(), ops.Mul()
         self.broadcast_rows = ColumnBroadcast()
 
     def construct(self, x):
         shape = x.shape
         x32 = x.reshape(-1, shape[-1]).astype(ms.float32)  # rows: see the module docstring (2-D reductions)
-        inv_rms = self.rsqrt(self.add(self.mean(self.square(x32, x32), -1), self.eps))  # x * x: Square's grad is a Pow
+        inv_rms = self.rsqrt(self.add(self.mean(self.square(x32), -1), self.eps))
         normed = self.normalize(x32, self.broadcast_rows(inv_rms, x32))
         return self.scale(normed, ops.broadcast_to(self.weight, x32.shape)).reshape(shape).astype(x.dtype)
 

@@ -38,7 +38,7 @@ def tensor_parallel_strategies(model: LlamaForCausalLM, dp: int, tp: int,
         act = (dp * tp, 1)  # RMSNorm works on rows [batch x sequence, hidden]: split over dp and tp
         for name, cell in model.cells_and_names():
             if isinstance(cell, RMSNorm):
-                plan.update({f"{name}.square": (act, act), f"{name}.mean": (act,), f"{name}.add": (act, ()),
+                plan.update({f"{name}.square": (act,), f"{name}.mean": (act,), f"{name}.add": (act, ()),
                              f"{name}.rsqrt": (act,), f"{name}.normalize": (act, act), f"{name}.scale": (act, act)})  # operands broadcast to x's shape (RMSNorm)
     for name, cell in model.cells_and_names():
         lora = hasattr(cell, "lora_A")
