@@ -85,8 +85,9 @@ def _adamw_param(beta1, beta2, eps, lr, decay_scale, weight_decay, param, grad, 
 
 class AdamW(nn.Optimizer):
     """torch.optim.AdamW's update (decoupled decay w *= 1 - lr * weight_decay, then the bias-corrected Adam step with
-    t = global_step after this update's increment), as MindFormers' `AdamW`: the same arithmetic and the same state
-    names (`adam_m.<param>`, `adam_v.<param>`, `global_step`), so checkpoints written with MindFormers' class load.
+    t = global_step after this update's increment), as MindFormers' `AdamW`: the same update (equal to 1e-6 after 5
+    steps, tests/test_step.py; computed by the fused kernel, `construct`) and the same state names (`adam_m.<param>`,
+    `adam_v.<param>`, `global_step`), so checkpoints written with MindFormers' class load.
     Weight decay per group (`param_groups`), one learning rate or schedule for all."""
 
     def __init__(self, params, learning_rate, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
