@@ -207,7 +207,7 @@ def build(model_cfg, path: str, device: str):
     ms.set_context(mode=ms.GRAPH_MODE)
     if ms.get_context("device_target") != device:
         ms.set_device(device)
-    model = LlamaForCausalLM(model_cfg, "fp32", use_flash=False, seed=0)
+    model = LlamaForCausalLM(model_cfg, "fp32", seed=0)
     checkpoint.load_weights(path, model)
     model.set_train(False)
     return model

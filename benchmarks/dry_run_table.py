@@ -20,7 +20,7 @@ from conf.schema import REPO_ROOT, register
 from conf.validate import ConfigError, validate
 from planner.layout import Layout
 from planner.memory import GIB, memory_plan
-from models import use_flash_attention
+from models import attention_kind
 
 MODELS = ("7b", "13b", "70b")
 DEVICES = ("ascend910b", "h100")
@@ -34,7 +34,8 @@ def plan(model: str, layout: str, device: str, extra=()):
     validate(cfg)  # dry_run=true: the rules on the launching machine are skipped, as in train.py
     m, p = cfg.model, cfg.parallel
     return cfg, memory_plan(m, p, cfg.data.seq_len, cfg.trainer.micro_batch_size, cfg.precision.compute_dtype,
-                            m.recompute, use_flash_attention(m, cfg.device.target))
+                            m.recompute, attention_kind(m, cfg.device.target, cfg.precision.compute_dtype,
+                                                          p.tp * p.pp > 1) != "plain")
 
 
 def row(model: str, layout: str, extra=()) -> list:

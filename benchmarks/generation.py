@@ -40,7 +40,7 @@ def ours(ckpt: str, prompts, new: int, use_cache: bool) -> dict:
 
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
-    model = LlamaForCausalLM(OmegaConf.load(os.path.join(ckpt, "config.yaml")).model, "fp32", use_flash=False)
+    model = LlamaForCausalLM(OmegaConf.load(os.path.join(ckpt, "config.yaml")).model, "fp32")
     checkpoint.load_weights(ckpt, model)
     gen = Generator(model)
     result = gen.generate(prompts, new, eos_id=None, use_cache=use_cache)
@@ -92,7 +92,7 @@ def main() -> None:
     from models.llama.model import LlamaForCausalLM
 
     cfg = model_config(args.model)
-    model = LlamaForCausalLM(cfg, "fp32", use_flash=False, seed=0)  # numpy init: no graph runs in this process
+    model = LlamaForCausalLM(cfg, "fp32", seed=0)  # numpy init: no graph runs in this process
     prompts = np.random.default_rng(0).integers(4, cfg.vocab_size, (args.batch, args.prompt_len)).tolist()
     names = {"cached": "mindlab, KV cache", "uncached": "mindlab, no cache",
              **{f"transformers-{n}": f"transformers generate, {n} torch thread{'s' * (n > 1)}"

@@ -4,7 +4,7 @@ so a new family is its folder (and its conf/model presets) and nothing else.
 A family package exposes `Config` (its typed `model` group), `build(cfg, seq_len, compute_dtype, use_flash,
 seed)`, `check(cfg)` (its config rules), `describe(m, count)` (dry-run lines), `recompute_cells(model, mode)`,
 `parameter_count` / `matmul_parameter_count` / `flops_per_token` / `stage_parameters` /
-`layer_activation_factors` (the planner's), `CAUSAL`, and `hf` (its Hugging Face adapter); its `plan` submodule holds the tensor/pipeline layout. Nothing outside the folder spells the
+`layer_activation_factors` (the planner's), `CAUSAL`, optionally `attention_kernel` (attention_kind), and `hf` (its Hugging Face adapter); its `plan` submodule holds the tensor/pipeline layout. Nothing outside the folder spells the
 family's parameter paths.
 """
 import importlib
@@ -30,6 +30,17 @@ def use_flash_attention(cfg, device_target: str) -> bool:
     if cfg.flash_attention is None:
         return device_target == "Ascend"
     return cfg.flash_attention
+
+
+def attention_kind(cfg, device_target: str, compute_dtype: str, sharded: bool) -> str:
+    """flash, fused (a family's own CPU kernel, e.g. models/llama attention_kernel) or plain: the first two keep
+    no [S, S] probabilities for the backward (the dry-run planner's activation term). `sharded`: tp or pp > 1."""
+    if use_flash_attention(cfg, device_target):
+        return "flash"
+    fam = family(cfg.family)
+    if not hasattr(fam, "attention_kernel"):
+        return "plain"
+    return fam.attention_kernel(cfg, compute_dtype, False, device_target, sharded)
 
 
 def build_model(cfg, seq_len: int, compute_dtype: str, device_target: str, seed: int):

@@ -6,7 +6,7 @@ import textwrap
 from typing import Any
 
 from conf.schema import global_batch_size, pipeline_micro_batches
-from models import family, use_flash_attention
+from models import attention_kind, family
 from planner.layout import Layout
 from objectives import objective
 from planner.memory import ObjectiveMemory, format_plan, memory_plan
@@ -46,19 +46,18 @@ def _compute_section(cfg: Any, world: int) -> str:
 def dry_run_report(cfg: Any) -> str:
     """The full dry-run text for a composed Config."""
     m, p = cfg.model, cfg.parallel
-    flash = use_flash_attention(m, cfg.device.target)
+    attention = attention_kind(m, cfg.device.target, cfg.precision.compute_dtype, p.tp * p.pp > 1)
     layout = Layout.from_config(p, m.num_layers)
     plugin = objective(cfg.objective.name)
     needs = plugin.memory(cfg) if hasattr(plugin, "memory") else ObjectiveMemory()
     plan = memory_plan(m, p, cfg.data.seq_len, cfg.trainer.micro_batch_size, cfg.precision.compute_dtype,
-                       m.recompute, flash, needs)
+                       m.recompute, attention != "plain", needs)
     pipeline = f" x {pipeline_micro_batches(cfg)} pipeline micro-batches" if p.pp > 1 else ""
     return "\n\n".join([
         f"dry run: model {m.name} x parallel {p.name} on {layout.world_size} x {cfg.device.name}\n"
         f"  batch: micro_batch_size {cfg.trainer.micro_batch_size}{pipeline} x dp {p.dp} x grad_accum "
         f"{cfg.trainer.grad_accum}, seq_len {cfg.data.seq_len}\n"
-        f"  compute {cfg.precision.compute_dtype}, recompute {m.recompute}, flash attention "
-        f"{'on' if flash else 'off'}, optimizer_shard {p.optimizer_shard}, sequence_parallel "
+        f"  compute {cfg.precision.compute_dtype}, recompute {m.recompute}, attention {attention}, optimizer_shard {p.optimizer_shard}, sequence_parallel "
         f"{p.sequence_parallel}",
         _model_section(m),
         _compute_section(cfg, layout.world_size),

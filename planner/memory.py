@@ -28,7 +28,7 @@ Conventions (bytes per device):
     fp32 under bf16 compute, the 4 norm-side elements cost 4 B each and this undercounts).
     With tp = t the attention and MLP terms are / t while the 4 stay replicated; sequence parallelism
     splits those too, so everything is / t. Selective recompute and flash attention drop the a*s/h term
-    (flash's per-row logsumexp is ignored). Full recompute keeps only each layer's input (1 element,
+    (flash's per-row logsumexp is ignored; the same for the CPU fused kernel, models attention_kind). Full recompute keeps only each layer's input (1 element,
     / t under sequence parallelism) plus, in the backward, one layer's activations being recomputed.
     This is what a layer has to keep; an eager implementation keeps more. models/llama/model.py, under bf16,
     keeps its residual stream and RMSNorm in fp32, the softmax in fp32 plus its bf16 copy, and K, V

@@ -19,6 +19,8 @@ mkdir -p "$home"
       | { grep -v "is ignored: it is neither a file nor a directory" || true; } >&2
     touch "$venv/.complete"
   fi
+  # the C++ kernels (kernels/*.cc), compiled once per source and CPU; without g++ the plain ops are used
+  (cd "$root" && "$venv/bin/python" -m kernels)
 ) 9>"$home/.lock-$key"
 export PATH="$venv/bin:$PATH" VIRTUAL_ENV="$venv"
 cd "$root"

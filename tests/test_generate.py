@@ -56,7 +56,8 @@ def test_cached_logits_equal_the_full_forward_at_every_step(ckpt):
             assert cached.samples[row].tokens == uncached.samples[row].tokens
             seq = list(prompt) + cached.samples[row].tokens[:15]
             full = model(Tensor(np.array([seq], np.int32))).asnumpy()[0, len(prompt) - 1:]
-            np.testing.assert_allclose(cached.logits[:, row], full, atol=1e-5)
+            # the training forward runs the fused kernel (model.attention_kernel=auto): another summation order
+            np.testing.assert_allclose(cached.logits[:, row], full, atol=2e-5)
     finally:
         ms.set_context(mode=ms.GRAPH_MODE)
 

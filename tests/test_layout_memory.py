@@ -161,7 +161,7 @@ def test_dry_run_report():
     text = dry_run_report(cfg)
     assert "13,015,864,320" in text
     assert "micro_batch_size 1 x 8 pipeline micro-batches" in text
-    assert "flash attention off" in text  # auto: the fused kernel is Ascend-only
+    assert "attention plain" in text  # auto: flash is Ascend-only, the fused CPU kernel fp32 and CPU-only
     assert "tokens per step: 32,768" in text  # 1 x 8 micro-batches x dp 1 x grad_accum 1 x 4096
     assert "stage 1: ranks 8-15  layers 20-39 (20)" in text
     # 16 B x 813,670,400 params + 2 micro-batches x 20 layers x 4096*5120*2 B x (18.8 + 32) / 8

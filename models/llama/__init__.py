@@ -25,16 +25,42 @@ def build(cfg: Config, seq_len: int, compute_dtype: str, use_flash: bool, seed: 
         return MindFormersLlama(cfg, seq_len, compute_dtype, use_flash, seed)
     from models.llama.model import LlamaForCausalLM
 
-    model = LlamaForCausalLM(cfg, compute_dtype, use_flash, seed)
+    import mindspore as ms
+
+    sharded = ms.get_auto_parallel_context("parallel_mode") in ("semi_auto_parallel", "auto_parallel")
+    kernel = attention_kernel(cfg, compute_dtype, use_flash, ms.get_context("device_target"), sharded)
+    model = LlamaForCausalLM(cfg, compute_dtype, kernel, seed)
     model.model.set_rope_length(seq_len)  # dynamic NTK: the tables of the training length
     return model
 
 
+def attention_kernel(cfg: Config, compute_dtype: str, use_flash: bool, device_target: str,
+                     sharded: bool = False) -> str:
+    """flash (Ascend's kernel), fused (kernels/attention.cc) or plain (MindSpore ops): model.attention_kernel's
+    auto picks fused where it applies and is built, else plain. `sharded`: a semi-auto tensor/pipeline layout,
+    whose strategies (plan.py) are set on the plain path's ops; the custom op has none."""
+    import kernels
+
+    if use_flash:
+        return "flash"
+    if cfg.attention_kernel == "plain":
+        return "plain"
+    path, why = kernels.library("attention")
+    if cfg.attention_kernel == "fused":
+        require(path is not None, "model.attention_kernel", f"fused: {why}; or set model.attention_kernel=plain")
+        return "fused"
+    applies = (cfg.impl == "native" and compute_dtype == "fp32" and not cfg.attention_chunk
+               and device_target == "CPU" and not sharded)
+    return "fused" if applies and path is not None else "plain"
+
+
 def recompute_cells(model, mode: str) -> list:
     """full: each decoder layer; selective: only the attention core's scores/softmax block (each query block
-    when model.attention_chunk is set)."""
-    return [layer if mode == "full" else getattr(layer.attention.core, "block", layer.attention.core)
-            for layer in model.layers()]
+    when model.attention_chunk is set). The fused kernel keeps no scores: selective has nothing to redo there."""
+    if mode == "full":
+        return list(model.layers())
+    return [getattr(layer.attention.core, "block", layer.attention.core) for layer in model.layers()
+            if not layer.attention.fused]
 
 
 def check(cfg) -> None:
@@ -47,13 +73,23 @@ def check(cfg) -> None:
     require(m.attention_chunk >= 0, "model.attention_chunk", f"must be >= 0 (0: off), got {m.attention_chunk}")
     require(not (m.attention_chunk and m.flash_attention), "model.attention_chunk",
             "flash attention already works in blocks; set model.attention_chunk=0 or model.flash_attention=false")
+    require(m.attention_kernel in ("auto", "fused", "plain"), "model.attention_kernel",
+            f"got {m.attention_kernel!r}; choose one of auto, fused, plain")
+    p = cfg.parallel
+    if m.attention_kernel == "fused":
+        for ok, key, why in ((m.impl == "native", "model.impl", "is the native model's"),
+                             (not m.flash_attention, "model.flash_attention", "replaces flash attention on CPU"),
+                             (cfg.device.target == "CPU", "device.target", "runs on CPU"),
+                             (cfg.precision.compute_dtype == "fp32", "precision.compute_dtype", "computes in fp32"),
+                             (not m.attention_chunk, "model.attention_chunk", "already works in blocks of query rows"),
+                             (p.tp == p.pp == 1, "parallel", "has no tensor/pipeline sharding plan")):
+            require(ok, key, f"model.attention_kernel=fused {why}; set model.attention_kernel=auto or plain")
     require(m.hidden_size % m.num_heads == 0, "model.num_heads",
             f"hidden_size={m.hidden_size} is not divisible by num_heads={m.num_heads}")
     require((m.hidden_size // m.num_heads) % 2 == 0, "model.num_heads",
             f"head_dim={m.hidden_size // m.num_heads} must be even for RoPE")
     require(m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads",
             f"num_heads={m.num_heads} is not a multiple of num_kv_heads={m.num_kv_heads}")
-    p = cfg.parallel
     for key in ("num_heads", "num_kv_heads", "vocab_size", "intermediate_size"):
         require(m[key] % p.tp == 0, "parallel.tp", f"tp={p.tp} does not divide model.{key}={m[key]}")
 

@@ -47,6 +47,10 @@ class LlamaConfig:
     tie_embeddings: bool = False
     init_std: float = 0.02
     flash_attention: Optional[bool] = None  # null: on where the device has the kernel (Ascend); true | false
+    # without flash attention: fused (kernels/attention.cc: CPU, fp32, blocks of query rows, only the future-free
+    # keys computed, no [S, S] array kept), plain (MindSpore ops, model.py CoreAttention), or auto: fused where
+    # it applies (CPU, native impl, fp32 compute, attention_chunk=0, the kernel built by scripts/venv.sh)
+    attention_kernel: str = "auto"
     recompute: str = "none"  # none | full (whole decoder layer) | selective (attention core only)
     # query rows per attention block (0: all S at once); with recompute=selective only one block's scores are
     # alive at a time: long sequences on CPU (model.py CoreAttention)

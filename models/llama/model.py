@@ -25,6 +25,13 @@ the backward.
 Precision: parameters are fp32 (master weights). Matmuls run in `compute_dtype` (fp32/fp16/bf16);
 RMSNorm statistics, softmax and the loss stay in fp32.
 
+Attention (`model.attention_kernel`, chosen by models/llama/__init__.py attention_kernel): on CPU in fp32 the
+fused kernel (kernels/attention.cc, a MindSpore AOT custom op) works on the projections' own [B, S, heads, D]
+layout, reads each query head's kv head itself, masks by segment id, skips the keys after each block of query
+rows and keeps only each row's logsumexp for the backward; the plain path (CoreAttention below) transposes to
+[B, heads, S, D], repeats the kv heads and keeps the [S, S] probabilities. Both give the same loss and gradients
+(tests/test_fused_attention.py). Flash attention (Ascend) replaces either.
+
 Inference (`LlamaForCausalLM.generate`, models/llama/generation.py) goes through the `cached` methods: the same
 weights and operations as `construct`, plus a static-shape KV cache per layer ([B, n_kv_heads, L, head_dim] for
 K and V: the kv heads, not their GQA repeats), an additive attention bias for left-padded batches and per-row
@@ -207,7 +214,11 @@ class FlashCoreAttention(nn.Cell):
 
 
 class Attention(nn.Cell):
-    def __init__(self, cfg: LlamaConfig, rng, compute_dtype, use_flash: bool):
+    """`kernel` (models/llama/__init__.py attention_kernel): "plain" CoreAttention on [B, heads, S, D], "flash"
+    Ascend's kernel, "fused" kernels/attention.cc on [B, S, heads, D] (CPU, fp32): the projections' own layout,
+    so no head transposes and no GQA repeats; `mask` is then the segment ids [B, S] instead of a bias."""
+
+    def __init__(self, cfg: LlamaConfig, rng, compute_dtype, kernel: str):
         super().__init__()
         h, self.n_heads, self.n_kv = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads
         self.head_dim = h // self.n_heads
@@ -216,8 +227,14 @@ class Attention(nn.Cell):
         self.wk = Linear(h, self.n_kv * self.head_dim, std, rng, compute_dtype)
         self.wv = Linear(h, self.n_kv * self.head_dim, std, rng, compute_dtype)
         self.wo = Linear(self.n_heads * self.head_dim, h, std, rng, compute_dtype)
-        self.core = (FlashCoreAttention(self.head_dim, self.n_heads) if use_flash
-                     else CoreAttention(self.head_dim, compute_dtype, cfg.attention_chunk))
+        self.fused = kernel == "fused"
+        if kernel == "fused":
+            from kernels.attention import FusedAttention
+
+            self.core = FusedAttention()
+        else:
+            self.core = (FlashCoreAttention(self.head_dim, self.n_heads) if kernel == "flash"
+                         else CoreAttention(self.head_dim, compute_dtype, cfg.attention_chunk))
         self.compute_dtype = compute_dtype
         self.qk_cached, self.pv_cached = ops.BatchMatMul(transpose_b=True), ops.BatchMatMul()  # inference only
 
@@ -233,6 +250,11 @@ class Attention(nn.Cell):
 
     def construct(self, x, cos, sin, mask=None):
         b, s, _ = x.shape
+        if self.fused:  # cos/sin [S, 1, D] or [B, S, 1, D] (LlamaModel.construct)
+            q = apply_rope(self.wq(x).reshape(b, s, self.n_heads, self.head_dim), cos, sin)
+            k = apply_rope(self.wk(x).reshape(b, s, self.n_kv, self.head_dim), cos, sin)
+            v = self.wv(x).reshape(b, s, self.n_kv, self.head_dim)
+            return self.wo(self.core(q, k, v, mask).reshape(b, s, -1))
         q, k, v = self.project(x, cos, sin)
         if self.n_kv != self.n_heads:  # grouped-query attention: each KV head serves n_heads / n_kv queries
             k = ops.repeat_interleave(k, self.n_heads // self.n_kv, 1)
@@ -291,10 +313,10 @@ class DecoderLayer(nn.Cell):
     CPU against PyNative (tests/test_lora.py)."""
 
     @ms.lazy_inline(policy="front")
-    def __init__(self, cfg: LlamaConfig, rng, compute_dtype, use_flash: bool):
+    def __init__(self, cfg: LlamaConfig, rng, compute_dtype, attention: str):
         super().__init__()
         self.attention_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
-        self.attention = Attention(cfg, rng, compute_dtype, use_flash)
+        self.attention = Attention(cfg, rng, compute_dtype, attention)
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.feed_forward = FeedForward(cfg, rng, compute_dtype)
 
@@ -333,11 +355,12 @@ class Embedding(nn.Cell):
 
 
 class LlamaModel(nn.Cell):
-    def __init__(self, cfg: LlamaConfig, rng, compute_dtype, use_flash: bool):
+    def __init__(self, cfg: LlamaConfig, rng, compute_dtype, attention: str):
         super().__init__()
         self.tok_embeddings = Embedding(cfg.vocab_size, cfg.hidden_size, cfg.init_std, rng)
-        self.layers = nn.CellList([DecoderLayer(cfg, rng, compute_dtype, use_flash)
+        self.layers = nn.CellList([DecoderLayer(cfg, rng, compute_dtype, attention)
                                    for _ in range(cfg.num_layers)])
+        self.fused_attention = attention == "fused"
         self.norm_out = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.rope_cfg = cfg
         self.set_rope_length(None)
@@ -357,11 +380,17 @@ class LlamaModel(nn.Cell):
         keep attention inside each packed sample; without them: positions 0..S-1, one causal sequence."""
         seq = tokens.shape[1]
         mask = None
-        if positions is None:
+        if self.fused_attention:  # [B, S, heads, D] layout; the kernel masks by segment id itself
+            if positions is None:
+                cos, sin = self.cos[:seq].expand_dims(1), self.sin[:seq].expand_dims(1)  # [S, 1, D]
+            else:
+                cos, sin = self.cos[positions].expand_dims(2), self.sin[positions].expand_dims(2)  # [B, S, 1, D]
+            mask = ops.zeros(tokens.shape, ms.int32) if segments is None else segments.astype(ms.int32)
+        elif positions is None:
             cos, sin = self.cos[:seq], self.sin[:seq]
         else:  # [B, 1, S, D]: broadcast over the heads
             cos, sin = self.cos[positions].expand_dims(1), self.sin[positions].expand_dims(1)
-        if segments is not None:
+        if segments is not None and not self.fused_attention:
             same = segments.expand_dims(2) == segments.expand_dims(1)  # [B, S, S]
             allowed = ops.logical_and(same, self.future[:seq, :seq] == 0).astype(ms.float32)
             mask = ((1.0 - allowed) * -1e9).expand_dims(1)  # [B, 1, S, S], added to the scores
@@ -389,11 +418,11 @@ class LlamaModel(nn.Cell):
 class LlamaForCausalLM(nn.Cell):
     """tokens [B, S] int32 -> logits [B, S, vocab] fp32."""
 
-    def __init__(self, cfg: LlamaConfig, compute_dtype: str = "fp32", use_flash: bool = False, seed: int = 0):
+    def __init__(self, cfg: LlamaConfig, compute_dtype: str = "fp32", attention: str = "plain", seed: int = 0):
         super().__init__()
         rng = np.random.default_rng(seed)  # numpy init: identical weights on every rank, independent of backend
         dtype = DTYPES[compute_dtype]
-        self.model = LlamaModel(cfg, rng, dtype, use_flash)
+        self.model = LlamaModel(cfg, rng, dtype, attention)
         self.tie_embeddings = cfg.tie_embeddings
         if not cfg.tie_embeddings:
             self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, cfg.init_std, rng, dtype)

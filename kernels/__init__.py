@@ -1,0 +1,90 @@
+"""mindlab's compiled CPU kernels: C++ sources here, built into the venv as MindSpore AOT custom ops.
+
+    attention.cc   causal self-attention forward and backward (kernels/attention.py is its MindSpore op)
+
+scripts/venv.sh runs `python -m kernels` after creating or finding the venv: each source is compiled once into
+<venv>/mindlab-kernels/<name>-<key>.so, the key hashing the source, the compile command and this CPU's flags
+(-march=native code would crash on another CPU kind). Building needs g++ and oneDNN's libdnnl.so.3, which the
+MindSpore wheel ships (the kernels call its sgemm); without them nothing is built and the models use their
+plain MindSpore ops (model.attention_kernel=auto) or say why they cannot (=fused).
+
+Importing this module is cheap: no MindSpore.
+"""
+import hashlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import Optional, Tuple
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCES = ("attention",)
+FLAGS = ["-O3", "-march=native", "-ffast-math", "-pthread", "-shared", "-fPIC", "-std=c++17"]
+
+
+def _mindspore_lib() -> Optional[str]:
+    """MindSpore's bundled library folder (holding libdnnl.so.3), found without importing MindSpore."""
+    spec = importlib.util.find_spec("mindspore")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    lib = os.path.join(list(spec.submodule_search_locations)[0], "lib")
+    return lib if os.path.exists(os.path.join(lib, "libdnnl.so.3")) else None
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return ""
+
+
+def _command(name: str, lib: str, out: str) -> list:
+    return ["g++", *FLAGS, os.path.join(HERE, f"{name}.cc"), "-o", out, f"-L{lib}", "-l:libdnnl.so.3",
+            f"-Wl,-rpath,{lib}"]
+
+
+def library(name: str) -> Tuple[Optional[str], str]:
+    """(path of the built library, "") or (None, why it is not there: one line with the fix)."""
+    lib = _mindspore_lib()
+    if lib is None:
+        return None, "MindSpore's libdnnl.so.3 (the kernels' sgemm) was not found in this environment"
+    path = library_path(name, lib)
+    if os.path.exists(path):
+        return path, ""
+    if shutil.which("g++") is None:
+        return None, f"kernels/{name}.cc is not built: no g++ on PATH (install one, then run scripts/venv.sh true)"
+    return None, f"kernels/{name}.cc is not built for this source and CPU: run scripts/venv.sh true"
+
+
+def build() -> None:
+    """Compile every source whose library is missing; a failure is reported in one line, never raised (the
+    models fall back to their plain ops)."""
+    lib = _mindspore_lib()
+    if lib is None or shutil.which("g++") is None:
+        return
+    for name in SOURCES:
+        path, _ = library(name)
+        if path is not None:
+            continue
+        path = library_path(name, lib)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=os.path.dirname(path)) as tmp:
+            out = os.path.join(tmp, os.path.basename(path))
+            done = subprocess.run(_command(name, lib, out), capture_output=True, text=True)
+            if done.returncode != 0:
+                first = (done.stderr.strip().splitlines() or ["?"])[0]
+                print(f"[mindlab] kernels/{name}.cc did not compile ({first}); plain MindSpore ops are used",
+                      file=sys.stderr)
+                continue
+            os.replace(out, path)  # atomic: a reader never sees half a library
+        print(f"[mindlab] built kernels/{name}.cc -> {path}", file=sys.stderr)
+
+
+def library_path(name: str, lib: str) -> str:
+    """<venv>/mindlab-kernels/<name>-<hash of the source, the compile command and the CPU's flags>.so"""
+    with open(os.path.join(HERE, f"{name}.cc"), "rb") as f:
+        key = hashlib.sha256(f.read() + " ".join(_command(name, lib, "")).encode() + _cpu_flags().encode())
+    return os.path.join(sys.prefix, "mindlab-kernels", f"{name}-{key.hexdigest()[:16]}.so")

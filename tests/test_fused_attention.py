@@ -1,0 +1,172 @@
+"""The fused CPU attention kernel (kernels/attention.cc, model.attention_kernel=fused): the same outputs and
+gradients as PyTorch's attention and as the model's plain path, built by the venv script, and a plain fallback
+(auto) or one clear error (fused) where it is not built."""
+import os
+import re
+
+import numpy as np
+import pytest
+
+import mindspore as ms
+import torch
+from mindspore import Tensor, nn, ops
+
+import kernels
+from conf.errors import ConfigError
+from conftest import compose_cfg, load_preset
+from models import attention_kind, build_model
+from models.llama import attention_kernel
+from planner.dry_run import dry_run_report
+
+pytestmark = pytest.mark.skipif(kernels.library("attention")[0] is None,
+                                reason=f"{kernels.library('attention')[1]} (scripts/venv.sh builds it with g++)")
+
+
+class SumWeighted(nn.Cell):
+    def __init__(self, core):
+        super().__init__()
+        self.core = core
+
+    def construct(self, q, k, v, segments, weights):
+        return (self.core(q, k, v, segments) * weights).sum()
+
+
+class Gradients(nn.Cell):
+    def __init__(self, net):
+        super().__init__()
+        self.net, self.grad = net, ops.GradOperation(get_all=True)
+
+    def construct(self, *inputs):
+        return self.net(*inputs), self.grad(self.net)(*inputs)
+
+
+@pytest.mark.parametrize("mode", ["graph", "pynative"])
+def test_kernel_matches_pytorch_attention_with_gqa_and_packed_samples(mode):
+    """GQA (4 query heads on 2 kv heads), 150 rows (two full 64-row blocks and a ragged one), a row of three
+    packed samples: output and the gradients of q, k, v against torch's masked softmax attention."""
+    from kernels.attention import FusedAttention
+
+    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
+    try:
+        rng = np.random.default_rng(0)
+        b, s, h, hkv, d = 2, 150, 4, 2, 32
+        q, k, v = (rng.standard_normal(shape, dtype=np.float32) for shape in ((b, s, h, d), (b, s, hkv, d), (b, s, hkv, d)))
+        segments = np.zeros((b, s), np.int32)
+        segments[1, 40:], segments[1, 100:] = 1, 2
+        weights = rng.standard_normal((b, s, h, d), dtype=np.float32)
+        loss, grads = Gradients(SumWeighted(FusedAttention()))(*map(Tensor, (q, k, v, segments, weights)))
+    finally:
+        ms.set_context(mode=ms.GRAPH_MODE)
+
+    tq, tk, tv = (torch.tensor(x, dtype=torch.float64, requires_grad=True) for x in (q, k, v))
+    seg = torch.tensor(segments)
+    allowed = torch.tril(torch.ones(s, s, dtype=torch.bool)) & (seg[:, :, None] == seg[:, None, :])  # [b, s, s]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        tq.transpose(1, 2), tk.repeat_interleave(h // hkv, 2).transpose(1, 2),
+        tv.repeat_interleave(h // hkv, 2).transpose(1, 2), attn_mask=allowed[:, None]).transpose(1, 2)
+    ref = (out * torch.tensor(weights, dtype=torch.float64)).sum()
+    ref.backward()
+    assert float(loss.asnumpy()) == pytest.approx(float(ref), rel=1e-5)
+    for got, want in zip(grads[:3], (tq, tk, tv)):
+        np.testing.assert_allclose(got.asnumpy(), want.grad.numpy(), atol=2e-5)
+
+
+def _model_loss_and_grads(kernel: str, packed: bool, recompute: str = "none"):
+    cfg = load_preset("model", "tiny")
+    cfg.attention_kernel, cfg.recompute = kernel, recompute
+    model = build_model(cfg, 96, "fp32", "CPU", seed=0)
+    params = ms.ParameterTuple(model.trainable_params())
+    rng = np.random.default_rng(1)
+    tokens = Tensor(rng.integers(0, cfg.vocab_size, (2, 96)).astype(np.int32))
+    weights = Tensor(rng.standard_normal((2, 96, cfg.vocab_size), dtype=np.float32))
+    extra = ()
+    if packed:  # samples of 50 and 46 tokens: positions restart, attention stays inside each
+        extra = (Tensor(np.tile(np.r_[np.arange(50), np.arange(46)], (2, 1)).astype(np.int32)),
+                 Tensor(np.tile(np.r_[np.zeros(50), np.ones(46)], (2, 1)).astype(np.int32)))
+
+    class Loss(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def construct(self, tokens, weights, *extra):
+            return (self.model(tokens, *extra) * weights).sum()
+
+    class Grads(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.loss, self.grad = Loss(), ops.GradOperation(get_by_list=True)
+
+        def construct(self, *inputs):
+            return self.loss(*inputs), self.grad(self.loss, params)(*inputs)
+
+    loss, grads = Grads()(tokens, weights, *extra)
+    return float(loss.asnumpy()), [g.asnumpy() for g in grads]
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["one-sequence", "packed"])
+def test_the_model_gives_the_same_loss_and_gradients_with_either_kernel(packed):
+    """model=tiny (GQA) in graph mode: every parameter's gradient equal to the plain path's (the path tested
+    against transformers and MindFormers in test_model.py / test_convert.py)."""
+    plain_loss, plain_grads = _model_loss_and_grads("plain", packed)
+    fused_loss, fused_grads = _model_loss_and_grads("fused", packed)
+    assert fused_loss == pytest.approx(plain_loss, rel=1e-5)
+    for got, want in zip(fused_grads, plain_grads):  # to 1e-5 of each gradient's largest entry (fp32 sums)
+        assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+@pytest.mark.slow
+def test_full_recompute_through_the_kernel_gives_the_same_gradients():
+    """model.recompute=full reruns the layer, the kernel's forward included, in the backward."""
+    ref_loss, ref_grads = _model_loss_and_grads("fused", False)
+    loss, grads = _model_loss_and_grads("fused", False, "full")
+    assert loss == pytest.approx(ref_loss, rel=1e-6)
+    for got, want in zip(grads, ref_grads):
+        assert np.abs(got - want).max() <= 1e-6 * np.abs(want).max()
+
+
+def test_auto_picks_the_kernel_where_it_applies():
+    m = load_preset("model", "tiny")
+    assert attention_kernel(m, "fp32", False, "CPU") == "fused"
+    assert attention_kernel(m, "fp16", False, "CPU") == "plain"  # the kernel is fp32
+    assert attention_kernel(m, "fp32", False, "Ascend") == "plain"
+    assert attention_kernel(m, "fp32", True, "Ascend") == "flash"
+    m.attention_chunk = 64  # an explicit plain-path setting keeps the plain path
+    assert attention_kernel(m, "fp32", False, "CPU") == "plain"
+
+
+def test_without_the_built_kernel_auto_is_plain_and_fused_is_one_error(monkeypatch, tmp_path):
+    monkeypatch.setattr("sys.prefix", str(tmp_path))  # a venv the kernel was never built into
+    path, why = kernels.library("attention")
+    assert path is None and "scripts/venv.sh" in why
+    m = load_preset("model", "tiny")
+    assert attention_kernel(m, "fp32", False, "CPU") == "plain"
+    m.attention_kernel = "fused"
+    with pytest.raises(ConfigError, match=r"model\.attention_kernel: fused: kernels/attention\.cc is not built"):
+        attention_kernel(m, "fp32", False, "CPU")
+
+
+def test_the_venv_build_compiles_the_kernel(monkeypatch, tmp_path, capsys):
+    """What scripts/venv.sh runs (`python -m kernels`), into an empty venv: the library appears where the models
+    look for it, once."""
+    monkeypatch.setattr("sys.prefix", str(tmp_path))
+    kernels.build()
+    path, _ = kernels.library("attention")
+    assert path is not None and path.startswith(str(tmp_path)) and os.path.getsize(path) > 0
+    assert "built kernels/attention.cc" in capsys.readouterr().err
+    kernels.build()
+    assert capsys.readouterr().err == ""  # nothing to do the second time
+
+
+def test_the_dry_run_plans_no_probabilities_under_the_kernel():
+    """The planner's activation term a*s/h (the softmax output) is dropped, as for flash attention."""
+    fused = compose_cfg("model=tiny", "data.seq_len=512")
+    plain = compose_cfg("model=tiny", "data.seq_len=512", "model.attention_kernel=plain")
+    assert attention_kind(fused.model, "CPU", "fp32", False) == "fused"
+    assert attention_kind(fused.model, "CPU", "fp32", True) == "plain"  # a tp/pp layout: plan.py's ops
+    reports = {"fused": dry_run_report(fused), "plain": dry_run_report(plain)}
+    assert "attention fused" in reports["fused"] and "attention plain" in reports["plain"]
+    by_mode = {kind: dict(re.findall(r"(none|selective|full) ([\d.]+)", text.split("recompute=none (")[1].split(")")[0]))
+               for kind, text in reports.items()}
+    assert by_mode["plain"]["none"] > by_mode["plain"]["selective"]  # plain keeps the probabilities
+    assert by_mode["fused"]["none"] == by_mode["fused"]["selective"] == by_mode["plain"]["selective"]
