@@ -1,0 +1,103 @@
+"""The fused CPU attention kernel (kernels/attention.cc) against the plain path, at one shape:
+
+    scripts/venv.sh python -m benchmarks.attention_kernel [--batch 8 --seq 256 --heads 6 --head-dim 64] [--steps 12]
+
+1. The attention core alone, forward + backward in graph mode: the plain path (models/llama/model.py
+   CoreAttention on [B, heads, S, D]) and the kernel (kernels/attention.py on [B, S, heads, D]); median ms.
+2. A whole training step of model=small (8 x 256 tokens, trainer/module.py LocalModule) with each kernel, both
+   built in this process and their steps alternating: wall ms per step and the process's CPU ms per step (user +
+   system, all threads), whose ratio is how many cores were busy.
+"""
+import argparse
+import os
+import statistics
+import time
+
+import numpy as np
+
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+
+class _SumOfCore(nn.Cell):
+    def __init__(self, core, fused: bool):
+        super().__init__()
+        self.core, self.fused = core, fused
+
+    def construct(self, q, k, v, segments):
+        return (self.core(q, k, v, segments) if self.fused else self.core(q, k, v)).sum()
+
+
+class _Gradients(nn.Cell):
+    def __init__(self, net):
+        super().__init__()
+        self.net, self.grad = net, ops.GradOperation(get_all=True)
+
+    def construct(self, *inputs):
+        return self.grad(self.net)(*inputs)
+
+
+def core_ms(fused: bool, b: int, s: int, h: int, d: int, repeats: int) -> float:
+    from kernels.attention import FusedAttention
+    from models.llama.model import CoreAttention
+
+    shape = (b, s, h, d) if fused else (b, h, s, d)
+    core = FusedAttention() if fused else CoreAttention(d, ms.float32)
+    rng = np.random.default_rng(0)
+    q, k, v = (Tensor(rng.standard_normal(shape, dtype=np.float32)) for _ in range(3))
+    grads = _Gradients(_SumOfCore(core, fused))
+    times = []
+    for _ in range(repeats + 3):  # the first calls compile
+        start = time.perf_counter()
+        grads(q, k, v, Tensor(np.zeros((b, s), np.int32)))[0].asnumpy()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[3:]) * 1000
+
+
+def step_ms(steps: int) -> dict:
+    """{kernel: (wall ms, CPU ms) per step}, the two modules' steps alternating so both see the same box."""
+    from benchmarks.measure import compose_config, native_pieces
+    from trainer.module import LocalModule
+    from trainer.optimizer import build_optimizer
+
+    runs = {}
+    for kernel in ("plain", "fused"):
+        cfg = compose_config(["model=small", "data.seq_len=256", "trainer.micro_batch_size=8",
+                              "trainer.max_steps=100", f"model.attention_kernel={kernel}"])
+        data, model, objective = native_pieces(cfg)
+        module = LocalModule(model, objective, build_optimizer(model.trainable_params(), cfg.optim, 100),
+                             cfg.optim.clip_grad_norm)
+        runs[kernel] = (module, [objective.batch(data.train.next_batch(), 0) for _ in range(4)])
+    totals = {kernel: [0.0, 0.0] for kernel in runs}
+    for i in range(steps + 4):  # the first 4 compile and settle
+        for kernel, (module, batches) in runs.items():
+            start, cpu = time.perf_counter(), os.times()
+            module.step([batches[i % 4]], 1.0, lambda loss: None)
+            end = os.times()
+            if i >= 4:
+                totals[kernel][0] += time.perf_counter() - start
+                totals[kernel][1] += (end.user - cpu.user) + (end.system - cpu.system)
+    return {kernel: (wall / steps * 1000, cpu / steps * 1000) for kernel, (wall, cpu) in totals.items()}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=256)
+    p.add_argument("--heads", type=int, default=6)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--steps", type=int, default=12)
+    args = p.parse_args()
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_device("CPU")
+    shape = f"[{args.batch}, {args.seq}, {args.heads}, {args.head_dim}]"
+    for fused in (False, True):
+        print(f"attention core {shape}, forward + backward: {'fused' if fused else 'plain'} "
+              f"{core_ms(fused, args.batch, args.seq, args.heads, args.head_dim, 20):.2f} ms", flush=True)
+    for kernel, (wall, cpu) in step_ms(args.steps).items():
+        print(f"model=small step, {kernel}: wall {wall:.0f} ms, CPU {cpu:.0f} ms ({cpu / wall:.2f} cores busy), "
+              f"load {os.getloadavg()[0]:.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
