@@ -66,7 +66,7 @@ def test_trains_on_jsonl_corpora(tmp_path):
     assert len(steps) == 2 and evals
 
 
-def test_the_compile_cache_key_follows_what_shapes_the_graphs(tmp_path):
+def test_the_compile_cache_key_follows_what_shapes_the_graphs(tmp_path, monkeypatch):
     """trainer.compile_cache: a config that compiles other graphs gets another directory (MindSpore would load a
     stale graph: trainer/runtime.py), one that differs only in what is logged shares it."""
     from conftest import compose_cfg
@@ -76,6 +76,9 @@ def test_the_compile_cache_key_follows_what_shapes_the_graphs(tmp_path):
     assert compile_cache_dir(compose_cfg("model=tiny", "logger.run_name=other", "logger.tags=[a]")) == base
     for override in ("model.hidden_size=64", "data.seq_len=128", "precision=fp16", "trainer.micro_batch_size=4"):
         assert compile_cache_dir(compose_cfg("model=tiny", override)) != base, override
+    # another build of kernels/attention.cc (its source or the CPU changed): the cached graphs name the old library
+    monkeypatch.setattr("kernels.library", lambda name: (f"/elsewhere/{name}.so", ""))
+    assert compile_cache_dir(compose_cfg("model=tiny")) != base
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ import numpy as np
 import mindspore as ms
 from omegaconf import DictConfig, OmegaConf
 
+import kernels
 from conf.schema import is_sharded
 
 
@@ -48,11 +49,13 @@ def compile_cache_dir(cfg: DictConfig) -> str:
     another shape is loaded without complaint (measured: model=small after model=tiny crashes in a Gather
     kernel). So the key covers everything that shapes the graphs: the whole config but the logger, every
     mindlab .py file (train.py imports the model lazily, which MindSpore's hash does not see), the entry
-    script and MindSpore's version. Same key, same sequence of graphs."""
+    script, MindSpore's version and the compiled kernels in use (kernels/: a graph names its library's path, which
+    follows the C++ source and the CPU). Same key, same sequence of graphs."""
     config = OmegaConf.to_container(cfg, resolve=True)
     config.pop("logger", None)
     digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
     digest.update(f"{os.path.basename(sys.argv[0])} {ms.__version__}".encode())
+    digest.update(" ".join(str(kernels.library(name)[0]) for name in kernels.SOURCES).encode())
     for folder, dirs, files in os.walk(ROOT):  # top-down, in the order of the sorted dirs
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in ("tests", "outputs", "multirun"))
         for name in sorted(f for f in files if f.endswith(".py")):
