@@ -1,10 +1,11 @@
 """The fused CPU attention kernel (kernels/attention.cc) against the plain path, at one shape:
 
     scripts/venv.sh python -m benchmarks.attention_kernel [--batch 8 --seq 256 --heads 6 --head-dim 64] [--steps 12]
+    (--heads and --head-dim shape the core's timing only; the step is model=small's: 6 heads of 64)
 
 1. The attention core alone, forward + backward in graph mode: the plain path (models/llama/model.py
    CoreAttention on [B, heads, S, D]) and the kernel (kernels/attention.py on [B, S, heads, D]); median ms.
-2. A whole training step of model=small (8 x 256 tokens, trainer/module.py LocalModule) with each kernel, both
+2. A whole training step of model=small (--batch x --seq tokens, trainer/module.py LocalModule) with each kernel, both
    built in this process and their steps alternating: wall ms per step and the process's CPU ms per step (user +
    system, all threads), whose ratio is how many cores were busy.
 """
@@ -54,7 +55,7 @@ def core_ms(fused: bool, b: int, s: int, h: int, d: int, repeats: int) -> float:
     return statistics.median(times[3:]) * 1000
 
 
-def step_ms(steps: int) -> dict:
+def step_ms(batch: int, seq: int, steps: int) -> dict:
     """{kernel: (wall ms, CPU ms) per step}, the two modules' steps alternating so both see the same box."""
     from benchmarks.measure import compose_config, native_pieces
     from trainer.module import LocalModule
@@ -62,7 +63,7 @@ def step_ms(steps: int) -> dict:
 
     runs = {}
     for kernel in ("plain", "fused"):
-        cfg = compose_config(["model=small", "data.seq_len=256", "trainer.micro_batch_size=8",
+        cfg = compose_config(["model=small", f"data.seq_len={seq}", f"trainer.micro_batch_size={batch}",
                               "trainer.max_steps=100", f"model.attention_kernel={kernel}"])
         data, model, objective = native_pieces(cfg)
         module = LocalModule(model, objective, build_optimizer(model.trainable_params(), cfg.optim, 100),
@@ -94,8 +95,8 @@ def main() -> None:
     for fused in (False, True):
         print(f"attention core {shape}, forward + backward: {'fused' if fused else 'plain'} "
               f"{core_ms(fused, args.batch, args.seq, args.heads, args.head_dim, 20):.2f} ms", flush=True)
-    for kernel, (wall, cpu) in step_ms(args.steps).items():
-        print(f"model=small step, {kernel}: wall {wall:.0f} ms, CPU {cpu:.0f} ms ({cpu / wall:.2f} cores busy), "
+    for kernel, (wall, cpu) in step_ms(args.batch, args.seq, args.steps).items():
+        print(f"model=small step ({args.batch} x {args.seq} tokens), {kernel}: wall {wall:.0f} ms, CPU {cpu:.0f} ms ({cpu / wall:.2f} cores busy), "
               f"load {os.getloadavg()[0]:.2f}", flush=True)
 
 
