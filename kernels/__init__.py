@@ -66,10 +66,9 @@ def build() -> None:
     if lib is None or shutil.which("g++") is None:
         return
     for name in SOURCES:
-        path, _ = library(name)
-        if path is not None:
-            continue
         path = library_path(name, lib)
+        if os.path.exists(path):
+            continue
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with tempfile.TemporaryDirectory(dir=os.path.dirname(path)) as tmp:
             out = os.path.join(tmp, os.path.basename(path))

@@ -386,14 +386,15 @@ class LlamaModel(nn.Cell):
             else:
                 cos, sin = self.cos[positions].expand_dims(2), self.sin[positions].expand_dims(2)  # [B, S, 1, D]
             mask = ops.zeros(tokens.shape, ms.int32) if segments is None else segments.astype(ms.int32)
-        elif positions is None:
-            cos, sin = self.cos[:seq], self.sin[:seq]
-        else:  # [B, 1, S, D]: broadcast over the heads
-            cos, sin = self.cos[positions].expand_dims(1), self.sin[positions].expand_dims(1)
-        if segments is not None and not self.fused_attention:
-            same = segments.expand_dims(2) == segments.expand_dims(1)  # [B, S, S]
-            allowed = ops.logical_and(same, self.future[:seq, :seq] == 0).astype(ms.float32)
-            mask = ((1.0 - allowed) * -1e9).expand_dims(1)  # [B, 1, S, S], added to the scores
+        else:
+            if positions is None:
+                cos, sin = self.cos[:seq], self.sin[:seq]
+            else:  # [B, 1, S, D]: broadcast over the heads
+                cos, sin = self.cos[positions].expand_dims(1), self.sin[positions].expand_dims(1)
+            if segments is not None:
+                same = segments.expand_dims(2) == segments.expand_dims(1)  # [B, S, S]
+                allowed = ops.logical_and(same, self.future[:seq, :seq] == 0).astype(ms.float32)
+                mask = ((1.0 - allowed) * -1e9).expand_dims(1)  # [B, 1, S, S], added to the scores
         x = self.tok_embeddings(tokens)
         for layer in self.layers:
             x = layer(x, cos, sin, mask)
