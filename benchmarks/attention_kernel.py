@@ -5,12 +5,10 @@
 
 1. The attention core alone, forward + backward in graph mode: the plain path (models/llama/model.py
    CoreAttention on [B, heads, S, D]) and the kernel (kernels/attention.py on [B, S, heads, D]); median ms.
-2. A whole training step of model=small (--batch x --seq tokens, trainer/module.py LocalModule) with each kernel, both
-   built in this process and their steps alternating: wall ms per step and the process's CPU ms per step (user +
-   system, all threads), whose ratio is how many cores were busy.
+2. A whole training step of model=small (--batch x --seq tokens) with each kernel, both built in this process and
+   their steps alternating (benchmarks/step_variants.py): wall and CPU ms per step.
 """
 import argparse
-import os
 import statistics
 import time
 
@@ -18,6 +16,8 @@ import numpy as np
 
 import mindspore as ms
 from mindspore import Tensor, nn, ops
+
+from benchmarks.step_variants import print_steps, step_ms
 
 
 class _SumOfCore(nn.Cell):
@@ -55,32 +55,6 @@ def core_ms(fused: bool, b: int, s: int, h: int, d: int, repeats: int) -> float:
     return statistics.median(times[3:]) * 1000
 
 
-def step_ms(batch: int, seq: int, steps: int) -> dict:
-    """{kernel: (wall ms, CPU ms) per step}, the two modules' steps alternating so both see the same box."""
-    from benchmarks.measure import compose_config, native_pieces
-    from trainer.module import LocalModule
-    from trainer.optimizer import build_optimizer
-
-    runs = {}
-    for kernel in ("plain", "fused"):
-        cfg = compose_config(["model=small", f"data.seq_len={seq}", f"trainer.micro_batch_size={batch}",
-                              "trainer.max_steps=100", f"model.attention_kernel={kernel}"])
-        data, model, objective = native_pieces(cfg)
-        module = LocalModule(model, objective, build_optimizer(model.trainable_params(), cfg.optim, 100),
-                             cfg.optim.clip_grad_norm)
-        runs[kernel] = (module, [objective.batch(data.train.next_batch(), 0) for _ in range(4)])
-    totals = {kernel: [0.0, 0.0] for kernel in runs}
-    for i in range(steps + 4):  # the first 4 compile and settle
-        for kernel, (module, batches) in runs.items():
-            start, cpu = time.perf_counter(), os.times()
-            module.step([batches[i % 4]], 1.0, lambda loss: None)
-            end = os.times()
-            if i >= 4:
-                totals[kernel][0] += time.perf_counter() - start
-                totals[kernel][1] += (end.user - cpu.user) + (end.system - cpu.system)
-    return {kernel: (wall / steps * 1000, cpu / steps * 1000) for kernel, (wall, cpu) in totals.items()}
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batch", type=int, default=8)
@@ -95,9 +69,9 @@ def main() -> None:
     for fused in (False, True):
         print(f"attention core {shape}, forward + backward: {'fused' if fused else 'plain'} "
               f"{core_ms(fused, args.batch, args.seq, args.heads, args.head_dim, 20):.2f} ms", flush=True)
-    for kernel, (wall, cpu) in step_ms(args.batch, args.seq, args.steps).items():
-        print(f"model=small step ({args.batch} x {args.seq} tokens), {kernel}: wall {wall:.0f} ms, CPU {cpu:.0f} ms ({cpu / wall:.2f} cores busy), "
-              f"load {os.getloadavg()[0]:.2f}", flush=True)
+    common = ["model=small", f"data.seq_len={args.seq}", f"trainer.micro_batch_size={args.batch}"]
+    variants = {kernel: [f"model.attention_kernel={kernel}"] for kernel in ("plain", "fused")}
+    print_steps(step_ms(variants, common, args.steps), f"model=small step ({args.batch} x {args.seq} tokens)")
 
 
 if __name__ == "__main__":

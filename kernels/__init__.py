@@ -1,6 +1,8 @@
 """mindlab's compiled CPU kernels: C++ sources here, built into the venv as MindSpore AOT custom ops.
 
     attention.cc   causal self-attention forward and backward (kernels/attention.py is its MindSpore op)
+    layers.cc      RMSNorm, SwiGLU and RoPE forward and backward (kernels/layers.py: their MindSpore ops)
+    threads.h      the thread-per-core helpers both use
 
 scripts/venv.sh runs `python -m kernels` after creating or finding the venv: each source is compiled once into
 <venv>/mindlab-kernels/<name>-<key>.so, the key hashing the source, the compile command and this CPU's flags
@@ -20,7 +22,7 @@ import tempfile
 from typing import Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = ("attention",)
+SOURCES = ("attention", "layers")
 FLAGS = ["-O3", "-march=native", "-ffast-math", "-pthread", "-shared", "-fPIC", "-std=c++17"]
 
 
@@ -83,7 +85,10 @@ def build() -> None:
 
 
 def library_path(name: str, lib: str) -> str:
-    """<venv>/mindlab-kernels/<name>-<hash of the source, the compile command and the CPU's flags>.so"""
-    with open(os.path.join(HERE, f"{name}.cc"), "rb") as f:
-        key = hashlib.sha256(f.read() + " ".join(_command(name, lib, "")).encode() + _cpu_flags().encode())
+    """<venv>/mindlab-kernels/<name>-<hash of the source and the headers, the compile command and the CPU's
+    flags>.so"""
+    key = hashlib.sha256(" ".join(_command(name, lib, "")).encode() + _cpu_flags().encode())
+    for source in [f"{name}.cc", *sorted(f for f in os.listdir(HERE) if f.endswith(".h"))]:
+        with open(os.path.join(HERE, source), "rb") as f:
+            key.update(f.read())
     return os.path.join(sys.prefix, "mindlab-kernels", f"{name}-{key.hexdigest()[:16]}.so")

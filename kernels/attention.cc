@@ -24,7 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include <sched.h>
+#include "threads.h"
 
 namespace {
 
@@ -106,11 +106,6 @@ struct Scratch {
   explicit Scratch(const View& s) : P(BQ * s.S), dS(BQ * s.S), rowdot(BQ) {}
 };
 
-int cores() {
-  cpu_set_t set;
-  return sched_getaffinity(0, sizeof(set), &set) == 0 ? std::max(1, CPU_COUNT(&set)) : 1;
-}
-
 // body(scratch, task) for every task in [0, n), handed out one at a time to a thread per core.
 template <class Body>
 void parallel_tasks(const View& s, int64_t n, Body body) {
@@ -120,7 +115,7 @@ void parallel_tasks(const View& s, int64_t n, Body body) {
     for (int64_t task = next++; task < n; task = next++) body(scratch, task);
   };
   std::vector<std::thread> threads;
-  for (int64_t i = 1; i < std::min<int64_t>(cores(), n); ++i) threads.emplace_back(work);
+  for (int64_t i = 1; i < std::min<int64_t>(mindlab::cores(), n); ++i) threads.emplace_back(work);
   work();
   for (auto& t : threads) t.join();
 }

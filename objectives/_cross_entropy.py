@@ -6,6 +6,11 @@ backward and builds the gather's gradient as a dense zeros [tokens, vocab] array
 log_softmax's gradient (two more arrays). Here the forward keeps only its inputs, and the backward is the
 textbook d nll / d logits = softmax(logits) - onehot(target), scaled by each row's weight: one softmax, then
 the target column corrected in place of a one-hot.
+
+On CPU in fp32 with the model's compiled kernels on (a model whose `cpu_kernels` is True: the native Llama's
+model.layer_kernels), `cross_entropy_for` gives kernels/layers.cc's instead: the forward one pass per row keeping
+each row's logsumexp, the backward writing that same gradient in one pass, where the ops above take ~10 kernels
+over [tokens, vocab] arrays (the largest arrays of a step at a 32000-token vocabulary).
 """
 import mindspore as ms
 from mindspore import nn, ops
@@ -29,6 +34,26 @@ class WeightedCrossEntropy(nn.Cell):
         grad = self.softmax(logits) * self.tile(row, (1, logits.shape[-1]))  # faster than broadcast_to on CPU
         grad = ops.tensor_scatter_elements(grad, targets.reshape(-1, 1), -row, axis=1, reduction="add")
         return grad, ops.zeros_like(targets), ops.zeros_like(weights)
+
+
+class KernelCrossEntropy(nn.Cell):
+    """WeightedCrossEntropy's result by kernels/layers.cc (autodiff differentiates the weighted sum, the kernel's
+    own backward the per-row nll)."""
+
+    def __init__(self):
+        super().__init__()
+        from kernels.layers import CrossEntropyKernel
+
+        self.nll = CrossEntropyKernel()
+
+    def construct(self, logits, targets, weights):
+        return (self.nll(logits, targets) * weights).sum()
+
+
+def cross_entropy_for(model: nn.Cell) -> nn.Cell:
+    """The token cross-entropy for `model`'s logits: the compiled kernel where the model runs its own
+    (`cpu_kernels`), else MindSpore's ops."""
+    return KernelCrossEntropy() if getattr(model, "cpu_kernels", False) else WeightedCrossEntropy()
 
 
 def masked_mean_nll(cross_entropy: WeightedCrossEntropy, logits, targets, ignore_index: int):

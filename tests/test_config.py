@@ -41,6 +41,8 @@ BAD = [
     (["model.attention_kernel=fused", "model.attention_chunk=64"], "model.attention_chunk", "blocks of query rows"),
     (["model.attention_kernel=fused", "model.impl=mindformers"], "model.impl", "native model's"),
     (["model.attention_kernel=fused", "precision=fp16"], "precision.compute_dtype", "computes in fp32"),
+    (["model.layer_kernels=yes"], "model.layer_kernels", "auto, fused, plain"),
+    (["model.layer_kernels=fused", "precision=bf16"], "precision.compute_dtype", "computes in fp32"),
     (["data.tokenizer.vocab_size=1000"], "data.tokenizer.vocab_size", "model.vocab_size"),
     (["parallel=tp8pp2", "model=13b", "parallel.micro_batches=1", "dry_run=true"],
      "parallel.micro_batches", "fill"),

@@ -49,7 +49,9 @@ def test_cached_logits_equal_the_full_forward_at_every_step(ckpt):
     cached = model.generate(prompts, 16, return_logits=True)
     uncached = model.generate(prompts, 16, return_logits=True, use_cache=False)
     assert cached.logits.shape == (16, 2, 4096)
-    np.testing.assert_allclose(uncached.logits, cached.logits, atol=1e-5)
+    # 2e-5: kernels/layers.cc's vectorized exp (SwiGLU) and its scalar tail round the same input apart by an ulp,
+    # and which one an element takes depends on the row length (the cache's, or the uncached forward's)
+    np.testing.assert_allclose(uncached.logits, cached.logits, atol=2e-5)
     ms.set_context(mode=ms.PYNATIVE_MODE)  # two eager forwards of different lengths: no graphs to compile
     try:
         for row, prompt in enumerate(prompts):

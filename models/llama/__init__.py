@@ -28,8 +28,9 @@ def build(cfg: Config, seq_len: int, compute_dtype: str, use_flash: bool, seed: 
     import mindspore as ms
 
     sharded = ms.get_auto_parallel_context("parallel_mode") in ("semi_auto_parallel", "auto_parallel")
-    kernel = attention_kernel(cfg, compute_dtype, use_flash, ms.get_context("device_target"), sharded)
-    model = LlamaForCausalLM(cfg, compute_dtype, kernel, seed)
+    target = ms.get_context("device_target")
+    model = LlamaForCausalLM(cfg, compute_dtype, attention_kernel(cfg, compute_dtype, use_flash, target, sharded), seed,
+                             layer_kernels(cfg, compute_dtype, target, sharded))
     model.model.set_rope_length(seq_len)  # dynamic NTK: the tables of the training length
     return model
 
@@ -54,6 +55,20 @@ def attention_kernel(cfg: Config, compute_dtype: str, use_flash: bool, device_ta
     return "fused" if applies and path is not None else "plain"
 
 
+def layer_kernels(cfg: Config, compute_dtype: str, device_target: str, sharded: bool = False) -> bool:
+    """Whether RMSNorm, SwiGLU and RoPE run as kernels/layers.cc: model.layer_kernels' auto where it applies (the
+    native model in fp32 on CPU, no tp/pp layout: the plan's strategies are set on the plain ops) and is built."""
+    import kernels
+
+    if cfg.layer_kernels == "plain":
+        return False
+    path, why = kernels.library("layers")
+    if cfg.layer_kernels == "fused":
+        require(path is not None, "model.layer_kernels", f"fused: {why}; or set model.layer_kernels=plain")
+        return True
+    return cfg.impl == "native" and compute_dtype == "fp32" and device_target == "CPU" and not sharded and bool(path)
+
+
 def recompute_cells(model, mode: str) -> list:
     """full: each decoder layer; selective: only the attention core's scores/softmax block (each query block
     when model.attention_chunk is set). The fused kernel keeps no scores: selective has nothing to redo there."""
@@ -73,17 +88,20 @@ def check(cfg) -> None:
     require(m.attention_chunk >= 0, "model.attention_chunk", f"must be >= 0 (0: off), got {m.attention_chunk}")
     require(not (m.attention_chunk and m.flash_attention), "model.attention_chunk",
             "flash attention already works in blocks; set model.attention_chunk=0 or model.flash_attention=false")
-    require(m.attention_kernel in ("auto", "fused", "plain"), "model.attention_kernel",
-            f"got {m.attention_kernel!r}; choose one of auto, fused, plain")
     p = cfg.parallel
-    if m.attention_kernel == "fused":
-        for ok, key, why in ((m.impl == "native", "model.impl", "is the native model's"),
-                             (not m.flash_attention, "model.flash_attention", "replaces flash attention on CPU"),
-                             (cfg.device.target == "CPU", "device.target", "runs on CPU"),
-                             (cfg.precision.compute_dtype == "fp32", "precision.compute_dtype", "computes in fp32"),
-                             (not m.attention_chunk, "model.attention_chunk", "already works in blocks of query rows"),
-                             (p.tp == p.pp == 1, "parallel", "has no tensor/pipeline sharding plan")):
-            require(ok, key, f"model.attention_kernel=fused {why}; set model.attention_kernel=auto or plain")
+    for kind in ("attention_kernel", "layer_kernels"):
+        require(m[kind] in ("auto", "fused", "plain"), f"model.{kind}", f"got {m[kind]!r}; choose one of auto, fused, plain")
+        if m[kind] != "fused":
+            continue
+        rules = ((m.impl == "native", "model.impl", "is the native model's"),
+                 (cfg.device.target == "CPU", "device.target", "runs on CPU"),
+                 (cfg.precision.compute_dtype == "fp32", "precision.compute_dtype", "computes in fp32"),
+                 (p.tp == p.pp == 1, "parallel", "has no tensor/pipeline sharding plan"))
+        if kind == "attention_kernel":
+            rules += ((not m.flash_attention, "model.flash_attention", "replaces flash attention on CPU"),
+                      (not m.attention_chunk, "model.attention_chunk", "already works in blocks of query rows"))
+        for ok, key, why in rules:
+            require(ok, key, f"model.{kind}=fused {why}; set model.{kind}=auto or plain")
     require(m.hidden_size % m.num_heads == 0, "model.num_heads",
             f"hidden_size={m.hidden_size} is not divisible by num_heads={m.num_heads}")
     require((m.hidden_size // m.num_heads) % 2 == 0, "model.num_heads",

@@ -30,7 +30,12 @@ fused kernel (kernels/attention.cc, a MindSpore AOT custom op) works on the proj
 layout, reads each query head's kv head itself, masks by segment id, skips the keys after each block of query
 rows and keeps only each row's logsumexp for the backward; the plain path (CoreAttention below) transposes to
 [B, heads, S, D], repeats the kv heads and keeps the [S, S] probabilities. Both give the same loss and gradients
-(tests/test_fused_attention.py). Flash attention (Ascend) replaces either.
+(tests/test_cpu_kernels.py). Flash attention (Ascend) replaces either.
+
+RMSNorm, SwiGLU and RoPE (`model.layer_kernels`, chosen by models/llama/__init__.py layer_kernels): on CPU in
+fp32, kernels/layers.cc does each in one pass forward and one backward, where the MindSpore ops below take 5-12
+kernels and as many temporaries (the RMSNorm keeps only its input and each row's 1/rms for the backward). The
+ops stay for other devices and dtypes, and for the tp/pp plan (plan.py sets its strategies on them).
 
 Inference (`LlamaForCausalLM.generate`, models/llama/generation.py) goes through the `cached` methods: the same
 weights and operations as `construct`, plus a static-shape KV cache per layer ([B, n_kv_heads, L, head_dim] for
@@ -88,17 +93,24 @@ class ColumnBroadcast(nn.Cell):
 
 class RMSNorm(nn.Cell):
     """x / rms(x) * weight in fp32. Written with primitives so sequence parallelism can shard each of them; both
-    products see operands of x's shape (the module docstring says why)."""
+    products see operands of x's shape (the module docstring says why). `kernel`: kernels/layers.cc instead."""
 
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, kernel: bool = False):
         super().__init__()
         self.weight = Parameter(Tensor(np.ones(dim, np.float32)))
         self.eps = eps
+        self.fused = kernel
+        if kernel:
+            from kernels.layers import RMSNormKernel
+
+            self.kernel = RMSNormKernel(eps)
         self.square, self.mean, self.add, self.rsqrt = ops.Square(), ops.ReduceMean(keep_dims=True), ops.Add(), ops.Rsqrt()
         self.normalize, self.scale = ops.Mul(), ops.Mul()
         self.broadcast_rows = ColumnBroadcast()
 
     def construct(self, x):
+        if self.fused:
+            return self.kernel(x.astype(ms.float32), self.weight).astype(x.dtype)
         shape = x.shape
         x32 = x.reshape(-1, shape[-1]).astype(ms.float32)  # rows: see the module docstring (2-D reductions)
         inv_rms = self.rsqrt(self.add(self.mean(self.square(x32), -1), self.eps))
@@ -218,7 +230,7 @@ class Attention(nn.Cell):
     Ascend's kernel, "fused" kernels/attention.cc on [B, S, heads, D] (CPU, fp32): the projections' own layout,
     so no head transposes and no GQA repeats; `mask` is then the segment ids [B, S] instead of a bias."""
 
-    def __init__(self, cfg: LlamaConfig, rng, compute_dtype, kernel: str):
+    def __init__(self, cfg: LlamaConfig, rng, compute_dtype, kernel: str, rope_kernel: bool = False):
         super().__init__()
         h, self.n_heads, self.n_kv = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads
         self.head_dim = h // self.n_heads
@@ -237,6 +249,17 @@ class Attention(nn.Cell):
                          else CoreAttention(self.head_dim, compute_dtype, cfg.attention_chunk))
         self.compute_dtype = compute_dtype
         self.qk_cached, self.pv_cached = ops.BatchMatMul(transpose_b=True), ops.BatchMatMul()  # inference only
+        self.rope_kernel = rope_kernel
+        if rope_kernel:
+            from kernels.layers import RoPEKernel
+
+            self.rope = RoPEKernel()
+
+    def rotate(self, x, cos, sin):
+        """RoPE on q or k, by kernels/layers.cc (`rope_kernel`) or apply_rope's MindSpore ops."""
+        if self.rope_kernel:
+            return self.rope(x, cos, sin)
+        return apply_rope(x, cos, sin)
 
     def project(self, x, cos, sin):
         """q [B, heads, S, D], k and v [B, kv heads, S, D], RoPE applied to q and k."""
@@ -244,15 +267,15 @@ class Attention(nn.Cell):
         q = self.wq(x).reshape(b, s, self.n_heads, self.head_dim).transpose(0, 2, 1, 3)
         k = self.wk(x).reshape(b, s, self.n_kv, self.head_dim).transpose(0, 2, 1, 3)
         v = self.wv(x).reshape(b, s, self.n_kv, self.head_dim).transpose(0, 2, 1, 3)
-        q = apply_rope(q, cos, sin)
-        k = apply_rope(k, cos, sin)
+        q = self.rotate(q, cos, sin)
+        k = self.rotate(k, cos, sin)
         return q, k, v
 
     def construct(self, x, cos, sin, mask=None):
         b, s, _ = x.shape
         if self.fused:  # cos/sin [S, 1, D] or [B, S, 1, D] (LlamaModel.construct)
-            q = apply_rope(self.wq(x).reshape(b, s, self.n_heads, self.head_dim), cos, sin)
-            k = apply_rope(self.wk(x).reshape(b, s, self.n_kv, self.head_dim), cos, sin)
+            q = self.rotate(self.wq(x).reshape(b, s, self.n_heads, self.head_dim), cos, sin)
+            k = self.rotate(self.wk(x).reshape(b, s, self.n_kv, self.head_dim), cos, sin)
             v = self.wv(x).reshape(b, s, self.n_kv, self.head_dim)
             return self.wo(self.core(q, k, v, mask).reshape(b, s, -1))
         q, k, v = self.project(x, cos, sin)
@@ -292,16 +315,23 @@ class Attention(nn.Cell):
 
 
 class FeedForward(nn.Cell):
-    """SwiGLU: w2(silu(w1 x) * w3 x)."""
+    """SwiGLU: w2(silu(w1 x) * w3 x). `kernel`: silu(.) * . as one kernels/layers.cc op."""
 
-    def __init__(self, cfg: LlamaConfig, rng, compute_dtype):
+    def __init__(self, cfg: LlamaConfig, rng, compute_dtype, kernel: bool = False):
         super().__init__()
         h, f, std = cfg.hidden_size, cfg.intermediate_size, cfg.init_std
         self.w1 = Linear(h, f, std, rng, compute_dtype)
         self.w2 = Linear(f, h, std, rng, compute_dtype)
         self.w3 = Linear(h, f, std, rng, compute_dtype)
+        self.fused = kernel
+        if kernel:
+            from kernels.layers import SwiGLUKernel
+
+            self.swiglu = SwiGLUKernel()
 
     def construct(self, x):
+        if self.fused:
+            return self.w2(self.swiglu(self.w1(x), self.w3(x)))
         return self.w2(ops.silu(self.w1(x)) * self.w3(x))
 
 
@@ -313,12 +343,12 @@ class DecoderLayer(nn.Cell):
     CPU against PyNative (tests/test_lora.py)."""
 
     @ms.lazy_inline(policy="front")
-    def __init__(self, cfg: LlamaConfig, rng, compute_dtype, attention: str):
+    def __init__(self, cfg: LlamaConfig, rng, compute_dtype, attention: str, layer_kernels: bool = False):
         super().__init__()
-        self.attention_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
-        self.attention = Attention(cfg, rng, compute_dtype, attention)
-        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
-        self.feed_forward = FeedForward(cfg, rng, compute_dtype)
+        self.attention_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps, layer_kernels)
+        self.attention = Attention(cfg, rng, compute_dtype, attention, layer_kernels)
+        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps, layer_kernels)
+        self.feed_forward = FeedForward(cfg, rng, compute_dtype, layer_kernels)
 
     @property
     def cell_init_args(self) -> str:
@@ -355,13 +385,13 @@ class Embedding(nn.Cell):
 
 
 class LlamaModel(nn.Cell):
-    def __init__(self, cfg: LlamaConfig, rng, compute_dtype, attention: str):
+    def __init__(self, cfg: LlamaConfig, rng, compute_dtype, attention: str, layer_kernels: bool = False):
         super().__init__()
         self.tok_embeddings = Embedding(cfg.vocab_size, cfg.hidden_size, cfg.init_std, rng)
-        self.layers = nn.CellList([DecoderLayer(cfg, rng, compute_dtype, attention)
+        self.layers = nn.CellList([DecoderLayer(cfg, rng, compute_dtype, attention, layer_kernels)
                                    for _ in range(cfg.num_layers)])
         self.fused_attention = attention == "fused"
-        self.norm_out = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+        self.norm_out = RMSNorm(cfg.hidden_size, cfg.norm_eps, layer_kernels)
         self.rope_cfg = cfg
         self.set_rope_length(None)
         self.future = Tensor(np.triu(np.ones((rope.window(cfg),) * 2, np.float32), k=1))  # 1: j > i
@@ -417,13 +447,17 @@ class LlamaModel(nn.Cell):
 
 
 class LlamaForCausalLM(nn.Cell):
-    """tokens [B, S] int32 -> logits [B, S, vocab] fp32."""
+    """tokens [B, S] int32 -> logits [B, S, vocab] fp32. `attention`: plain, fused or flash (Attention);
+    `layer_kernels`: RMSNorm, SwiGLU and RoPE by kernels/layers.cc (CPU, fp32), and the objectives' token
+    cross-entropy over its logits."""
 
-    def __init__(self, cfg: LlamaConfig, compute_dtype: str = "fp32", attention: str = "plain", seed: int = 0):
+    def __init__(self, cfg: LlamaConfig, compute_dtype: str = "fp32", attention: str = "plain", seed: int = 0,
+                 layer_kernels: bool = False):
         super().__init__()
         rng = np.random.default_rng(seed)  # numpy init: identical weights on every rank, independent of backend
         dtype = DTYPES[compute_dtype]
-        self.model = LlamaModel(cfg, rng, dtype, attention)
+        self.model = LlamaModel(cfg, rng, dtype, attention, layer_kernels)
+        self.cpu_kernels = layer_kernels  # the objectives' cross-entropy follows (objectives/_cross_entropy.py)
         self.tie_embeddings = cfg.tie_embeddings
         if not cfg.tie_embeddings:
             self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, cfg.init_std, rng, dtype)

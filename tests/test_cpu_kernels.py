@@ -1,6 +1,6 @@
-"""The fused CPU attention kernel (kernels/attention.cc, model.attention_kernel=fused): the same outputs and
-gradients as PyTorch's attention and as the model's plain path, built by the venv script, and a plain fallback
-(auto) or one clear error (fused) where it is not built."""
+"""The compiled CPU kernels: attention (kernels/attention.cc, model.attention_kernel) and RMSNorm, SwiGLU, RoPE
+(kernels/layers.cc, model.layer_kernels). The same outputs and gradients as PyTorch's and as the model's plain
+path, built by the venv script, and a plain fallback (auto) or one clear error (fused) where they are not built."""
 import os
 import re
 
@@ -15,10 +15,11 @@ import kernels
 from conf.errors import ConfigError
 from conftest import compose_cfg, load_preset
 from models import attention_kind, build_model
-from models.llama import attention_kernel
+from models.llama import attention_kernel, layer_kernels
+from objectives._cross_entropy import KernelCrossEntropy, cross_entropy_for
 from planner.dry_run import dry_run_report
 
-pytestmark = pytest.mark.skipif(kernels.library("attention")[0] is None,
+pytestmark = pytest.mark.skipif(any(kernels.library(name)[0] is None for name in kernels.SOURCES),
                                 reason=f"{kernels.library('attention')[1]} (scripts/venv.sh builds it with g++)")
 
 
@@ -71,9 +72,9 @@ def test_kernel_matches_pytorch_attention_with_gqa_and_packed_samples(mode):
         np.testing.assert_allclose(got.asnumpy(), want.grad.numpy(), atol=2e-5)
 
 
-def _model_loss_and_grads(kernel: str, packed: bool, recompute: str = "none"):
+def _model_loss_and_grads(packed: bool, recompute: str = "none", attention: str = "fused", layers: str = "fused"):
     cfg = load_preset("model", "tiny")
-    cfg.attention_kernel, cfg.recompute = kernel, recompute
+    cfg.attention_kernel, cfg.layer_kernels, cfg.recompute = attention, layers, recompute
     model = build_model(cfg, 96, "fp32", "CPU", seed=0)
     params = ms.ParameterTuple(model.trainable_params())
     rng = np.random.default_rng(1)
@@ -84,13 +85,19 @@ def _model_loss_and_grads(kernel: str, packed: bool, recompute: str = "none"):
         extra = (Tensor(np.tile(np.r_[np.arange(50), np.arange(46)], (2, 1)).astype(np.int32)),
                  Tensor(np.tile(np.r_[np.zeros(50), np.ones(46)], (2, 1)).astype(np.int32)))
 
+    targets = Tensor(rng.integers(0, cfg.vocab_size, 2 * 96).astype(np.int32))
+
     class Loss(nn.Cell):
+        """Every logit weighted, plus the objectives' token cross-entropy (the kernel's with layers=fused)."""
+
         def __init__(self):
             super().__init__()
-            self.model = model
+            self.model, self.cross_entropy = model, cross_entropy_for(model)
 
         def construct(self, tokens, weights, *extra):
-            return (self.model(tokens, *extra) * weights).sum()
+            logits = self.model(tokens, *extra)
+            nll = self.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets, ops.ones(targets.shape, ms.float32))
+            return (logits * weights).sum() + nll
 
     class Grads(nn.Cell):
         def __init__(self):
@@ -108,18 +115,86 @@ def _model_loss_and_grads(kernel: str, packed: bool, recompute: str = "none"):
 def test_the_model_gives_the_same_loss_and_gradients_with_either_kernel(packed):
     """model=tiny (GQA) in graph mode: every parameter's gradient equal to the plain path's (the path tested
     against transformers and MindFormers in test_model.py / test_convert.py)."""
-    plain_loss, plain_grads = _model_loss_and_grads("plain", packed)
-    fused_loss, fused_grads = _model_loss_and_grads("fused", packed)
+    plain_loss, plain_grads = _model_loss_and_grads(packed, attention="plain", layers="plain")
+    fused_loss, fused_grads = _model_loss_and_grads(packed, attention="fused", layers="plain")
     assert fused_loss == pytest.approx(plain_loss, rel=1e-5)
     for got, want in zip(fused_grads, plain_grads):  # to 1e-5 of each gradient's largest entry (fp32 sums)
         assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["one-sequence", "packed"])
+def test_the_model_gives_the_same_loss_and_gradients_with_or_without_the_layer_kernels(packed):
+    """model=tiny with RMSNorm, SwiGLU, RoPE and the cross-entropy by kernels/layers.cc against MindSpore's ops
+    (both with the fused attention; with plain attention the RoPE kernel sees the [B, heads, S, D] layout)."""
+    cfg = load_preset("model", "tiny")
+    cfg.layer_kernels = "fused"
+    assert isinstance(cross_entropy_for(build_model(cfg, 96, "fp32", "CPU", seed=0)), KernelCrossEntropy)
+    for attention in ("fused", "plain"):
+        plain_loss, plain_grads = _model_loss_and_grads(packed, attention=attention, layers="plain")
+        fused_loss, fused_grads = _model_loss_and_grads(packed, attention=attention, layers="fused")
+        assert fused_loss == pytest.approx(plain_loss, rel=1e-5)
+        for got, want in zip(fused_grads, plain_grads):
+            assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+class SumOf(nn.Cell):
+    """sum(op(*inputs) * weights): every output element gets its own gradient."""
+
+    def __init__(self, op, constants=()):
+        super().__init__()
+        self.op, self.constants = op, constants
+
+    def construct(self, weights, *inputs):
+        return (self.op(*inputs, *self.constants) * weights).sum()
+
+
+def _torch_rope(x, cos, sin):
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "swiglu", "rope [B,S,H,D] x [S,1,D]", "rope [B,S,H,D] x [B,S,1,D]",
+                                "rope [B,H,S,D] x [S,D]", "cross_entropy"])
+def test_each_layer_kernel_matches_pytorch(op):
+    """Output and input gradients against torch autograd in float64 (graph mode); RoPE's tables in each layout
+    the model passes, with sin/cos halves that differ (as no real table does), so a transposed rotation would show;
+    the cross-entropy with large logits (a naive exp overflows) and an ignored target (-100: nll 0, no gradient)."""
+    from kernels.layers import CrossEntropyKernel, RMSNormKernel, RoPEKernel, SwiGLUKernel
+
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 6, 3, 8), dtype=np.float32) * 2
+    if op == "cross_entropy":
+        x = rng.standard_normal((36, 1000), dtype=np.float32) * 30 + 100
+        targets = rng.integers(0, 1000, 36).astype(np.int32)
+        targets[5] = -100
+        inputs, constants, cell = (x,), (Tensor(targets),), CrossEntropyKernel()
+        ref = lambda x: torch.nn.functional.cross_entropy(x, torch.tensor(targets, dtype=torch.long), reduction="none")
+    elif op == "rms_norm":
+        inputs, constants, cell = (x, rng.standard_normal(8, dtype=np.float32)), (), RMSNormKernel(1e-5)
+        ref = lambda x, w: x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-5) * w
+    elif op == "swiglu":
+        inputs, constants, cell = (x, rng.standard_normal(x.shape, dtype=np.float32)), (), SwiGLUKernel()
+        ref = lambda g, u: torch.nn.functional.silu(g) * u
+    else:
+        table = {"[S,1,D]": (6, 1, 8), "[B,S,1,D]": (2, 6, 1, 8), "[S,D]": (3, 8)}[op.split(" x ")[1]]
+        tables = [rng.standard_normal(table, dtype=np.float32) for _ in range(2)]
+        inputs, constants, cell = (x,), tuple(map(Tensor, tables)), RoPEKernel()
+        ref = lambda x: _torch_rope(x, *(torch.tensor(t, dtype=torch.float64) for t in tables))
+    weights = rng.standard_normal(x.shape[:1] if op == "cross_entropy" else x.shape, dtype=np.float32)
+    loss, grads = Gradients(SumOf(cell, constants))(Tensor(weights), *map(Tensor, inputs))
+    torch_inputs = [torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in inputs]
+    want = (ref(*torch_inputs) * torch.tensor(weights, dtype=torch.float64)).sum()
+    want.backward()
+    assert float(loss.asnumpy()) == pytest.approx(float(want), rel=1e-5)
+    for got, t in zip(grads[1:], torch_inputs):
+        np.testing.assert_allclose(got.asnumpy(), t.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.slow
 def test_full_recompute_through_the_kernel_gives_the_same_gradients():
     """model.recompute=full reruns the layer, the kernel's forward included, in the backward."""
-    ref_loss, ref_grads = _model_loss_and_grads("fused", False)
-    loss, grads = _model_loss_and_grads("fused", False, "full")
+    ref_loss, ref_grads = _model_loss_and_grads(False)
+    loss, grads = _model_loss_and_grads(False, "full")
     assert loss == pytest.approx(ref_loss, rel=1e-6)
     for got, want in zip(grads, ref_grads):
         assert np.abs(got - want).max() <= 1e-6 * np.abs(want).max()
@@ -135,6 +210,20 @@ def test_auto_picks_the_kernel_where_it_applies():
     assert attention_kernel(m, "fp32", False, "CPU") == "plain"
 
 
+def test_auto_picks_the_layer_kernels_where_they_apply():
+    m = load_preset("model", "tiny")
+    assert layer_kernels(m, "fp32", "CPU")
+    assert not layer_kernels(m, "bf16", "CPU")
+    assert not layer_kernels(m, "fp32", "Ascend")
+    assert not layer_kernels(m, "fp32", "CPU", sharded=True)  # plan.py's strategies are on the plain ops
+    m.attention_chunk = 64  # the plain attention path: the layer kernels still apply
+    assert layer_kernels(m, "fp32", "CPU")
+    m.impl = "mindformers"
+    assert not layer_kernels(m, "fp32", "CPU")
+    m.impl, m.layer_kernels = "native", "plain"
+    assert not layer_kernels(m, "fp32", "CPU")
+
+
 def test_without_the_built_kernel_auto_is_plain_and_fused_is_one_error(monkeypatch, tmp_path):
     monkeypatch.setattr("sys.prefix", str(tmp_path))  # a venv the kernel was never built into
     path, why = kernels.library("attention")
@@ -144,6 +233,10 @@ def test_without_the_built_kernel_auto_is_plain_and_fused_is_one_error(monkeypat
     m.attention_kernel = "fused"
     with pytest.raises(ConfigError, match=r"model\.attention_kernel: fused: kernels/attention\.cc is not built"):
         attention_kernel(m, "fp32", False, "CPU")
+    assert not layer_kernels(m, "fp32", "CPU")
+    m.layer_kernels = "fused"
+    with pytest.raises(ConfigError, match=r"model\.layer_kernels: fused: kernels/layers\.cc is not built"):
+        layer_kernels(m, "fp32", "CPU")
 
 
 def test_the_venv_build_compiles_the_kernel(monkeypatch, tmp_path, capsys):
@@ -151,9 +244,11 @@ def test_the_venv_build_compiles_the_kernel(monkeypatch, tmp_path, capsys):
     look for it, once."""
     monkeypatch.setattr("sys.prefix", str(tmp_path))
     kernels.build()
-    path, _ = kernels.library("attention")
-    assert path is not None and path.startswith(str(tmp_path)) and os.path.getsize(path) > 0
-    assert "built kernels/attention.cc" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    for name in kernels.SOURCES:
+        path, _ = kernels.library(name)
+        assert path is not None and path.startswith(str(tmp_path)) and os.path.getsize(path) > 0
+        assert f"built kernels/{name}.cc" in err
     kernels.build()
     assert capsys.readouterr().err == ""  # nothing to do the second time
 

@@ -1,0 +1,241 @@
+// RMSNorm, SwiGLU, RoPE and token cross-entropy for MindSpore's CPU backend, forward and backward, as AOT custom ops
+// (kernels/layers.py wraps them; kernels/__init__.py builds this file at install time). fp32 throughout.
+//
+// Each is one pass over its rows where MindSpore's ops take several kernels with a temporary array each: the
+// RMSNorm's square, mean, rsqrt, two broadcasts and products (and twice as many in its gradient), SiLU's sigmoid
+// and two products (its gradient recomputes the sigmoid), RoPE's slices, negation, concatenation, two products
+// and a sum. Rows are split into one contiguous range per core (threads.h).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "threads.h"
+
+namespace {
+
+using mindlab::parallel_ranges;
+
+int64_t rows(int ndim, const int64_t* shape) {  // the product of all but the last dimension
+  int64_t n = 1;
+  for (int i = 0; i + 1 < ndim; ++i) n *= shape[i];
+  return n;
+}
+
+int64_t elements(int ndim, const int64_t* shape) { return rows(ndim, shape) * shape[ndim - 1]; }
+
+float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+// RoPE's table rows: cos/sin broadcast against x [..., D] (leading dimensions of 1 or x's, fewer dimensions
+// padded on the left); offset(r) is the table row of x's row r.
+struct TableRows {
+  std::vector<int64_t> extent, stride;  // x's leading dimensions, the table's stride along each (0: broadcast)
+  TableRows(int xdim, const int64_t* xshape, int tdim, const int64_t* tshape) {
+    const int lead = xdim - 1, pad = xdim - tdim;
+    extent.assign(xshape, xshape + lead);
+    stride.assign(lead, 0);
+    int64_t step = tshape[tdim - 1];
+    for (int i = lead - 1; i >= 0; --i) {
+      const int64_t t = i - pad >= 0 ? tshape[i - pad] : 1;
+      stride[i] = t == 1 ? 0 : step;
+      step *= t;
+    }
+  }
+  int64_t offset(int64_t r) const {
+    int64_t at = 0;
+    for (int i = static_cast<int>(extent.size()) - 1; i >= 0; --i) {
+      at += (r % extent[i]) * stride[i];
+      r /= extent[i];
+    }
+    return at;
+  }
+};
+
+// y = x cos + rotate_half(x) sin, rotate_half(x) = (-x[h:], x[:h]) for h = D/2; with transpose, the gradient
+// dx = dy cos + rotate_half^T(dy sin), rotate_half^T(z) = (z[h:], -z[:h]).
+void rope(void** params, int* ndims, int64_t** shapes, bool transpose) {
+  const float* x = static_cast<const float*>(params[0]);
+  const float* cos = static_cast<const float*>(params[1]);
+  const float* sin = static_cast<const float*>(params[2]);
+  float* y = static_cast<float*>(params[3]);
+  const int64_t D = shapes[0][ndims[0] - 1], h = D / 2;
+  const TableRows table(ndims[0], shapes[0], ndims[1], shapes[1]);
+  parallel_ranges(rows(ndims[0], shapes[0]), [&](int64_t lo, int64_t hi, int64_t) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const float* xr = x + r * D;
+      const float* c = cos + table.offset(r);
+      const float* s = sin + table.offset(r);
+      float* yr = y + r * D;
+      if (transpose) {
+        for (int64_t d = 0; d < h; ++d) {
+          yr[d] = xr[d] * c[d] + xr[d + h] * s[d + h];
+          yr[d + h] = xr[d + h] * c[d + h] - xr[d] * s[d];
+        }
+      } else {
+        for (int64_t d = 0; d < h; ++d) {
+          yr[d] = xr[d] * c[d] - xr[d + h] * s[d];
+          yr[d + h] = xr[d + h] * c[d + h] + xr[d] * s[d + h];
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+// inputs x [..., H], weight [H], eps [1]; outputs y [..., H], inv_rms [rows]: y = x * inv_rms * weight,
+// inv_rms = 1 / sqrt(mean(x^2) + eps) per row
+extern "C" int mindlab_rms_norm_forward(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
+                                        void* stream, void* extra) {
+  if (nparam != 5) return 1;
+  const float* x = static_cast<const float*>(params[0]);
+  const float* w = static_cast<const float*>(params[1]);
+  const float eps = *static_cast<const float*>(params[2]);
+  float* y = static_cast<float*>(params[3]);
+  float* inv = static_cast<float*>(params[4]);
+  const int64_t H = shapes[0][ndims[0] - 1];
+  parallel_ranges(rows(ndims[0], shapes[0]), [&](int64_t lo, int64_t hi, int64_t) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const float* xr = x + r * H;
+      float squares = 0.0f;
+      for (int64_t i = 0; i < H; ++i) squares += xr[i] * xr[i];
+      const float v = 1.0f / std::sqrt(squares / H + eps);
+      inv[r] = v;
+      for (int64_t i = 0; i < H; ++i) y[r * H + i] = xr[i] * v * w[i];
+    }
+  });
+  return 0;
+}
+
+// inputs x, weight, inv_rms (the forward's), dy; outputs dx [..., H], dweight [H]:
+// dx = v (w dy) - x v^3 mean(w dy x), dweight = sum over rows of dy x v
+extern "C" int mindlab_rms_norm_backward(int nparam, void** params, int* ndims, int64_t** shapes,
+                                         const char** dtypes, void* stream, void* extra) {
+  if (nparam != 6) return 1;
+  const float* x = static_cast<const float*>(params[0]);
+  const float* w = static_cast<const float*>(params[1]);
+  const float* inv = static_cast<const float*>(params[2]);
+  const float* dy = static_cast<const float*>(params[3]);
+  float* dx = static_cast<float*>(params[4]);
+  float* dw = static_cast<float*>(params[5]);
+  const int64_t H = shapes[0][ndims[0] - 1];
+  std::vector<std::vector<float>> partial(mindlab::cores(), std::vector<float>(H, 0.0f));  // dweight per range
+  parallel_ranges(rows(ndims[0], shapes[0]), [&](int64_t lo, int64_t hi, int64_t part) {
+    float* acc = partial[part].data();
+    for (int64_t r = lo; r < hi; ++r) {
+      const float* xr = x + r * H;
+      const float* g = dy + r * H;
+      const float v = inv[r];
+      float dot = 0.0f;
+      for (int64_t i = 0; i < H; ++i) dot += w[i] * g[i] * xr[i];
+      const float k = v * v * v * dot / H;
+      for (int64_t i = 0; i < H; ++i) {
+        dx[r * H + i] = v * w[i] * g[i] - k * xr[i];
+        acc[i] += g[i] * xr[i] * v;
+      }
+    }
+  });
+  for (int64_t i = 0; i < H; ++i) {
+    float sum = 0.0f;
+    for (const auto& p : partial) sum += p[i];
+    dw[i] = sum;
+  }
+  return 0;
+}
+
+// inputs gate, up (same shape); output silu(gate) * up
+extern "C" int mindlab_swiglu_forward(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
+                                      void* stream, void* extra) {
+  if (nparam != 3) return 1;
+  const float* g = static_cast<const float*>(params[0]);
+  const float* u = static_cast<const float*>(params[1]);
+  float* y = static_cast<float*>(params[2]);
+  parallel_ranges(elements(ndims[0], shapes[0]), [&](int64_t lo, int64_t hi, int64_t) {
+    for (int64_t i = lo; i < hi; ++i) y[i] = g[i] * sigmoid(g[i]) * u[i];
+  });
+  return 0;
+}
+
+// inputs gate, up, dy; outputs dgate = dy up sigmoid(gate) (1 + gate (1 - sigmoid(gate))), dup = dy silu(gate)
+extern "C" int mindlab_swiglu_backward(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
+                                       void* stream, void* extra) {
+  if (nparam != 5) return 1;
+  const float* g = static_cast<const float*>(params[0]);
+  const float* u = static_cast<const float*>(params[1]);
+  const float* dy = static_cast<const float*>(params[2]);
+  float* dg = static_cast<float*>(params[3]);
+  float* du = static_cast<float*>(params[4]);
+  parallel_ranges(elements(ndims[0], shapes[0]), [&](int64_t lo, int64_t hi, int64_t) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const float s = sigmoid(g[i]);
+      dg[i] = dy[i] * u[i] * s * (1.0f + g[i] * (1.0f - s));
+      du[i] = dy[i] * g[i] * s;
+    }
+  });
+  return 0;
+}
+
+// inputs x [..., D], cos, sin (broadcastable to x, e.g. [S, 1, D] or [B, S, 1, D] for x [B, S, heads, D]); output y
+extern "C" int mindlab_rope_forward(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
+                                    void* stream, void* extra) {
+  if (nparam != 4) return 1;
+  rope(params, ndims, shapes, false);
+  return 0;
+}
+
+// inputs dy, cos, sin; output dx (the transposed rotation)
+extern "C" int mindlab_rope_backward(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
+                                     void* stream, void* extra) {
+  if (nparam != 4) return 1;
+  rope(params, ndims, shapes, true);
+  return 0;
+}
+
+// inputs logits [N, V], targets [N] int32; outputs nll [N] = lse - logits[target], lse [N] = log sum exp(logits)
+// per row (a target outside [0, V), e.g. an ignored position, gives nll 0). Two passes over each row, the second
+// from cache: MindSpore's log_softmax + gather take five kernels and a [N, V] array for each.
+extern "C" int mindlab_cross_entropy_forward(int nparam, void** params, int* ndims, int64_t** shapes,
+                                             const char** dtypes, void* stream, void* extra) {
+  if (nparam != 4) return 1;
+  const float* x = static_cast<const float*>(params[0]);
+  const int32_t* t = static_cast<const int32_t*>(params[1]);
+  float* nll = static_cast<float*>(params[2]);
+  float* lse = static_cast<float*>(params[3]);
+  const int64_t V = shapes[0][1];
+  parallel_ranges(shapes[0][0], [&](int64_t lo, int64_t hi, int64_t) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const float* xr = x + r * V;
+      float top = xr[0];
+      for (int64_t j = 1; j < V; ++j) top = std::max(top, xr[j]);
+      float sum = 0.0f;
+      for (int64_t j = 0; j < V; ++j) sum += std::exp(xr[j] - top);
+      lse[r] = top + std::log(sum);
+      nll[r] = t[r] >= 0 && t[r] < V ? lse[r] - xr[t[r]] : 0.0f;
+    }
+  });
+  return 0;
+}
+
+// inputs logits, targets, lse (the forward's), dnll [N]; output dlogits = (softmax(logits) - onehot(target)) dnll
+// per row (0 for a target outside [0, V)): one pass, the only [N, V] array the backward writes.
+extern "C" int mindlab_cross_entropy_backward(int nparam, void** params, int* ndims, int64_t** shapes,
+                                              const char** dtypes, void* stream, void* extra) {
+  if (nparam != 5) return 1;
+  const float* x = static_cast<const float*>(params[0]);
+  const int32_t* t = static_cast<const int32_t*>(params[1]);
+  const float* lse = static_cast<const float*>(params[2]);
+  const float* dnll = static_cast<const float*>(params[3]);
+  float* dx = static_cast<float*>(params[4]);
+  const int64_t V = shapes[0][1];
+  parallel_ranges(shapes[0][0], [&](int64_t lo, int64_t hi, int64_t) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const float* xr = x + r * V;
+      float* dr = dx + r * V;
+      const bool counted = t[r] >= 0 && t[r] < V;  // else the nll is the constant 0
+      const float g = counted ? dnll[r] : 0.0f, shift = lse[r];
+      for (int64_t j = 0; j < V; ++j) dr[j] = std::exp(xr[j] - shift) * g;
+      if (counted) dr[t[r]] -= g;
+    }
+  });
+  return 0;
+}

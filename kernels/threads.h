@@ -1,0 +1,28 @@
+// Threads for mindlab's CPU kernels: one per core this process may run on, started per call and joined before
+// it returns (no idle workers left spinning against MindSpore's own threads, as OpenMP's did).
+#pragma once
+#include <sched.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+namespace mindlab {
+
+inline int cores() {
+  cpu_set_t set;
+  return sched_getaffinity(0, sizeof(set), &set) == 0 ? std::max(1, CPU_COUNT(&set)) : 1;
+}
+
+// body(lo, hi, part) on [0, n) cut into one contiguous range per core (part: the range's index, < cores()).
+template <class Body>
+void parallel_ranges(int64_t n, Body body) {
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(cores(), n));
+  std::vector<std::thread> threads;
+  for (int64_t p = 1; p < parts; ++p) threads.emplace_back(body, n * p / parts, n * (p + 1) / parts, p);
+  body(int64_t{0}, n / parts, int64_t{0});
+  for (auto& t : threads) t.join();
+}
+
+}  // namespace mindlab
