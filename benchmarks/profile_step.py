@@ -72,16 +72,16 @@ def profile_native(overrides: list, warmup: int, steps: int, out_dir: str) -> No
     import mindspore.profiler as msprof
 
     from benchmarks.measure import compose_config, native_pieces
-    from trainer.module import LocalModule
+    from trainer.module import local_module
     from trainer.optimizer import build_optimizer
 
     cfg = compose_config([*overrides, f"trainer.max_steps={warmup + steps}"])
     data, model, objective = native_pieces(cfg)
-    module = LocalModule(model, objective, build_optimizer(model.trainable_params(), cfg.optim, cfg.trainer.max_steps),
-                         cfg.optim.clip_grad_norm)
+    module = local_module(model, objective, build_optimizer(model.trainable_params(), cfg.optim, cfg.trainer.max_steps),
+                          cfg)
 
     def step():
-        return module.step([objective.batch(data.train.next_batch(), 0)], 1.0, lambda loss: None)
+        return module.step([objective.batch(data.train.next_batch(), 0)], 1.0)
 
     for _ in range(warmup):
         step()

@@ -4,7 +4,7 @@ loss and optimizer (benchmarks/torch_reference.py; `torch_sdpa`: scaled_dot_prod
 plain matmul-softmax-matmul attention, the math of ours).
 
     scripts/venv.sh python -m benchmarks.speed_memory [--shapes small,medium] [--steps 20] [--warmup 3]
-        [--impls native,mindformers,torch_sdpa,torch_eager] [--peak-tflops X] [hydra overrides ...]
+        [--impls native,mindformers,torch_sdpa,torch_eager] [--peak-tflops X] [--rounds N] [hydra overrides ...]
 
 Every implementation trains in its own process, one after the other (so peak RSS is its own), logging every
 step. `native_warm` is native run a second time with `trainer.compile_cache=true`, loading the graphs its first
@@ -19,7 +19,9 @@ run compiled (a resume or rerun of the same config). Per implementation:
   final loss    the last step's loss (all implementations see the same batches; PyTorch starts from the
                 native model's initial weights, MindFormers from its own initialization)
 The 1-minute load average is printed at each launch and exit: the box is shared, so ratios within one run
-are what count. Hydra overrides apply to every run (and to the PyTorch export).
+are what count. `--rounds N` runs the whole list N times, interleaved, and prints native's ratio to each other
+implementation per round and their median (one implementation's tokens/s moved by 5-7% between runs minutes
+apart on a 2-core box). Hydra overrides apply to every run (and to the PyTorch export).
 
 Shapes: `small` is model=small (H384, 8 layers, 6 heads, vocab 8192) at 8 x 256 tokens per step. `medium` is
 H512, 8 layers, 8 heads, SwiGLU 1344 (8/3 H rounded to 64, as small's 1024), vocab 32000 at 4 x 512 tokens:
@@ -28,6 +30,7 @@ its 32000-piece tokenizer is trained on the default data on first use (cached af
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -117,6 +120,19 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def round_ratios(shape: str, rounds: list) -> str:
+    """native's tokens/s over each other implementation's, round by round (each round runs them back to back, so
+    a drift of the box's load between rounds cancels in its ratio), and their median."""
+    lines = []
+    for other in (impl for impl in IMPLS if not impl.startswith("native")):
+        ratios = [r["native"]["tokens_per_sec"] / r[other]["tokens_per_sec"] for r in rounds
+                  if "tokens_per_sec" in r.get("native", {}) and "tokens_per_sec" in r.get(other, {})]
+        if ratios:
+            lines.append(f"{shape}: native / {other} tokens/s by round {', '.join(f'{x:.2f}' for x in ratios)}; "
+                         f"median x{statistics.median(ratios):.2f}")
+    return "\n".join(lines)
+
+
 def check_args(parser, impls: str, steps: int, warmup: int, shapes: str = "small") -> None:
     """parser.error (one line, exit 2) on an unknown implementation or shape, or too few steps."""
     for name, given, known in (("--shapes", shapes, SHAPES), ("--impls", impls, IMPLS)):
@@ -134,6 +150,7 @@ def parse_args(argv):
     p.add_argument("--warmup", type=int, default=3, help="first steps left out of tokens/s (compile)")
     p.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated, of {', '.join(IMPLS)}")
     p.add_argument("--peak-tflops", type=float, default=None, help="skip the GEMM measurement, use this peak")
+    p.add_argument("--rounds", type=int, default=1, help="run the implementations this many times, interleaved")
     args, overrides = p.parse_known_args(argv)
     check_args(p, args.impls, args.steps, args.warmup, shapes=args.shapes)
     return args, overrides
@@ -154,9 +171,15 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory() as workdir:
         for shape in args.shapes.split(","):
             run_overrides = [*SHAPES[shape], *COMMON, f"trainer.max_steps={args.steps}", *overrides]
-            results = run_shape(run_overrides, args.impls.split(","), args.warmup, peak["peak"], workdir, f"-{shape}")
-            print(f"\n{shape}: {' '.join(run_overrides)} (tokens/s over steps {args.warmup + 1}-{args.steps})")
-            print(table(results), flush=True)
+            rounds = []
+            for r in range(args.rounds):
+                tag = f"-{shape}" + (f"-round{r + 1}" if args.rounds > 1 else "")
+                rounds.append(run_shape(run_overrides, args.impls.split(","), args.warmup, peak["peak"], workdir, tag))
+                print(f"\n{shape}{tag[len(shape) + 1:]}: {' '.join(run_overrides)} (tokens/s over steps "
+                      f"{args.warmup + 1}-{args.steps})")
+                print(table(rounds[-1]), flush=True)
+            if args.rounds > 1:
+                print(round_ratios(shape, rounds), flush=True)
 
 
 if __name__ == "__main__":

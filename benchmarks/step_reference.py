@@ -48,7 +48,7 @@ def mindlab_run(cfg, steps: int) -> Tuple[dict, List[List[tuple]], List[float]]:
     from data import build_data
     from models import build_model
     from objectives import objective as objective_plugin
-    from trainer.module import LocalModule
+    from trainer.module import local_module
     from trainer.optimizer import build_optimizer
 
     t = cfg.trainer
@@ -58,8 +58,7 @@ def mindlab_run(cfg, steps: int) -> Tuple[dict, List[List[tuple]], List[float]]:
     model = build_model(cfg.model, cfg.data.seq_len, "fp32", "CPU", t.seed)
     initial = {p.name: p.asnumpy().copy() for p in model.get_parameters()}
     objective = plugin.Objective(cfg.objective, data.tokenizer, t.seed)
-    module = LocalModule(model, objective, build_optimizer(model.trainable_params(), cfg.optim, t.max_steps),
-                         cfg.optim.clip_grad_norm)
+    module = local_module(model, objective, build_optimizer(model.trainable_params(), cfg.optim, t.max_steps), cfg)
 
     def next_inputs() -> tuple:  # as trainer/loop.py: the batch's first sample index, then the batch
         sample = data.train.position
@@ -69,7 +68,7 @@ def mindlab_run(cfg, steps: int) -> Tuple[dict, List[List[tuple]], List[float]]:
     for _ in range(steps):
         micro = [next_inputs() for _ in range(t.grad_accum)]
         batches.append(micro)
-        losses.append(module.step(micro, 1.0, lambda loss: None).loss)
+        losses.append(module.step(micro, 1.0).loss)
     return initial, batches, losses
 
 

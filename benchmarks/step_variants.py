@@ -5,8 +5,8 @@ every variant sees the same box (the load of a shared machine moves absolute tim
         [hydra overrides for every variant, default model=small data.seq_len=256 trainer.micro_batch_size=8]
 
 e.g. `--variant plain=model.layer_kernels=plain --variant fused=model.layer_kernels=fused`. Each step is
-trainer/module.py LocalModule.step on one of four prepared batches (the first 4 steps compile and settle and are
-left out). Printed per variant: wall ms per step, the process's CPU
+trainer/module.py LocalModule.step, built as train.py builds it (local_module), on one of four prepared batches
+(the first 4 steps compile and settle and are left out). Printed per variant: wall ms per step, the process's CPU
 ms per step (user + system, all threads; their ratio is how many cores were busy) and the last step's loss
 (variants of the same math agree).
 """
@@ -21,21 +21,20 @@ SETTLE = 4  # steps left out: compile, first allocations
 def step_ms(variants: dict, common: list, steps: int) -> dict:
     """{name: (wall ms, CPU ms, last loss) per step} for `variants` {name: [overrides]} on top of `common`."""
     from benchmarks.measure import compose_config, native_pieces
-    from trainer.module import LocalModule
+    from trainer.module import local_module
     from trainer.optimizer import build_optimizer
 
     runs = {}
     for name, overrides in variants.items():
         cfg = compose_config([*common, "trainer.max_steps=100", *overrides])
         data, model, objective = native_pieces(cfg)
-        module = LocalModule(model, objective, build_optimizer(model.trainable_params(), cfg.optim, 100),
-                             cfg.optim.clip_grad_norm)
+        module = local_module(model, objective, build_optimizer(model.trainable_params(), cfg.optim, 100), cfg)
         runs[name] = (module, [objective.batch(data.train.next_batch(), 0) for _ in range(4)])
     totals = {name: [0.0, 0.0, None] for name in runs}
     for i in range(steps + SETTLE):
         for name, (module, batches) in runs.items():
             start, cpu = time.perf_counter(), os.times()
-            loss = module.step([batches[i % 4]], 1.0, lambda loss: None).loss
+            loss = module.step([batches[i % 4]], 1.0).loss
             end = os.times()
             if i >= SETTLE:
                 totals[name][0] += time.perf_counter() - start

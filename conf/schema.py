@@ -204,6 +204,9 @@ class TrainerConfig:
     max_steps: int = 1000
     micro_batch_size: int = 8  # sequences per forward/backward on one device
     grad_accum: int = 1
+    # grad_accum=1 on one device: forward, backward and the update as one graph (trainer/step.py TrainStep: no
+    # gradient buffers); false: the two graphs that accumulation and data parallelism use, there too
+    one_graph_step: bool = True
     global_batch_size: Optional[int] = None  # None: micro_batch_size * dp * micro_batches (pp) * grad_accum
     mode: str = "graph"  # graph | pynative
     seed: int = 1234

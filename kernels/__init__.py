@@ -1,14 +1,16 @@
 """mindlab's compiled CPU kernels: C++ sources here, built into the venv as MindSpore AOT custom ops.
 
     attention.cc   causal self-attention forward and backward (kernels/attention.py is its MindSpore op)
-    layers.cc      RMSNorm, SwiGLU and RoPE forward and backward (kernels/layers.py: their MindSpore ops)
-    threads.h      the thread-per-core helpers both use
+    layers.cc      RMSNorm, SwiGLU, RoPE and cross-entropy forward and backward (kernels/layers.py: their ops)
+    optimizer.cc   AdamW's in-place update (kernels/optimizer.py: its op; trainer/optimizer.py AdamW uses it)
+    threads.h      the thread-per-core helpers they use
 
 scripts/venv.sh runs `python -m kernels` after creating or finding the venv: each source is compiled once into
 <venv>/mindlab-kernels/<name>-<key>.so, the key hashing the source, the compile command and this CPU's flags
 (-march=native code would crash on another CPU kind). Building needs g++ and oneDNN's libdnnl.so.3, which the
 MindSpore wheel ships (the kernels call its sgemm); without them nothing is built and the models use their
-plain MindSpore ops (model.attention_kernel=auto) or say why they cannot (=fused).
+plain MindSpore ops (model.attention_kernel=auto) or say why they cannot (=fused); AdamW uses MindSpore's fused
+kernel.
 
 Importing this module is cheap: no MindSpore.
 """
@@ -22,7 +24,7 @@ import tempfile
 from typing import Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = ("attention", "layers")
+SOURCES = ("attention", "layers", "optimizer")
 FLAGS = ["-O3", "-march=native", "-ffast-math", "-pthread", "-shared", "-fPIC", "-std=c++17"]
 
 

@@ -237,6 +237,10 @@ def test_without_the_built_kernel_auto_is_plain_and_fused_is_one_error(monkeypat
     m.layer_kernels = "fused"
     with pytest.raises(ConfigError, match=r"model\.layer_kernels: fused: kernels/layers\.cc is not built"):
         layer_kernels(m, "fp32", "CPU")
+    from mindspore import Parameter
+    from trainer.optimizer import adamw_kernel_applies
+
+    assert not adamw_kernel_applies([Parameter(Tensor(np.zeros(3, np.float32)), name="w")])  # MindSpore's kernel
 
 
 def test_the_venv_build_compiles_the_kernel(monkeypatch, tmp_path, capsys):
@@ -265,3 +269,51 @@ def test_the_dry_run_plans_no_probabilities_under_the_kernel():
                for kind, text in reports.items()}
     assert by_mode["plain"]["none"] > by_mode["plain"]["selective"]  # plain keeps the probabilities
     assert by_mode["fused"]["none"] == by_mode["fused"]["selective"] == by_mode["plain"]["selective"]
+
+
+@pytest.mark.parametrize("mode", ["graph", "pynative"])
+def test_the_adamw_kernel_updates_as_mindspores_fused_kernel(mode):
+    """trainer/optimizer.py AdamW with kernels/optimizer.cc against MindSpore's AdamWeightDecay (itself equal to
+    MindFormers' AdamW and torch's, tests/test_step.py): weights and both moments over four steps of warmup, with
+    a decayed and an exempt group; a step the graph skips (allow False) leaves everything as it was."""
+    from conf.schema import OPTIMIZERS
+    from omegaconf import OmegaConf
+    from mindspore import Parameter
+    from trainer.optimizer import AdamW, adamw_kernel_applies, build_schedule, param_groups
+
+    cfg = OmegaConf.merge(OmegaConf.structured(OPTIMIZERS["adamw"]),
+                          {"name": "adamw", "warmup_steps": 2, "weight_decay": 0.1})
+    shapes = {"w.weight": (64, 32), "norm.weight": (32,), "embedding.weight": (1000,)}
+
+    class Update(nn.Cell):
+        def __init__(self, optimizer):
+            super().__init__()
+            self.optimizer = optimizer
+
+        def construct(self, grads, allow):
+            if allow:
+                self.optimizer(grads)
+            return self.optimizer.get_lr()
+
+    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
+    try:
+        states = {}
+        for kernel in (False, True):
+            init = np.random.default_rng(1)
+            params = [Parameter(Tensor(init.standard_normal(s).astype(np.float32)), name=n) for n, s in shapes.items()]
+            assert adamw_kernel_applies(params)
+            optimizer = AdamW(param_groups(params, cfg), build_schedule(cfg, 10), tuple(cfg.betas), cfg.eps,
+                              kernel=kernel)
+            update, rng = Update(optimizer), np.random.default_rng(2)
+            for allow in (True, True, False, True, True):
+                before = [p.asnumpy().copy() for p in optimizer.parameters]
+                update(tuple(Tensor(rng.standard_normal(p.shape).astype(np.float32)) for p in optimizer.parameters),
+                       Tensor(allow))
+                if not allow:
+                    assert all(np.array_equal(p.asnumpy(), b) for p, b in zip(optimizer.parameters, before))
+            states[kernel] = [x.asnumpy() for x in (*optimizer.parameters, *optimizer.exp_avg, *optimizer.exp_avg_sq)]
+    finally:
+        ms.set_context(mode=ms.GRAPH_MODE)
+    for got, want in zip(states[True], states[False]):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    assert not adamw_kernel_applies([Parameter(Tensor(np.zeros(3, np.float16)), name="half")])

@@ -71,7 +71,7 @@ def test_micro_batches_are_weighted_by_their_loss_tokens(pynative):
         model = build_model(load_preset("model", "tiny"), 32, "fp32", "CPU", seed=0)
         optimizer = build_optimizer(model.trainable_params(), optim_cfg(lr=1e-2, eps=1e-4, schedule="constant"), 10)
         module = LocalModule(model, objective, optimizer, clip_grad_norm=0.0)
-        result = module.step(micro_batches, 1.0, lambda loss: None)
+        result = module.step(micro_batches, 1.0)
         return result.loss, {p.name: p.asnumpy() for p in model.trainable_params()}
 
     whole_loss, whole = run([(ids, labels)])

@@ -14,6 +14,8 @@ from conftest import load_preset
 from models import build_model
 from objectives.clm import CausalLMLoss
 import checkpoint
+from trainer.guard import SpikeGuard
+from trainer.module import LocalModule
 from trainer.optimizer import build_optimizer, build_schedule, param_groups
 from trainer.step import ApplyUpdate, DynamicLossScale, ForwardBackward, ShardedTrainStep
 
@@ -274,3 +276,55 @@ def test_one_graph_sharded_step_equals_the_two_graph_step():
     a, b = weights(model_a), weights(model_b)
     for k in a:
         np.testing.assert_allclose(b[k], a[k], atol=1e-6, err_msg=k)
+
+
+class _CausalLM:
+    """The objective interface LocalModule uses (objectives/clm.py's loss, no metrics)."""
+    metrics = ()
+
+    def loss_cell(self, model):
+        return CausalLMLoss(model)
+
+    def loss_tokens(self, inputs):
+        return inputs[1][:, 1:].size
+
+
+def test_one_graph_local_step_equals_the_two_graph_step_and_the_guards_verdict():
+    """trainer/module.py with one_graph (TrainStep: the default at grad_accum=1 on one device) against the two
+    graphs, both through LocalModule.step with a spike guard and a loss scale: the same losses, norms (clipping
+    active) and weights over three steps; then a spike and a NaN loss are skipped by both, for the same reason."""
+    x = batch(8).asnumpy()
+    runs = {}
+    for one_graph in (False, True):
+        model, optimizer, _, _ = setup(clip=0.05)
+        module = LocalModule(model, _CausalLM(), optimizer, 0.05, one_graph=one_graph)
+        guard = SpikeGuard(factor=0.5, window=3, max_consecutive=5)  # from step 4 every loss spikes
+        results = []
+        for scale in (128.0, 128.0, 128.0, 128.0, float("nan")):
+            result = module.step([(x, x)], scale, guard)
+            guard.record(result.loss, result.skip)
+            results.append(result)
+        runs[one_graph] = results, weights(model), int(optimizer.global_step.asnumpy())
+    (two, two_weights, two_steps), (one, one_weights, one_steps) = runs[False], runs[True]
+    assert [r.skip for r in one] == [r.skip for r in two]
+    assert one[3].skip.startswith("loss spike") and one[4].skip == "non-finite loss"
+    assert one_steps == two_steps == 3  # the skipped steps did not advance the schedule
+    for a, b in zip(one[:4], two[:4]):
+        assert a.loss == pytest.approx(b.loss, rel=1e-6) and a.finite and a.loss_tokens == b.loss_tokens == 8 * 32
+        assert float(a.grad_norm.asnumpy()) == pytest.approx(float(b.grad_norm.asnumpy()), rel=1e-5)
+    assert float(one[0].grad_norm.asnumpy()) > 0.05  # clipping was active
+    for k in two_weights:
+        np.testing.assert_allclose(one_weights[k], two_weights[k], atol=1e-6, err_msg=k)
+
+
+def test_the_guards_limit_gives_its_verdict_in_float32():
+    """SpikeGuard.limit is what a graph compares the float32 loss to: at and around the threshold every float32
+    loss is accepted by `loss <= limit` exactly when check() accepts it."""
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        guard = SpikeGuard(factor=float(rng.uniform(1.1, 3)), window=3, max_consecutive=5)
+        guard.history = rng.uniform(1, 10, 3).astype(np.float32).astype(float).tolist()
+        threshold = np.float32(guard.factor * sum(guard.history) / 3)
+        for loss in (np.nextafter(threshold, np.float32(-np.inf)), threshold, np.nextafter(threshold, np.float32(np.inf))):
+            assert (guard.check(float(loss)) is None) == bool(loss <= guard.limit())
+    assert SpikeGuard(2.0, 3, 5).limit() == np.inf  # no history yet: no spike check

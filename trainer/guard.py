@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+import numpy as np
+
 from conf.errors import UserError
 
 
@@ -30,6 +32,16 @@ class SpikeGuard:
             if loss > self.factor * mean:
                 return f"loss spike: {loss:.4f} > {self.factor:g} x running mean {mean:.4f}"
         return None
+
+    def limit(self) -> np.float32:
+        """The largest float32 loss that check() accepts, for a graph that decides on the update itself
+        (trainer/step.py TrainStep: loss <= limit): the largest float32 at or below factor x the running mean, so
+        the float32 comparison gives check()'s verdict exactly; +inf before the window fills or without a check."""
+        if not (self.factor and len(self.history) >= self.window):
+            return np.float32(np.inf)
+        threshold = self.factor * (sum(self.history) / len(self.history))
+        below = np.float32(threshold)
+        return np.nextafter(below, np.float32(-np.inf)) if below > threshold else below
 
     def record(self, loss: float, skip_reason: Optional[str]) -> None:
         if skip_reason:

@@ -19,7 +19,7 @@ from trainer.callbacks import Checkpointing, Evaluation, Sinks, TrainMetrics
 from trainer.console import ConsoleProgress
 from trainer.guard import SpikeGuard, TrainingStopped
 from trainer.metrics import MetricsFile, SpeedMonitor
-from trainer.module import LocalModule, ShardedModule
+from trainer.module import ShardedModule, local_module
 from trainer.optimizer import build_optimizer
 from trainer.runtime import Preemption, init_runtime, rng_state, set_rng_state
 from trainer.step import DynamicLossScale
@@ -61,7 +61,7 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
             adapters = ({p.name for p in model.trainable_params()}, adapters[1])
     optimizer = build_optimizer(model.trainable_params(), cfg.optim, t.max_steps)
     module = ShardedModule(model, objective, optimizer, cfg, rt.rank, run_dir) if sharded else \
-        LocalModule(model, objective, optimizer, cfg.optim.clip_grad_norm, rt.world_size, adapters)
+        local_module(model, objective, optimizer, cfg, rt.world_size, adapters)
     val = {} if hasattr(objective, "next_inputs") else {  # a rollout objective: no val rows
         source: [objective.batch(b, -1 - i) for i, b in enumerate(batches)] for source, batches in data.val.items()}
     downstream = _downstream(cfg, lm, objective, data, val)  # (task files are read here: before any file is written)
@@ -122,7 +122,7 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     for step in range(start + 1, t.max_steps + 1):
         scale = math.nan if step in t.inject_nan_steps else (scaler.scale if scaler else 1.0)
         position = data.train.position
-        result = module.step([next_inputs() for _ in range(micro_steps)], scale, guard.check)
+        result = module.step([next_inputs() for _ in range(micro_steps)], scale, guard)
         if scaler:
             scaler.update(result.finite)  # an overflow under fp16 is routine: the scaler backs off, the guard ignores it
         elif not result.finite and result.skip is None:

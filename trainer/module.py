@@ -2,16 +2,17 @@
 data parallelism and under tensor/pipeline sharding, so the loop (trainer/loop.py) never branches on the
 layout (OLMo-core's TrainModule/Trainer split).
 
-    result = module.step(micro_batches, loss_scale, decide)   # forward/backward every micro-batch, update
+    result = module.step(micro_batches, loss_scale, guard)    # forward/backward every micro-batch, update
     val = module.evaluate(batches)                             # token-weighted loss and metrics
     module.save(step_dir_root, step, state, ...) / module.load(path)
 
-`micro_batches` are the step's inputs (tuples of numpy arrays in the objective's `inputs` order);
-`decide(loss)` is the host's verdict on the update (a reason to skip it, or None), asked between the
-backward and the update where the layout allows it.
+`micro_batches` are the step's inputs (tuples of numpy arrays in the objective's `inputs` order); `guard`
+(trainer/guard.py SpikeGuard, or None: every finite update is taken) decides on the update: `guard.check(loss)`
+is the host's verdict (a reason to skip it, or None), asked between the backward and the update where the step
+has two graphs; a one-graph step compares the loss to `guard.limit()` itself, the same verdict.
 """
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -19,7 +20,7 @@ import mindspore as ms
 from mindspore import Tensor
 
 import checkpoint
-from trainer.step import ApplyUpdate, ForwardBackward
+from trainer.step import ApplyUpdate, ForwardBackward, TrainStep
 
 
 @dataclass
@@ -34,13 +35,20 @@ class StepResult:
 
 
 class LocalModule:
-    """One device, or data parallel (`world_size` replicas, gradients averaged by AllReduce): two graphs per
-    step (trainer/step.py), accumulation a Python loop weighted by each micro-batch's loss tokens."""
+    """One device, or data parallel (`world_size` replicas, gradients averaged by AllReduce). `one_graph`
+    (one micro-batch per step on one device): trainer/step.py TrainStep; else two graphs per step, accumulation a
+    Python loop weighted by each micro-batch's loss tokens."""
 
-    def __init__(self, model, objective, optimizer, clip_grad_norm: float, world_size: int = 1, adapters=None):
+    def __init__(self, model, objective, optimizer, clip_grad_norm: float, world_size: int = 1, adapters=None,
+                 one_graph: bool = False):
         """`adapters`: (names, PEFT adapter_config) of a LoRA run, whose checkpoints hold only those weights."""
         self.model, self.objective, self.optimizer, self.adapters = model, objective, optimizer, adapters
         self.loss_net = objective.loss_cell(model)
+        if one_graph:
+            assert world_size == 1, "the one-graph step is single-device"
+            self.train_step = TrainStep(self.loss_net, optimizer, clip_grad_norm)
+            return
+        self.train_step = None
         self.forward_backward = ForwardBackward(self.loss_net, optimizer.parameters)
         reducer, self.replica_mean = None, None
         if world_size > 1:
@@ -56,8 +64,9 @@ class LocalModule:
             return value
         return float(self.replica_mean(Tensor(value, ms.float32)).asnumpy())
 
-    def step(self, micro_batches: Sequence[tuple], loss_scale: float,
-             decide: Callable[[float], Optional[str]]) -> StepResult:
+    def step(self, micro_batches: Sequence[tuple], loss_scale: float, guard=None) -> StepResult:
+        if self.train_step is not None:
+            return self._one_graph_step(micro_batches, loss_scale, guard)
         counts = [self.objective.loss_tokens(inputs) for inputs in micro_batches]
         total = round(self._global(float(sum(counts))) * self.world_size)  # loss tokens of the global batch
         outs = []  # read after the loop: one host sync per step, the micro-batches launched back to back
@@ -72,10 +81,19 @@ class LocalModule:
             metrics += [weight * float(m.asnumpy()) for m in out[1:]]
         loss = self._global(loss)  # every rank decides on the same, global loss
         metrics = [self._global(float(m)) for m in metrics]
-        skip = decide(loss)
+        skip = guard.check(loss) if guard else None
         grad_norm, finite, lr = self.apply_update(Tensor(loss_scale, ms.float32), Tensor(skip is None))
         return StepResult(loss, grad_norm, bool(finite.asnumpy()), lr, skip,
                           dict(zip(self.objective.metrics, metrics)), total)
+
+    def _one_graph_step(self, micro_batches: Sequence[tuple], loss_scale: float, guard) -> StepResult:
+        (inputs,) = micro_batches
+        limit = guard.limit() if guard else np.float32(np.inf)
+        *outs, grad_norm, finite, lr = self.train_step(Tensor(loss_scale, ms.float32), Tensor(limit, ms.float32),
+                                                       *map(Tensor, inputs))
+        loss, *metrics = (float(out.asnumpy()) for out in outs)
+        return StepResult(loss, grad_norm, bool(finite.asnumpy()), lr, guard.check(loss) if guard else None,
+                          dict(zip(self.objective.metrics, metrics)), self.objective.loss_tokens(inputs))
 
     def evaluate(self, batches: List[tuple]) -> Tuple[Dict[str, float], int]:
         """(the objective's loss and metrics over `batches`, each batch weighted by its loss tokens; those tokens)."""
@@ -94,10 +112,18 @@ class LocalModule:
         return checkpoint.load(path, self.model, self.optimizer, self.adapters[0] if self.adapters else None)
 
 
+def local_module(model, objective, optimizer, cfg, world_size: int = 1, adapters=None) -> LocalModule:
+    """LocalModule as train.py builds it for `cfg`: one graph per step at trainer.grad_accum=1 on one device
+    (unless trainer.one_graph_step=false), else two."""
+    t = cfg.trainer
+    return LocalModule(model, objective, optimizer, cfg.optim.clip_grad_norm, world_size, adapters,
+                       one_graph=t.one_graph_step and t.grad_accum == 1 and world_size == 1)
+
+
 class ShardedModule(LocalModule):
     """Tensor/pipeline parallel or optimizer sharding (Ascend/GPU): the step is one semi-auto graph
     (trainer/step.py ShardedTrainStep under distributed/semi_auto.py), fed the whole pipeline batch at once;
-    its loss is not seen before the update, so `decide` is not asked (validation turns spike skipping off)."""
+    its loss is not seen before the update, so `guard` is not asked (validation turns spike skipping off)."""
 
     def __init__(self, model, objective, optimizer, cfg, rank: int, run_dir: str):
         from distributed.semi_auto import parallel_step, shard_model
@@ -110,8 +136,7 @@ class ShardedModule(LocalModule):
         self.compiled = parallel_step(ShardedTrainStep(self.loss_net, optimizer, cfg.optim.clip_grad_norm, p.pp,
                                                        p.micro_batches, p.optimizer_shard), cfg, run_dir, rank)
 
-    def step(self, micro_batches: Sequence[tuple], loss_scale: float,
-             decide: Callable[[float], Optional[str]]) -> StepResult:
+    def step(self, micro_batches: Sequence[tuple], loss_scale: float, guard=None) -> StepResult:
         (inputs,) = micro_batches  # validation: grad_accum == 1; the pipeline's micro-batches are in the batch
         loss, grad_norm, finite, lr = self.compiled(Tensor(loss_scale, ms.float32), *map(Tensor, inputs))
         return StepResult(float(loss.asnumpy()), grad_norm, bool(finite.asnumpy()), lr)

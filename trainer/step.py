@@ -1,10 +1,19 @@
 """The compiled cells of one optimizer step. Each takes the objective's inputs as `*inputs` (the batch's
 named columns in the objective's order), so a new objective needs no new step code.
 
-Single device and data parallel, two graphs, so gradient accumulation is a plain Python loop:
+One micro-batch on one device (trainer.grad_accum=1, no data parallelism), one graph:
+
+    loss, *metrics, grad_norm, finite, lr = train_step(loss_scale, limit, *inputs)   # TrainStep
+
+forward, backward, unscale, clip and AdamW, the update taken when the gradients are finite and the loss is at
+most `limit` (the host's spike threshold, trainer/guard.py SpikeGuard.limit): no gradient buffers to fill and
+zero (their AssignAdd and Assign kernels were ~37 ms of a ~2.3 s model=small step on a 2-core box:
+benchmarks/profile_step.py) and one host round trip instead of two. trainer.one_graph_step=false keeps two graphs.
+
+Gradient accumulation and data parallelism, two graphs, so accumulation is a plain Python loop:
 
     for inputs, weight in micro_batches:  loss, *metrics = forward_backward(loss_scale * weight, *inputs)
-    grad_norm, finite, lr = apply_update(loss_scale, allow)     # unscale, (all-reduce,) clip, AdamW, zero
+    grad_norm, finite, lr = apply_update(loss_scale, allow)     # (all-reduce,) unscale, clip, AdamW, zero
 
 `weight` is the micro-batch's share of the loss tokens of the whole global batch (all micro-batches and
 data-parallel ranks; trainer/module.py computes it on the host from the batches), so the accumulated
@@ -92,12 +101,35 @@ class ApplyUpdate(nn.Cell):
 
     def construct(self, loss_scale, allow):
         """`allow`=False discards the accumulated gradients (a step the host decided to skip)."""
-        grads = _map(ops.partial(_scaled, 1.0 / loss_scale), self.grad_buffers)
+        grads = self.grad_buffers
         if self.reduce:
             grads = self.reducer(grads)
-        norm, finite, lr = self.update(grads, allow)
+        norm, finite, lr = self.update(grads, allow, 1.0 / loss_scale)
         norm = ops.depend(norm, _map(_zero, self.grad_buffers))
         return norm, finite, lr
+
+
+class TrainStep(nn.Cell):
+    """(loss, *metrics, norm, finite, lr) = step(loss_scale, limit, *inputs): one micro-batch's forward and
+    backward and the update in one graph; the update is skipped unless the loss is finite and <= `limit`."""
+
+    def __init__(self, loss_net: nn.Cell, optimizer: nn.Optimizer, clip_grad_norm: float):
+        super().__init__(auto_prefix=False)  # keep the model's parameter names
+        self.loss_net = loss_net
+        self.update = ClipAndUpdate(optimizer, clip_grad_norm)
+        self.value_and_grad = ms.value_and_grad(self.scaled_loss, None, optimizer.parameters, has_aux=True)
+
+    def scaled_loss(self, loss_scale, *inputs):
+        """(loss * loss_scale: what is differentiated, then the loss cell's outputs as auxiliaries)."""
+        out = self.loss_net(*inputs)
+        return (out[0] * loss_scale,) + out
+
+    def construct(self, loss_scale, limit, *inputs):
+        out, grads = self.value_and_grad(loss_scale, *inputs)
+        loss = out[0] / loss_scale  # a NaN scale (trainer.inject_nan_steps) makes a NaN loss
+        allow = ops.logical_and(ops.isfinite(loss), loss <= limit)
+        norm, finite, lr = self.update(grads, allow, 1.0 / loss_scale)
+        return (loss,) + out[2:] + (norm, finite, lr)
 
 
 class ClipAndUpdate(nn.Cell):
@@ -111,19 +143,22 @@ class ClipAndUpdate(nn.Cell):
         self.optimizer = optimizer
         self.clip_grad_norm = clip_grad_norm
 
-    def construct(self, grads, allow):
-        norm = ops.sqrt(ops.addn(_map(_square_sum, grads)))
+    def construct(self, grads, allow, unscale):
+        """`grads` times `unscale` (1 / the loss scale) are the gradients: that product and clipping's are one
+        pass over them."""
+        norm = ops.sqrt(ops.addn(_map(_square_sum, grads))) * unscale
         finite = ops.isfinite(norm)
+        factor = unscale
         if self.clip_grad_norm > 0:
-            factor = ops.minimum(self.clip_grad_norm / (norm + 1e-6), 1.0)
-            grads = _map(ops.partial(_scaled, factor), grads)
+            factor = ops.minimum(self.clip_grad_norm / (norm + 1e-6), 1.0) * unscale
+        grads = _map(ops.partial(_scaled, factor), grads)
         lr = self.optimizer.get_lr()
         if ops.logical_and(finite, allow):
             self.optimizer(grads)
         return norm, finite, lr
 
 
-class ShardedTrainStep(nn.Cell):
+class ShardedTrainStep(TrainStep):
     """One optimizer step in one graph: (loss, grad_norm, finite, lr) = step(loss_scale, *inputs).
 
     With pp > 1 the batch is split into `micro_batches` micro-batches (1F1B) by `Pipeline`, and
@@ -134,23 +169,16 @@ class ShardedTrainStep(nn.Cell):
 
     def __init__(self, loss_net: nn.Cell, optimizer: nn.Optimizer, clip_grad_norm: float, pp: int,
                  micro_batches: int, optimizer_shard: bool):
-        super().__init__(auto_prefix=False)  # keep the model's parameter names
-        self.net = Pipeline(loss_net, micro_batches) if pp > 1 else loss_net
-        self.update = ClipAndUpdate(optimizer, clip_grad_norm)
-        self.value_and_grad = ms.value_and_grad(self.scaled_loss, None, optimizer.parameters, has_aux=True)
+        super().__init__(Pipeline(loss_net, micro_batches) if pp > 1 else loss_net, optimizer, clip_grad_norm)
         self.pipelined = pp > 1
         self.allow = ms.Tensor(True)
         self.reducer = PipelineGradReducer(optimizer.parameters, opt_shard=optimizer_shard) if pp > 1 else None
-
-    def scaled_loss(self, loss_scale, *inputs):
-        out = self.net(*inputs)
-        return (out[0] * loss_scale,) + out
 
     def construct(self, loss_scale, *inputs):
         out, grads = self.value_and_grad(loss_scale, *inputs)
         if self.pipelined:
             grads = self.reducer(grads)
-        norm, finite, lr = self.update(_map(ops.partial(_scaled, 1.0 / loss_scale), grads), self.allow)
+        norm, finite, lr = self.update(grads, self.allow, 1.0 / loss_scale)
         return out[1], norm, finite, lr
 
 
