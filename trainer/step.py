@@ -66,20 +66,28 @@ def _zero_tensor(buffer):
     return ops.assign(buffer, ops.zeros_like(buffer))
 
 
-class ForwardBackward(nn.Cell):
-    """(loss, *metrics) = forward_backward(scale, *inputs), adding d(loss * scale)/dw to the grad buffers."""
+class ScaledLossGradients(nn.Cell):
+    """What every step cell differentiates: `self.value_and_grad(scale, *inputs)` gives ((loss * scale, loss,
+    *metrics), d(loss * scale)/d params) for the loss cell's outputs (loss, *metrics)."""
 
     def __init__(self, loss_net: nn.Cell, params: ms.ParameterTuple):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
         self.loss_net = loss_net
-        self.params = params
-        self.grad_buffers = params.clone(prefix="grad_buffer", init="zeros")
         self.value_and_grad = ms.value_and_grad(self.scaled_loss, None, params, has_aux=True)
 
     def scaled_loss(self, scale, *inputs):
         """(loss * scale: what is differentiated, then the loss cell's outputs as auxiliaries)."""
         out = self.loss_net(*inputs)
         return (out[0] * scale,) + out
+
+
+class ForwardBackward(ScaledLossGradients):
+    """(loss, *metrics) = forward_backward(scale, *inputs), adding d(loss * scale)/dw to the grad buffers."""
+
+    def __init__(self, loss_net: nn.Cell, params: ms.ParameterTuple):
+        super().__init__(loss_net, params)
+        self.params = params
+        self.grad_buffers = params.clone(prefix="grad_buffer", init="zeros")
 
     def construct(self, scale, *inputs):
         out, grads = self.value_and_grad(scale, *inputs)
@@ -109,20 +117,13 @@ class ApplyUpdate(nn.Cell):
         return norm, finite, lr
 
 
-class TrainStep(nn.Cell):
+class TrainStep(ScaledLossGradients):
     """(loss, *metrics, norm, finite, lr) = step(loss_scale, limit, *inputs): one micro-batch's forward and
     backward and the update in one graph; the update is skipped unless the loss is finite and <= `limit`."""
 
     def __init__(self, loss_net: nn.Cell, optimizer: nn.Optimizer, clip_grad_norm: float):
-        super().__init__(auto_prefix=False)  # keep the model's parameter names
-        self.loss_net = loss_net
+        super().__init__(loss_net, optimizer.parameters)
         self.update = ClipAndUpdate(optimizer, clip_grad_norm)
-        self.value_and_grad = ms.value_and_grad(self.scaled_loss, None, optimizer.parameters, has_aux=True)
-
-    def scaled_loss(self, loss_scale, *inputs):
-        """(loss * loss_scale: what is differentiated, then the loss cell's outputs as auxiliaries)."""
-        out = self.loss_net(*inputs)
-        return (out[0] * loss_scale,) + out
 
     def construct(self, loss_scale, limit, *inputs):
         out, grads = self.value_and_grad(loss_scale, *inputs)
