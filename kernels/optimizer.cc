@@ -1,38 +1,100 @@
-// AdamW's update for MindSpore's CPU backend as one AOT custom op per parameter (trainer/optimizer.py AdamW calls
-// it through kernels/optimizer.py; kernels/__init__.py builds this file at install time). fp32.
+// The optimizer step's two passes over every parameter for MindSpore's CPU backend, as two AOT custom ops that each
+// take all the parameters at once (trainer/step.py ClipAndUpdate and trainer/optimizer.py AdamW call them through
+// kernels/optimizer.py; kernels/__init__.py builds this file at install time). fp32.
 //
-// The op updates the parameter and its two moments in place, one pass over the four arrays, where MindSpore's fused
-// AdamWeightDecay kernel makes the same pass at about half the memory bandwidth. The op is marked side_effect_mem
-// (kernels/optimizer.py), so MindSpore keeps and orders it like its own in-place optimizer kernels.
+//   mindlab_grad_norm  the global gradient norm (clipping's and the finite check's input)
+//   mindlab_adamw      AdamW's update of every parameter and its moments in place, the gradients times a factor
+//                      (1 / loss scale x clipping's)
+//
+// Two ops where the graph had ~10 per parameter (square sums, clipping product, bias-corrected hyperparameters,
+// MindSpore's fused AdamWeightDecay, whose pass has about half this one's memory bandwidth): compiling those
+// ~750 ops took seconds. The update is marked side_effect_mem (kernels/optimizer.py), so MindSpore keeps and orders
+// it like its own in-place optimizer kernels.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "threads.h"
 
-// inputs param, m, v (updated in place), grad g, hyper [5] = (lr, beta1, beta2, eps, decay); output a [1] zero.
-// m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g^2;
-// param -= lr (m / (sqrt(v) + eps) + decay param): nn.AdamWeightDecay's update (no bias correction: AdamW folds it
-// into lr, eps and decay)
-extern "C" int mindlab_adamw(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
-                             void* stream, void* extra) {
-  if (nparam != 6) return 1;
-  float* p = static_cast<float*>(params[0]);
-  float* m = static_cast<float*>(params[1]);
-  float* v = static_cast<float*>(params[2]);
-  const float* g = static_cast<const float*>(params[3]);
-  const float* hyper = static_cast<const float*>(params[4]);
-  const float lr = hyper[0], beta1 = hyper[1], beta2 = hyper[2], eps = hyper[3], decay = hyper[4];
-  int64_t n = 1;
-  for (int i = 0; i < ndims[0]; ++i) n *= shapes[0][i];
-  mindlab::parallel_ranges(n, [&](int64_t lo, int64_t hi, int64_t) {
-    for (int64_t i = lo; i < hi; ++i) {
-      const float mi = beta1 * m[i] + (1.0f - beta1) * g[i];
-      const float vi = beta2 * v[i] + (1.0f - beta2) * g[i] * g[i];
-      m[i] = mi;
-      v[i] = vi;
-      p[i] -= lr * (mi / (std::sqrt(vi) + eps) + decay * p[i]);
+namespace {
+
+// The n tensors params[first .. first + n) as one flat index: tensor k holds elements [start[k], start[k + 1]).
+struct Flat {
+  std::vector<int64_t> start;
+
+  Flat(int first, int n, int* ndims, int64_t** shapes) : start(n + 1, 0) {
+    for (int k = 0; k < n; ++k) {
+      int64_t size = 1;
+      for (int d = 0; d < ndims[first + k]; ++d) size *= shapes[first + k][d];
+      start[k + 1] = start[k] + size;
+    }
+  }
+  int64_t size() const { return start.back(); }
+
+  // body(k, lo, hi) for each part [lo, hi) of tensor k within [flat_lo, flat_hi), on one thread per core
+  template <class Body>
+  void parallel(Body body) const {
+    const int n = static_cast<int>(start.size()) - 1;
+    mindlab::parallel_ranges(size(), [&](int64_t flat_lo, int64_t flat_hi, int64_t part) {
+      int k = static_cast<int>(std::upper_bound(start.begin(), start.end(), flat_lo) - start.begin()) - 1;
+      for (; k < n && start[k] < flat_hi; ++k)
+        body(k, std::max(flat_lo, start[k]) - start[k], std::min(flat_hi, start[k + 1]) - start[k], part);
+    });
+  }
+};
+
+}  // namespace
+
+// inputs: grads[n]; output: sqrt(sum of g^2 over all of them) [1], summed in fp32 within blocks of 4096 (vectorized)
+// and in fp64 across them. inf or NaN when a gradient is.
+extern "C" int mindlab_grad_norm(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
+                                 void* stream, void* extra) {
+  const int n = nparam - 1;
+  if (n < 1) return 1;
+  const Flat flat(0, n, ndims, shapes);
+  std::vector<double> sums(mindlab::cores(), 0.0);
+  flat.parallel([&](int k, int64_t lo, int64_t hi, int64_t part) {
+    const float* g = static_cast<const float*>(params[k]);
+    for (int64_t block = lo; block < hi; block += 4096) {
+      float s = 0.0f;
+      for (int64_t i = block; i < std::min(hi, block + 4096); ++i) s += g[i] * g[i];
+      sums[part] += s;
     }
   });
-  static_cast<float*>(params[5])[0] = 0.0f;
+  double sum = 0.0;
+  for (double s : sums) sum += s;
+  static_cast<float*>(params[nparam - 1])[0] = static_cast<float>(std::sqrt(sum));
+  return 0;
+}
+
+// inputs: hyper [6] = (lr, beta1, beta2, eps, decay_scale, factor), decay [n] (each parameter's weight decay), then
+// params[n], m[n], v[n] (updated in place) and grads[n]; output: a [1] zero. With g = grad * factor:
+//   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2;  p -= lr (m / (sqrt(v) + eps) + decay p)
+// decay = decay[k] * decay_scale: nn.AdamWeightDecay's update (no bias correction: AdamW folds it into lr, eps
+// and decay_scale).
+extern "C" int mindlab_adamw(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
+                             void* stream, void* extra) {
+  if (nparam < 7 || (nparam - 3) % 4 != 0) return 1;
+  const int n = (nparam - 3) / 4;
+  const float* hyper = static_cast<const float*>(params[0]);
+  const float* decay = static_cast<const float*>(params[1]);
+  const float lr = hyper[0], beta1 = hyper[1], beta2 = hyper[2], eps = hyper[3], decay_scale = hyper[4],
+              factor = hyper[5];
+  auto tensor = [&](int group, int k) { return static_cast<float*>(params[2 + group * n + k]); };  // p m v g
+  Flat(2, n, ndims, shapes).parallel([&](int k, int64_t lo, int64_t hi, int64_t) {
+    float *p = tensor(0, k), *m = tensor(1, k), *v = tensor(2, k);
+    const float* g = tensor(3, k);
+    const float wd = decay[k] * decay_scale;
+    for (int64_t i = lo; i < hi; ++i) {
+      const float gi = g[i] * factor;
+      const float mi = beta1 * m[i] + (1.0f - beta1) * gi;
+      const float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
+      m[i] = mi;
+      v[i] = vi;
+      p[i] -= lr * (mi / (std::sqrt(vi) + eps) + wd * p[i]);
+    }
+  });
+  static_cast<float*>(params[nparam - 1])[0] = 0.0f;
   return 0;
 }

@@ -1,11 +1,16 @@
-"""kernels/optimizer.cc as a MindSpore op: AdamW's in-place update of one fp32 parameter and its moments.
+"""kernels/optimizer.cc as MindSpore ops, each over every fp32 parameter at once:
 
-    adamw_op()(param, m, v, grad, hyper)   hyper = [lr, beta1, beta2, eps, decay] (float32 [5])
+    norm = grad_norm_op()(*grads)                                   the global gradient norm [1]
+    adamw_op()(hyper, decay, *params, *m, *v, *grads)               AdamW in place
+        hyper = [lr, beta1, beta2, eps, decay_scale, factor] (float32 [6]), decay [n]: each parameter's
 
-It writes into its first three inputs, which MindSpore's graph cannot see from a custom op's signature: the
-`side_effect_mem` attribute (as on MindSpore's Assign and AdamWeightDecay) makes the compiler keep the call,
-though nothing reads its output, and order it after the reads of the parameter that precede it
-(tests/test_cpu_kernels.py checks the update, a skipped step and the order against MindSpore's kernel).
+The update writes into the parameters and the moments, which MindSpore's graph cannot see from a custom op's
+signature: the `side_effect_mem` attribute (as on MindSpore's Assign and AdamWeightDecay) makes the compiler keep the
+call, though nothing reads its output, order it after the reads of the parameters that precede it, and hand the new
+values to the other graphs that read them (tests/test_cpu_kernels.py checks the step against MindSpore's ops).
+trainer/step.py calls it inside the branch taken when the step is allowed, as MindSpore's own optimizers are: a
+side-effect op in the forward's and backward's graph made its CPU backend copy the Reshapes after the other custom
+kernels (~47 ms per model=small step, benchmarks/profile_step.py), while the branch is a graph of its own.
 """
 import mindspore as ms
 from mindspore import ops
@@ -13,11 +18,19 @@ from mindspore import ops
 import kernels
 
 
-def adamw_op() -> ops.Custom:
+def _op(name: str) -> ops.Custom:
     path, why = kernels.library("optimizer")
     if path is None:
         raise RuntimeError(why)
-    op = ops.Custom(f"{path}:mindlab_adamw", out_shape=lambda *shapes: [1], out_dtype=lambda *dtypes: ms.float32,
-                    func_type="aot")
+    return ops.Custom(f"{path}:mindlab_{name}", out_shape=lambda *shapes: [1], out_dtype=lambda *dtypes: ms.float32,
+                      func_type="aot")
+
+
+def grad_norm_op() -> ops.Custom:
+    return _op("grad_norm")
+
+
+def adamw_op() -> ops.Custom:
+    op = _op("adamw")
     op.add_prim_attr("side_effect_mem", True)
     return op

@@ -272,48 +272,48 @@ def test_the_dry_run_plans_no_probabilities_under_the_kernel():
 
 
 @pytest.mark.parametrize("mode", ["graph", "pynative"])
-def test_the_adamw_kernel_updates_as_mindspores_fused_kernel(mode):
-    """trainer/optimizer.py AdamW with kernels/optimizer.cc against MindSpore's AdamWeightDecay (itself equal to
-    MindFormers' AdamW and torch's, tests/test_step.py): weights and both moments over four steps of warmup, with
-    a decayed and an exempt group; a step the graph skips (allow False) leaves everything as it was."""
+def test_the_adamw_kernel_steps_as_the_graph_of_mindspore_ops(mode):
+    """trainer/step.py ClipAndUpdate with AdamW by kernels/optimizer.cc (its norm and update ops) against
+    the same cell on MindSpore's ops (square sums, clipping product, AdamWeightDecay: equal to MindFormers' AdamW
+    and torch's, tests/test_step.py): norms, weights, both moments and the update count over six steps of warmup,
+    with a decayed and an exempt group, clipping active and a loss scale of 4. A step the host refuses (allow
+    False) and one with a NaN gradient leave everything as it was and do not advance the count."""
     from conf.schema import OPTIMIZERS
     from omegaconf import OmegaConf
     from mindspore import Parameter
     from trainer.optimizer import AdamW, adamw_kernel_applies, build_schedule, param_groups
+    from trainer.step import ClipAndUpdate
 
     cfg = OmegaConf.merge(OmegaConf.structured(OPTIMIZERS["adamw"]),
                           {"name": "adamw", "warmup_steps": 2, "weight_decay": 0.1})
     shapes = {"w.weight": (64, 32), "norm.weight": (32,), "embedding.weight": (1000,)}
-
-    class Update(nn.Cell):
-        def __init__(self, optimizer):
-            super().__init__()
-            self.optimizer = optimizer
-
-        def construct(self, grads, allow):
-            if allow:
-                self.optimizer(grads)
-            return self.optimizer.get_lr()
-
+    steps = [(True, 1.0), (True, 1.0), (False, 1.0), (True, np.nan), (True, 1.0), (True, 1.0)]  # (allow, grad x)
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
     try:
-        states = {}
+        states, norms = {}, {}
         for kernel in (False, True):
             init = np.random.default_rng(1)
             params = [Parameter(Tensor(init.standard_normal(s).astype(np.float32)), name=n) for n, s in shapes.items()]
             assert adamw_kernel_applies(params)
             optimizer = AdamW(param_groups(params, cfg), build_schedule(cfg, 10), tuple(cfg.betas), cfg.eps,
                               kernel=kernel)
-            update, rng = Update(optimizer), np.random.default_rng(2)
-            for allow in (True, True, False, True, True):
+            update, rng, norms[kernel] = ClipAndUpdate(optimizer, clip_grad_norm=20.0), np.random.default_rng(2), []
+            assert update.kernel == kernel
+            for allow, times in steps:
                 before = [p.asnumpy().copy() for p in optimizer.parameters]
-                update(tuple(Tensor(rng.standard_normal(p.shape).astype(np.float32)) for p in optimizer.parameters),
-                       Tensor(allow))
-                if not allow:
+                grads = tuple(Tensor(4 * times * rng.standard_normal(p.shape).astype(np.float32))
+                              for p in optimizer.parameters)  # ~4 x norm 55: clipped to 20
+                norm, finite, _ = update(grads, Tensor(allow), Tensor(0.25, ms.float32))
+                norms[kernel].append(float(norm.asnumpy()))
+                assert bool(finite.asnumpy()) == np.isfinite(times)
+                if not (allow and np.isfinite(times)):
                     assert all(np.array_equal(p.asnumpy(), b) for p, b in zip(optimizer.parameters, before))
+            assert int(optimizer.global_step.asnumpy()) == 4
             states[kernel] = [x.asnumpy() for x in (*optimizer.parameters, *optimizer.exp_avg, *optimizer.exp_avg_sq)]
     finally:
         ms.set_context(mode=ms.GRAPH_MODE)
+    np.testing.assert_allclose(norms[True], norms[False], rtol=1e-6)
+    assert 50 < norms[True][0] < 60  # the unscaled norm: clipping was active
     for got, want in zip(states[True], states[False]):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
     assert not adamw_kernel_applies([Parameter(Tensor(np.zeros(3, np.float16)), name="half")])

@@ -87,23 +87,14 @@ _fused_adam = ops.AdamWeightDecay()  # one kernel per parameter: m, v and w upda
 
 @_adamw_update.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor",
                         "Tensor")
-def _adamw_param(beta1, beta2, eps, lr, decay_scale, weight_decay, param, grad, exp_avg, exp_avg_sq):
+def _adamw_param(beta1, beta2, lr, eps, decay_scale, weight_decay, param, grad, exp_avg, exp_avg_sq):
     """One parameter's update by MindSpore's fused AdamWeightDecay kernel (w -= lr * (m / (sqrt(v) + eps) + decay * w),
     no bias correction), given the bias-corrected lr and eps and the matching decay (AdamW.construct)."""
     return _fused_adam(param, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, weight_decay * decay_scale,
                        ops.cast(grad, param.dtype))
 
 
-_adamw_kernel_update = ops.MultitypeFuncGraph("adamw_kernel_update")
-_compiled = {}  # "adamw": kernels/optimizer.py's op, made by the first AdamW that uses it (read at graph compile)
-
-
-@_adamw_kernel_update.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor",
-                               "Tensor", "Tensor")
-def _adamw_param_by_kernel(beta1, beta2, eps, lr, decay_scale, weight_decay, param, grad, exp_avg, exp_avg_sq):
-    """_adamw_param's update by kernels/optimizer.cc (CPU, fp32): the same arithmetic at about twice the speed."""
-    hyper = ops.concat((lr.reshape(1), beta1, beta2, eps.reshape(1), (weight_decay * decay_scale).reshape(1)))
-    return _compiled["adamw"](param, exp_avg, exp_avg_sq, grad, hyper)
+_compiled = {}  # kernels/optimizer.py's ops "adamw" and "grad_norm", made by the first AdamW that uses them
 
 
 class AdamW(nn.Optimizer):
@@ -118,9 +109,12 @@ class AdamW(nn.Optimizer):
         super().__init__(learning_rate, params, weight_decay=weight_decay)
         self.kernel = kernel
         if kernel and "adamw" not in _compiled:
-            from kernels.optimizer import adamw_op
+            from kernels.optimizer import adamw_op, grad_norm_op
 
-            _compiled["adamw"] = adamw_op()
+            _compiled.update(adamw=adamw_op(), grad_norm=grad_norm_op())
+        decays = self.group_weight_decay if self.is_group else [weight_decay] * len(self.parameters)
+        self.decays = Tensor(np.array(decays, np.float32))  # each parameter's, for the kernel
+        self.one = Tensor(1.0, ms.float32)
         self.beta1, self.beta2, self.eps = (Tensor(np.array([v], np.float32)) for v in (*betas, eps))
         self.exp_avg = self.zeros_like_params("adam_m")
         self.exp_avg_sq = self.zeros_like_params("adam_v")
@@ -139,24 +133,44 @@ class AdamW(nn.Optimizer):
             states.append(state)
         return ParameterTuple(states)
 
-    def construct(self, gradients):
-        """torch's update  w <- w (1 - lr wd) - lr / c1 * m / (sqrt(v / c2) + eps),  c_i = 1 - beta_i^t,  rewritten
-        for the fused kernel (no bias correction) with lr' = lr sqrt(c2) / c1, eps' = eps sqrt(c2) and
-        wd' = wd c1 / sqrt(c2), so that lr' wd' = lr wd: equal in exact arithmetic, one pass over each parameter
-        instead of ~12 elementwise kernels: clip + AdamW went from 12% to 4-6% of a model=small step
-        (benchmarks/profile_step.py)."""
-        weight_decay = self.get_weight_decay()
-        lr = self.get_lr()
-        self.assignadd(self.global_step, self.global_step_increase_tensor)
-        step = ops.cast(self.global_step, ms.float32)
+    def corrected(self, step):
+        """torch's update  w <- w (1 - lr wd) - lr / c1 * m / (sqrt(v / c2) + eps),  c_i = 1 - beta_i^t,  is the
+        fused kernels' (no bias correction) with lr' = lr sqrt(c2) / c1, eps' = eps sqrt(c2) and wd' = wd c1 /
+        sqrt(c2), so that lr' wd' = lr wd: equal in exact arithmetic, one pass over each parameter instead of ~12
+        elementwise kernels. Returns (lr', eps', c1 / sqrt(c2)) for update number `step` (t), lr as the schedule
+        gives it before the update count moves."""
+        step = ops.cast(step, ms.float32)
         c1 = 1 - ops.pow(self.beta1, step)
         sqrt_c2 = ops.sqrt(1 - ops.pow(self.beta2, step))
-        update = ops.partial(_adamw_kernel_update if self.kernel else _adamw_update, self.beta1, self.beta2,
-                             self.eps * sqrt_c2, lr * sqrt_c2 / c1, c1 / sqrt_c2)
+        return self.get_lr() * sqrt_c2 / c1, self.eps * sqrt_c2, c1 / sqrt_c2
+
+    def construct(self, gradients):
+        """The update of `gradients`: scaled_update's by kernels/optimizer.cc, else MindSpore's fused kernel per
+        parameter."""
+        if self.kernel:
+            return self.scaled_update(gradients, self.one)
+        weight_decay = self.get_weight_decay()
+        lr, eps, decay_scale = self.corrected(self.global_step + 1)  # (lr: before the update count moves)
+        self.assignadd(self.global_step, self.global_step_increase_tensor)
+        update = ops.partial(_adamw_update, self.beta1, self.beta2, lr, eps, decay_scale)
         if self.is_group:
             return self.hyper_map(update, weight_decay, self._parameters, gradients, self.exp_avg, self.exp_avg_sq)
         return self.hyper_map(ops.partial(update, weight_decay), self._parameters, gradients, self.exp_avg,
                               self.exp_avg_sq)
+
+    def gradient_norm(self, gradients):
+        """The global norm of `gradients` by kernels/optimizer.cc's one op (ClipAndUpdate's, with the kernel's update)."""
+        return _compiled["grad_norm"](*gradients).reshape(())
+
+    def scaled_update(self, gradients, factor):
+        """The update of `gradients` x `factor` (1 / loss scale x clipping's: trainer/step.py ClipAndUpdate) by
+        kernels/optimizer.cc's one op over every parameter, where the graph had the product and the fused kernel
+        per parameter."""
+        lr, eps, decay_scale = self.corrected(self.global_step + 1)
+        hyper = ops.concat((lr.reshape(1), self.beta1, self.beta2, eps, decay_scale, factor.reshape(1)))
+        self.assignadd(self.global_step, self.global_step_increase_tensor)
+        return _compiled["adamw"](hyper, self.decays, *self._parameters, *self.exp_avg, *self.exp_avg_sq,
+                                  *gradients)
 
 
 class GroupWeightDecay(nn.Cell):

@@ -143,19 +143,25 @@ class ClipAndUpdate(nn.Cell):
         super().__init__(auto_prefix=False)
         self.optimizer = optimizer
         self.clip_grad_norm = clip_grad_norm
+        self.kernel = getattr(optimizer, "kernel", False)  # AdamW by kernels/optimizer.cc: its norm and update ops
 
     def construct(self, grads, allow, unscale):
         """`grads` times `unscale` (1 / the loss scale) are the gradients: that product and clipping's are one
-        pass over them."""
-        norm = ops.sqrt(ops.addn(_map(_square_sum, grads))) * unscale
+        pass over them (the kernel's update takes the factor; else one product per gradient)."""
+        if self.kernel:
+            norm = self.optimizer.gradient_norm(grads) * unscale
+        else:
+            norm = ops.sqrt(ops.addn(_map(_square_sum, grads))) * unscale
         finite = ops.isfinite(norm)
         factor = unscale
         if self.clip_grad_norm > 0:
             factor = ops.minimum(self.clip_grad_norm / (norm + 1e-6), 1.0) * unscale
-        grads = _map(ops.partial(_scaled, factor), grads)
         lr = self.optimizer.get_lr()
         if ops.logical_and(finite, allow):
-            self.optimizer(grads)
+            if self.kernel:
+                self.optimizer.scaled_update(grads, factor)
+            else:
+                self.optimizer(_map(ops.partial(_scaled, factor), grads))
         return norm, finite, lr
 
 
