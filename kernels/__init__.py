@@ -2,7 +2,8 @@
 
     attention.cc   causal self-attention forward and backward (kernels/attention.py is its MindSpore op)
     layers.cc      RMSNorm, SwiGLU, RoPE and cross-entropy forward and backward (kernels/layers.py: their ops)
-    optimizer.cc   AdamW's in-place update (kernels/optimizer.py: its op; trainer/optimizer.py AdamW uses it)
+    optimizer.cc   the gradient norm and AdamW's in-place update, each over all parameters in one op
+                   (kernels/optimizer.py: their ops; trainer/step.py ClipAndUpdate and trainer/optimizer.py AdamW)
     threads.h      the thread-per-core helpers they use
 
 scripts/venv.sh runs `python -m kernels` after creating or finding the venv: each source is compiled once into
@@ -10,7 +11,7 @@ scripts/venv.sh runs `python -m kernels` after creating or finding the venv: eac
 (-march=native code would crash on another CPU kind). Building needs g++ and oneDNN's libdnnl.so.3, which the
 MindSpore wheel ships (the kernels call its sgemm); without them nothing is built and the models use their
 plain MindSpore ops (model.attention_kernel=auto) or say why they cannot (=fused); AdamW uses MindSpore's fused
-kernel.
+kernel per parameter.
 
 Importing this module is cheap: no MindSpore.
 """

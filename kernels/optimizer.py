@@ -8,9 +8,11 @@ The update writes into the parameters and the moments, which MindSpore's graph c
 signature: the `side_effect_mem` attribute (as on MindSpore's Assign and AdamWeightDecay) makes the compiler keep the
 call, though nothing reads its output, order it after the reads of the parameters that precede it, and hand the new
 values to the other graphs that read them (tests/test_cpu_kernels.py checks the step against MindSpore's ops).
-trainer/step.py calls it inside the branch taken when the step is allowed, as MindSpore's own optimizers are: a
-side-effect op in the forward's and backward's graph made its CPU backend copy the Reshapes after the other custom
-kernels (~47 ms per model=small step, benchmarks/profile_step.py), while the branch is a graph of its own.
+Unmarked, the next step's graph read the old weights (tests/test_step_reference.py with grad_accum=2 and
+test_data_parallel.py failed). trainer/step.py ClipAndUpdate calls the norm, then the update inside the branch taken
+when the step is allowed, as MindSpore's own optimizers are called: marked and in the forward's and backward's
+graph, the op made MindSpore's CPU backend copy the Reshapes that follow the other custom kernels (~47 ms per
+model=small step, benchmarks/profile_step.py); the branch is a kernel graph of its own.
 """
 import mindspore as ms
 from mindspore import ops

@@ -94,7 +94,7 @@ def _adamw_param(beta1, beta2, lr, eps, decay_scale, weight_decay, param, grad, 
                        ops.cast(grad, param.dtype))
 
 
-_compiled = {}  # kernels/optimizer.py's ops "adamw" and "grad_norm", made by the first AdamW that uses them
+_compiled = {}  # "adamw": kernels/optimizer.py's op, made by the first AdamW that uses it (read at graph compile)
 
 
 class AdamW(nn.Optimizer):
@@ -109,9 +109,9 @@ class AdamW(nn.Optimizer):
         super().__init__(learning_rate, params, weight_decay=weight_decay)
         self.kernel = kernel
         if kernel and "adamw" not in _compiled:
-            from kernels.optimizer import adamw_op, grad_norm_op
+            from kernels.optimizer import adamw_op
 
-            _compiled.update(adamw=adamw_op(), grad_norm=grad_norm_op())
+            _compiled["adamw"] = adamw_op()
         decays = self.group_weight_decay if self.is_group else [weight_decay] * len(self.parameters)
         self.decays = Tensor(np.array(decays, np.float32))  # each parameter's, for the kernel
         self.one = Tensor(1.0, ms.float32)
@@ -157,10 +157,6 @@ class AdamW(nn.Optimizer):
             return self.hyper_map(update, weight_decay, self._parameters, gradients, self.exp_avg, self.exp_avg_sq)
         return self.hyper_map(ops.partial(update, weight_decay), self._parameters, gradients, self.exp_avg,
                               self.exp_avg_sq)
-
-    def gradient_norm(self, gradients):
-        """The global norm of `gradients` by kernels/optimizer.cc's one op (ClipAndUpdate's, with the kernel's update)."""
-        return _compiled["grad_norm"](*gradients).reshape(())
 
     def scaled_update(self, gradients, factor):
         """The update of `gradients` x `factor` (1 / loss scale x clipping's: trainer/step.py ClipAndUpdate) by
