@@ -1,15 +1,16 @@
-// The optimizer step's two passes over every parameter for MindSpore's CPU backend, as two AOT custom ops that each
-// take all the parameters at once (trainer/step.py ClipAndUpdate and trainer/optimizer.py AdamW call them through
+// The optimizer step's passes over the parameters for MindSpore's CPU backend as AOT custom ops, each taking any
+// number of tensors (trainer/step.py ClipAndUpdate and trainer/optimizer.py AdamW call them through
 // kernels/optimizer.py; kernels/__init__.py builds this file at install time). fp32.
 //
-//   mindlab_grad_norm  the global gradient norm (clipping's and the finite check's input)
-//   mindlab_adamw      AdamW's update of every parameter and its moments in place, the gradients times a factor
-//                      (1 / loss scale x clipping's)
+//   mindlab_square_sum  the sum of squares of its inputs: one gradient's, for the global norm (clipping's and the
+//                       finite check's input)
+//   mindlab_adamw       AdamW's update of every parameter and its moments in place, in one op, the gradients times
+//                       a factor (1 / loss scale x clipping's)
 //
-// Two ops where the graph had ~10 per parameter (square sums, clipping product, bias-corrected hyperparameters,
-// MindSpore's fused AdamWeightDecay, whose pass has about half this one's memory bandwidth): compiling those
-// ~750 ops took seconds. The update is marked side_effect_mem (kernels/optimizer.py), so MindSpore keeps and orders
-// it like its own in-place optimizer kernels.
+// Where the graph had ~10 ops per parameter (4 for its square sum, the clipping product, the bias-corrected
+// hyperparameters, MindSpore's fused AdamWeightDecay, whose pass has about half this one's memory bandwidth):
+// compiling those ~750 ops took seconds. The update is marked side_effect_mem (kernels/optimizer.py), so MindSpore
+// keeps and orders it like its own in-place optimizer kernels.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -46,9 +47,9 @@ struct Flat {
 
 }  // namespace
 
-// inputs: grads[n]; output: sqrt(sum of g^2 over all of them) [1], summed in fp32 within blocks of 4096 (vectorized)
-// and in fp64 across them. inf or NaN when a gradient is.
-extern "C" int mindlab_grad_norm(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
+// inputs: tensors[n]; output: the sum of x^2 over all of them [1], in fp32 within blocks of 4096 (vectorized) and in
+// fp64 across them. inf or NaN when an input holds one.
+extern "C" int mindlab_square_sum(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
                                  void* stream, void* extra) {
   const int n = nparam - 1;
   if (n < 1) return 1;
@@ -64,7 +65,7 @@ extern "C" int mindlab_grad_norm(int nparam, void** params, int* ndims, int64_t*
   });
   double sum = 0.0;
   for (double s : sums) sum += s;
-  static_cast<float*>(params[nparam - 1])[0] = static_cast<float>(std::sqrt(sum));
+  static_cast<float*>(params[nparam - 1])[0] = static_cast<float>(sum);
   return 0;
 }
 

@@ -1,6 +1,6 @@
-"""kernels/optimizer.cc as MindSpore ops, each over every fp32 parameter at once:
+"""kernels/optimizer.cc as MindSpore ops on fp32 tensors:
 
-    norm = grad_norm_op()(*grads)                                   the global gradient norm [1]
+    square_sum_op()(*tensors)                                       the sum of their squares [1]
     adamw_op()(hyper, decay, *params, *m, *v, *grads)               AdamW in place
         hyper = [lr, beta1, beta2, eps, decay_scale, factor] (float32 [6]), decay [n]: each parameter's
 
@@ -12,7 +12,9 @@ Unmarked, the next step's graph read the old weights (tests/test_step_reference.
 test_data_parallel.py failed). trainer/step.py ClipAndUpdate calls the norm, then the update inside the branch taken
 when the step is allowed, as MindSpore's own optimizers are called: marked and in the forward's and backward's
 graph, the op made MindSpore's CPU backend copy the Reshapes that follow the other custom kernels (~47 ms per
-model=small step, benchmarks/profile_step.py); the branch is a kernel graph of its own.
+model=small step, benchmarks/profile_step.py); the branch is a kernel graph of its own. The norm takes one
+square_sum per gradient: one op over all of them compiled model=small's step 0.5-0.9 s sooner, but raised the
+medium shape's peak RSS (benchmarks/speed_memory.py) from 2.45 to 3.21 GiB from the third step on.
 """
 import mindspore as ms
 from mindspore import ops
@@ -28,8 +30,8 @@ def _op(name: str) -> ops.Custom:
                       func_type="aot")
 
 
-def grad_norm_op() -> ops.Custom:
-    return _op("grad_norm")
+def square_sum_op() -> ops.Custom:
+    return _op("square_sum")
 
 
 def adamw_op() -> ops.Custom:

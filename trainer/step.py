@@ -143,17 +143,17 @@ class ClipAndUpdate(nn.Cell):
         super().__init__(auto_prefix=False)
         self.optimizer = optimizer
         self.clip_grad_norm = clip_grad_norm
-        self.kernel = getattr(optimizer, "kernel", False)  # AdamW by kernels/optimizer.cc: its norm op here
+        self.kernel = getattr(optimizer, "kernel", False)  # AdamW by kernels/optimizer.cc (its square sums here)
         if self.kernel:
-            from kernels.optimizer import grad_norm_op
+            from kernels.optimizer import square_sum_op
 
-            self.grad_norm = grad_norm_op()
+            self.square_sum = square_sum_op()
 
     def construct(self, grads, allow, unscale):
         """`grads` times `unscale` (1 / the loss scale) are the gradients: that product and clipping's are one
         pass over them (the kernel's update takes the factor; else one product per gradient)."""
         if self.kernel:
-            norm = self.grad_norm(*grads).reshape(()) * unscale
+            norm = ops.sqrt(ops.addn(_map(self.square_sum, grads))).reshape(()) * unscale
         else:
             norm = ops.sqrt(ops.addn(_map(_square_sum, grads))) * unscale
         finite = ops.isfinite(norm)
