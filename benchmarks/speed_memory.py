@@ -175,7 +175,7 @@ def main(argv=None) -> None:
             for r in range(args.rounds):
                 tag = f"-{shape}" + (f"-round{r + 1}" if args.rounds > 1 else "")
                 rounds.append(run_shape(run_overrides, args.impls.split(","), args.warmup, peak["peak"], workdir, tag))
-                print(f"\n{shape}{tag[len(shape) + 1:]}: {' '.join(run_overrides)} (tokens/s over steps "
+                print(f"\n{tag[1:]}: {' '.join(run_overrides)} (tokens/s over steps "
                       f"{args.warmup + 1}-{args.steps})")
                 print(table(rounds[-1]), flush=True)
             if args.rounds > 1:

@@ -108,13 +108,14 @@ class AdamW(nn.Optimizer):
         """`kernel`: update by kernels/optimizer.cc (built, CPU, fp32 parameters) instead of MindSpore's kernel."""
         super().__init__(learning_rate, params, weight_decay=weight_decay)
         self.kernel = kernel
-        if kernel and "adamw" not in _compiled:
-            from kernels.optimizer import adamw_op
+        if kernel:
+            if "adamw" not in _compiled:
+                from kernels.optimizer import adamw_op
 
-            _compiled["adamw"] = adamw_op()
-        decays = self.group_weight_decay if self.is_group else [weight_decay] * len(self.parameters)
-        self.decays = Tensor(np.array(decays, np.float32))  # each parameter's, for the kernel
-        self.one = Tensor(1.0, ms.float32)
+                _compiled["adamw"] = adamw_op()
+            decays = self.group_weight_decay if self.is_group else [weight_decay] * len(self.parameters)
+            self.decays = Tensor(np.array(decays, np.float32))  # each parameter's weight decay
+            self.one = Tensor(1.0, ms.float32)
         self.beta1, self.beta2, self.eps = (Tensor(np.array([v], np.float32)) for v in (*betas, eps))
         self.exp_avg = self.zeros_like_params("adam_m")
         self.exp_avg_sq = self.zeros_like_params("adam_v")

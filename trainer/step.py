@@ -134,10 +134,11 @@ class TrainStep(ScaledLossGradients):
 
 
 class ClipAndUpdate(nn.Cell):
-    """(norm, finite, lr) = update(grads, allow): the global gradient norm, clipping to `clip_grad_norm`, and
-    the optimizer step, taken only when every gradient is finite and `allow` is True. A NaN or inf in any
-    gradient makes the norm NaN or inf, so `finite` is read off the norm (as Megatron does) instead of a second
-    pass over every gradient; a norm that overflows float32 (all gradients finite) also counts as non-finite."""
+    """(norm, finite, lr) = update(grads, allow, unscale): the global norm of grads * unscale, clipping to
+    `clip_grad_norm`, and the optimizer step, taken only when every gradient is finite and `allow` is True. A NaN
+    or inf in any gradient makes the norm NaN or inf, so `finite` is read off the norm (as Megatron does) instead
+    of a second pass over every gradient; a norm that overflows float32 (all gradients finite) also counts as
+    non-finite."""
 
     def __init__(self, optimizer: nn.Optimizer, clip_grad_norm: float):
         super().__init__(auto_prefix=False)
