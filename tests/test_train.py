@@ -50,11 +50,11 @@ def test_mindformers_llama_trains_from_the_same_command_line(tmp_path):
 @pytest.mark.slow
 def test_fp16_with_accumulation_and_recompute_trains(tmp_path):
     _, steps, _ = train(tmp_path, "precision=fp16", "trainer.grad_accum=2", "trainer.micro_batch_size=4",
-                        "model.recompute=full", "trainer.max_steps=12", "trainer.log_every=3",
+                        "model.recompute=full", "data.seq_len=128", "trainer.max_steps=8", "trainer.log_every=2",
                         "optim.warmup_steps=2", "optim.lr=2e-3", "trainer.eval_batches=2")
-    assert steps[-1]["loss"] < steps[0]["loss"] - 0.3
+    assert steps[-1]["loss"] < steps[0]["loss"] - 0.3  # measured: 8.37 at step 1, 7.57 at step 8
     assert steps[-1]["loss_scale"] == 65536.0 and steps[-1]["skipped_steps"] == 0
-    assert steps[-1]["tokens_seen"] == 12 * 2 * 4 * 256
+    assert steps[-1]["tokens_seen"] == 8 * 2 * 4 * 128
 
 
 @pytest.mark.slow
