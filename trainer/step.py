@@ -145,6 +145,7 @@ class ClipAndUpdate(nn.Cell):
         self.optimizer = optimizer
         self.clip_grad_norm = clip_grad_norm
         self.kernel = getattr(optimizer, "kernel", False)  # AdamW by kernels/optimizer.cc (its square sums here)
+        self.square_sum = _square_sum
         if self.kernel:
             from kernels.optimizer import square_sum_op
 
@@ -153,10 +154,7 @@ class ClipAndUpdate(nn.Cell):
     def construct(self, grads, allow, unscale):
         """`grads` times `unscale` (1 / the loss scale) are the gradients: that product and clipping's are one
         pass over them (the kernel's update takes the factor; else one product per gradient)."""
-        if self.kernel:
-            norm = ops.sqrt(ops.addn(_map(self.square_sum, grads))).reshape(()) * unscale
-        else:
-            norm = ops.sqrt(ops.addn(_map(_square_sum, grads))) * unscale
+        norm = ops.sqrt(ops.addn(_map(self.square_sum, grads))).reshape(()) * unscale  # (the kernel's sums are [1])
         finite = ops.isfinite(norm)
         factor = unscale
         if self.clip_grad_norm > 0:
