@@ -327,12 +327,11 @@ def piece_bytes(tokenizer) -> np.ndarray:
 
 def dummy_prefix_pieces(tokenizer) -> Optional[np.ndarray]:
     """bool [vocab]: pieces starting with '▁', when the tokenizer adds a dummy '▁' before each text it encodes
-    (sentencepiece's add_dummy_prefix); None when it does not."""
-    from sentencepiece import sentencepiece_model_pb2 as model_pb2
-
+    (sentencepiece's add_dummy_prefix); None when it does not. Told by encoding "x", whose first piece then starts
+    with '▁': reading the flag from the model's proto took 0.2 s at 8192 pieces, 0.5 s at 32000 on the way to
+    every run's first step (protobuf's pure-Python parser, which importing MindSpore selects)."""
     sp = tokenizer.sp
-    proto = model_pb2.ModelProto.FromString(sp.serialized_model_proto())
-    if not proto.normalizer_spec.add_dummy_prefix:
+    if not sp.encode("x", out_type=str)[0].startswith("\u2581"):
         return None
     return np.array([not (sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i) or sp.is_byte(i))
                      and sp.id_to_piece(i).startswith("\u2581") for i in range(sp.get_piece_size())])

@@ -50,6 +50,26 @@ def test_piece_bytes_and_bits_per_byte_by_hand(tok):
     assert E.target_bytes(row, table).tolist() == [[1, 4, 0, 4]]  # without the dummy-prefix rule
 
 
+@pytest.mark.parametrize("dummy_prefix", [True, False])
+def test_the_dummy_prefix_is_told_as_the_tokenizers_model_states_it(tmp_path, dummy_prefix):
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2 as model_pb2
+
+    path = tmp_path / "sp.model"
+    with open(path, "wb") as out:
+        spm.SentencePieceTrainer.train(sentence_iterator=iter(["the cat sat on the mat and the dog"] * 50),
+                                       model_writer=out, vocab_size=300, hard_vocab_limit=False, add_dummy_prefix=dummy_prefix,
+                                       byte_fallback=True, minloglevel=2)
+    sp_tok = Tokenizer(str(path))
+    stated = model_pb2.ModelProto.FromString(sp_tok.sp.serialized_model_proto()).normalizer_spec.add_dummy_prefix
+    assert stated == dummy_prefix
+    pieces = E.dummy_prefix_pieces(sp_tok)
+    assert (pieces is not None) == dummy_prefix
+    if dummy_prefix:
+        sp = sp_tok.sp  # a text's first piece carries the prefix; a byte piece never does
+        assert pieces[sp.encode("the cat")[0]] and not pieces[sp.piece_to_id("<0x41>")]
+
+
 def test_target_bytes_count_exactly_the_text_of_packed_documents(tok):
     texts = ["To be, or not to be: that is the question.\n", "  Whether 'tis nobler\tin the mind — to suffer", "x"]
     tokens = [t for text in texts for t in tok.encode(text) + [tok.eos_id]]
