@@ -58,8 +58,8 @@ def test_the_dummy_prefix_is_told_as_the_tokenizers_model_states_it(tmp_path, du
     path = tmp_path / "sp.model"
     with open(path, "wb") as out:
         spm.SentencePieceTrainer.train(sentence_iterator=iter(["the cat sat on the mat and the dog"] * 50),
-                                       model_writer=out, vocab_size=300, hard_vocab_limit=False, add_dummy_prefix=dummy_prefix,
-                                       byte_fallback=True, minloglevel=2)
+                                       model_writer=out, vocab_size=300, hard_vocab_limit=False, byte_fallback=True,
+                                       add_dummy_prefix=dummy_prefix, minloglevel=2)
     sp_tok = Tokenizer(str(path))
     stated = model_pb2.ModelProto.FromString(sp_tok.sp.serialized_model_proto()).normalizer_spec.add_dummy_prefix
     assert stated == dummy_prefix

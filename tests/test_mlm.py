@@ -15,6 +15,8 @@ from test_checkpoint import finish, losses, wait_for_step, weights
 SPECIALS = 'data.tokenizer.user_symbols=["[CLS]","[SEP]","[MASK]"]'
 TINY_REF = os.path.join(CORPORA, "tiny", "reference_en.jsonl")
 needs_corpora = pytest.mark.skipif(not os.path.isfile(TINY_REF), reason="../shared/corpora not present")
+# data=wiki's kind of text, the 400 KB slice of it in corpora/tiny, with a vocabulary its size supports
+TINY_REF_DATA = [f"data.sources=[{{name: reference, kind: jsonl, paths: [{TINY_REF}]}}]", "model.vocab_size=2048"]
 
 
 @pytest.mark.parametrize("overrides,key,message", [
@@ -83,8 +85,7 @@ def test_micro_batches_are_weighted_by_their_loss_tokens(pynative):
     assert counts[0] < counts[1] / 2  # the case where a mean of means would be wrong
 
 
-RUN = ["model=bert_tiny", "objective=mlm", "data=wiki", "data.seq_len=64", "data.val_fraction=0.1",
-       f"data.sources=[{{name: reference, kind: jsonl, paths: [{TINY_REF}]}}]", "model.vocab_size=2048",
+RUN = ["model=bert_tiny", "objective=mlm", "data=wiki", "data.seq_len=64", "data.val_fraction=0.1", *TINY_REF_DATA,
        "trainer.micro_batch_size=8", "trainer.grad_accum=2", "trainer.max_steps=16", "optim.warmup_steps=4",
        "optim.lr=2e-3", "trainer.log_every=1", "trainer.eval_every=8", "trainer.eval_batches=2",
        "trainer.save_every=4", "logger.progress_bar=false"]

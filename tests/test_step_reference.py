@@ -1,12 +1,10 @@
 """The whole training step against an independent implementation: transformers' LlamaForCausalLM +
 torch.optim.AdamW from the same weights on the same batches (benchmarks/step_reference.py prints the table).
 This is the check that would have caught optim=adamw lacking AdamW's bias correction."""
-import os
-
 import pytest
 
 from benchmarks.step_reference import FIRST_STEPS, compare, verdict
-from test_mlm import TINY_REF
+from test_mlm import TINY_REF_DATA, needs_corpora
 
 pytestmark = pytest.mark.slow  # ~20 s each: a graph compile and 20 steps on each side
 
@@ -23,10 +21,9 @@ def test_the_check_fails_on_adamweightdecay():
     assert verdict(compare(["optim=adamw_bert"], 6))  # off by 3e-3 from step 3 (step 2 follows an lr-0 update)
 
 
-@pytest.mark.skipif(not os.path.isfile(TINY_REF), reason="needs ../shared/corpora")
+@needs_corpora
 def test_twenty_bert_mlm_nsp_steps_equal_bert_for_pretraining_within_1e5():
     """BERT-Tiny, masked LM + next-sentence prediction, padding masks: against transformers' BertForPreTraining.
-    On data=wiki's kind of text, the 400 KB slice of it in corpora/tiny (the whole took 23 s to prepare)."""
-    rows = compare([f"data.sources=[{{name: reference, kind: jsonl, paths: [{TINY_REF}]}}]", "model.vocab_size=2048"],
-                   FIRST_STEPS, family="bert")
+    On the tiny reference slice of data=wiki's kind of text (the whole took 23 s to prepare)."""
+    rows = compare(TINY_REF_DATA, FIRST_STEPS, family="bert")
     assert not verdict(rows), verdict(rows)
