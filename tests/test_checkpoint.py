@@ -101,12 +101,14 @@ def test_sigkill_mid_run_resumes_from_the_last_checkpoint_and_matches(uninterrup
     assert [got[s] for s in range(1, 25)] == [ref[s] for s in range(1, 25)]
 
 
+@pytest.mark.slow  # reads a real training run's output (a module fixture)
 def test_retention_keeps_the_newest_and_the_latest_pointer(uninterrupted):
     root = os.path.join(uninterrupted, "checkpoints")
     assert sorted(os.listdir(root)) == ["latest", "step_000016", "step_000020", "step_000024"]
     assert open(os.path.join(root, "latest")).read().strip() == "step_000024"
 
 
+@pytest.mark.slow  # reads a real training run's output (a module fixture)
 def test_damaged_newest_checkpoint_is_reported_and_the_previous_used(uninterrupted, tmp_path):
     root = str(tmp_path / "checkpoints")
     shutil.copytree(os.path.join(uninterrupted, "checkpoints"), root)
@@ -118,6 +120,7 @@ def test_damaged_newest_checkpoint_is_reported_and_the_previous_used(uninterrupt
     assert "step_000024/optimizer.safetensors: 100 bytes" in reports[0] and "truncated" in reports[0]
 
 
+@pytest.mark.slow  # reads a real training run's output (a module fixture)
 def test_checkpoint_of_another_shape_or_vocab_is_refused_naming_the_tensor(uninterrupted):
     ckpt = os.path.join(uninterrupted, "checkpoints", "step_000024")
     wider = build_model(OmegaConf.merge(load_preset("model", "tiny"), {"hidden_size": 64, "num_heads": 2,

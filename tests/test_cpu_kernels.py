@@ -1,6 +1,7 @@
 """The compiled CPU kernels: attention (kernels/attention.cc, model.attention_kernel) and RMSNorm, SwiGLU, RoPE
 (kernels/layers.cc, model.layer_kernels). The same outputs and gradients as PyTorch's and as the model's plain
 path, built by the venv script, and a plain fallback (auto) or one clear error (fused) where they are not built."""
+import functools
 import os
 import re
 
@@ -72,6 +73,7 @@ def test_kernel_matches_pytorch_attention_with_gqa_and_packed_samples(mode):
         np.testing.assert_allclose(got.asnumpy(), want.grad.numpy(), atol=2e-5)
 
 
+@functools.cache  # the kernel tests below share the plain and fused paths' graphs (~4 s of compile each)
 def _model_loss_and_grads(packed: bool, recompute: str = "none", attention: str = "fused", layers: str = "fused"):
     cfg = load_preset("model", "tiny")
     cfg.attention_kernel, cfg.layer_kernels, cfg.recompute = attention, layers, recompute
@@ -111,6 +113,7 @@ def _model_loss_and_grads(packed: bool, recompute: str = "none", attention: str 
     return float(loss.asnumpy()), [g.asnumpy() for g in grads]
 
 
+@pytest.mark.slow  # model=tiny's gradient graph compiled per path (~4 s each); the op tests below stay fast
 @pytest.mark.parametrize("packed", [False, True], ids=["one-sequence", "packed"])
 def test_the_model_gives_the_same_loss_and_gradients_with_either_kernel(packed):
     """model=tiny (GQA) in graph mode: every parameter's gradient equal to the plain path's (the path tested
@@ -122,6 +125,7 @@ def test_the_model_gives_the_same_loss_and_gradients_with_either_kernel(packed):
         assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 
 
+@pytest.mark.slow  # model=tiny's gradient graph compiled per path (~4 s each); the op tests below stay fast
 @pytest.mark.parametrize("packed", [False, True], ids=["one-sequence", "packed"])
 def test_the_model_gives_the_same_loss_and_gradients_with_or_without_the_layer_kernels(packed):
     """model=tiny with RMSNorm, SwiGLU, RoPE and the cross-entropy by kernels/layers.cc against MindSpore's ops
@@ -193,7 +197,7 @@ def test_each_layer_kernel_matches_pytorch(op):
 @pytest.mark.slow
 def test_full_recompute_through_the_kernel_gives_the_same_gradients():
     """model.recompute=full reruns the layer, the kernel's forward included, in the backward."""
-    ref_loss, ref_grads = _model_loss_and_grads(False)
+    ref_loss, ref_grads = _model_loss_and_grads(False, attention="fused", layers="fused")
     loss, grads = _model_loss_and_grads(False, "full")
     assert loss == pytest.approx(ref_loss, rel=1e-6)
     for got, want in zip(grads, ref_grads):
@@ -301,8 +305,9 @@ def test_the_adamw_kernel_steps_as_the_graph_of_mindspore_ops(mode):
             assert update.kernel == kernel
             for allow, times in steps:
                 before = [p.asnumpy().copy() for p in optimizer.parameters]
-                grads = tuple(Tensor(4 * times * rng.standard_normal(p.shape).astype(np.float32))
-                              for p in optimizer.parameters)  # ~4 x norm 55: clipped to 20
+                grads = ms.mutable(tuple(Tensor(4 * times * rng.standard_normal(p.shape).astype(np.float32))
+                                         for p in optimizer.parameters))  # ~4 x norm 55: clipped to 20
+                # (mutable: a plain tuple of new tensors is a new graph input each call, compiled again)
                 norm, finite, _ = update(grads, Tensor(allow), Tensor(0.25, ms.float32))
                 norms[kernel].append(float(norm.asnumpy()))
                 assert bool(finite.asnumpy()) == np.isfinite(times)

@@ -494,15 +494,28 @@ def test_readme_troubleshooting_shows_the_table(world):
                                         "tests/test_errors.py -k readme"
 
 
-def test_no_entry_point_imports_mindformers():
+OTHER_ENTRIES = [module for module, _ in ENTRIES.values() if module != "train"]
+
+
+@pytest.fixture(scope="module")
+def mindformers_loaded():
+    """Whether mindformers is in sys.modules of one fresh process (the suite's own has it) after importing train.py
+    and the training loop, then after importing every other entry point as well."""
+    code = "import boot, importlib, json, sys\nloaded = []\n" \
+           f"for group in (['train', 'trainer.loop'], {OTHER_ENTRIES!r}):\n" \
+           "    [importlib.import_module(m) for m in group]\n" \
+           "    loaded.append('mindformers' in sys.modules)\n" \
+           "print(json.dumps(loaded))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def test_a_native_training_run_imports_no_mindformers(mindformers_loaded):
+    assert mindformers_loaded[0] is False
+
+
+def test_no_entry_point_imports_mindformers(mindformers_loaded):
     """MindFormers prints two import warnings (hyper_parallel) when imported: only model.impl=mindformers and
     `models.convert --to mindformers` may load it."""
-    modules = [module for module, _ in ENTRIES.values() if module != "train"]
-    code = f"import boot, importlib, sys; [importlib.import_module(m) for m in {modules}]; " \
-           "sys.exit('mindformers' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True).returncode == 0
-
-
-def test_a_native_training_run_imports_no_mindformers():
-    code = "import boot, sys, train, trainer.loop; sys.exit('mindformers' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True).returncode == 0
+    assert mindformers_loaded[1] is False

@@ -143,6 +143,7 @@ def test_mlm_resume_after_sigkill_equals_the_uninterrupted_run(mlm_run):
 
 
 @needs_corpora
+@pytest.mark.slow  # reads a real training run's output (a module fixture)
 def test_hf_export_of_an_mlm_checkpoint_gives_our_logits_on_real_text(mlm_run, tmp_path, pynative):
     """models.convert --to hf writes a BertForPreTraining that transformers loads with our MLM and NSP logits
     (within 1e-4) on validation rows of the run, masked as in training; --to mindlab brings it back exactly."""

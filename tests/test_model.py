@@ -91,27 +91,39 @@ def _loss_and_grads(cfg, compute_dtype="fp32"):
     return float(loss.asnumpy()), [g.asnumpy() for g in forward_backward.grad_buffers]
 
 
+@pytest.fixture(scope="module")
+def reference():
+    """model=tiny's fp32 loss and gradients on the default path (graph mode), which each variant below must give:
+    compiled once for the module's five comparisons."""
+    mode = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        return _loss_and_grads(tiny())
+    finally:
+        ms.set_context(mode=mode)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["full", "selective"])
-def test_recompute_gives_the_same_loss_and_gradients(mode):
+def test_recompute_gives_the_same_loss_and_gradients(mode, reference):
     ms.set_context(mode=ms.GRAPH_MODE)  # recompute is a pass of the graph compiler
-    ref_loss, ref_grads = _loss_and_grads(tiny())
+    ref_loss, ref_grads = reference
     loss, grads = _loss_and_grads(tiny(recompute=mode))
     assert loss == pytest.approx(ref_loss, abs=1e-6)
     for a, b in zip(grads, ref_grads):
         np.testing.assert_allclose(a, b, atol=1e-6)
 
 
-def test_fp16_compute_stays_close_to_fp32():
-    ref_loss, _ = _loss_and_grads(tiny())
+def test_fp16_compute_stays_close_to_fp32(reference):
+    ref_loss, _ = reference
     loss, grads = _loss_and_grads(tiny(), "fp16")
     assert loss == pytest.approx(ref_loss, abs=2e-2)
     assert all(g.dtype == np.float32 for g in grads)  # master weights and their gradients stay fp32
 
 
-def test_chunked_attention_gives_the_same_loss_and_gradients():
+def test_chunked_attention_gives_the_same_loss_and_gradients(reference):
     """model.attention_chunk: query blocks against their causal keys only; same numbers as one block."""
-    ref_loss, ref_grads = _loss_and_grads(tiny())
+    ref_loss, ref_grads = reference
     loss, grads = _loss_and_grads(tiny(attention_chunk=12))  # 32 = 12 + 12 + 8: a ragged last block
     assert loss == pytest.approx(ref_loss, abs=1e-6)
     for a, b in zip(grads, ref_grads):
@@ -126,9 +138,9 @@ def test_chunked_attention_gives_the_same_loss_and_gradients():
 
 
 @pytest.mark.slow
-def test_chunked_attention_with_selective_recompute_in_graph_mode():
+def test_chunked_attention_with_selective_recompute_in_graph_mode(reference):
     ms.set_context(mode=ms.GRAPH_MODE)
-    ref_loss, ref_grads = _loss_and_grads(tiny())
+    ref_loss, ref_grads = reference
     loss, grads = _loss_and_grads(tiny(attention_chunk=8, recompute="selective"))
     assert loss == pytest.approx(ref_loss, abs=1e-6)
     for a, b in zip(grads, ref_grads):

@@ -247,6 +247,7 @@ def test_lora_checkpoints_hold_adapters_only_and_resume_exactly(lora_runs):
     assert any(np.abs(v).max() > 0 for k, v in weights.items() if "lora_B" in k)  # B moved from zero
 
 
+@pytest.mark.slow  # reads a real training run's output (a module fixture)
 def test_merged_lora_export_and_peft_adapter_give_the_lora_models_logits(lora_runs, tmp_path, pynative):
     """--merge-lora (W += B A alpha/r) in transformers equals our model with adapters within 1e-5; the adapter
     export loads with peft.PeftModel onto the exported base with the same logits."""
