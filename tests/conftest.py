@@ -25,6 +25,25 @@ def compose_cfg(*overrides):
         return compose(config_name="config", overrides=list(overrides))
 
 
+def train_main(cwd, capsys, monkeypatch, *argv):
+    """`python train.py ARGV` started from `cwd` (Hydra's run dirs land there), run as train.py's main in this
+    process: (exit code, stdout, stderr). Where a subprocess would add ~4 s of imports and nothing to check; the
+    runs that must be processes (signals, msrun, a fresh sys.modules, another cwd's imports) stay processes."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    import train
+
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(sys, "argv", ["train.py"])
+    GlobalHydra.instance().clear()
+    try:
+        code = train.main(list(argv))
+    finally:
+        GlobalHydra.instance().clear()
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 # --- preference pairs (test_alignment.py, test_dpo_reference.py) ----------------------------------------------
 
 def write_jsonl(path, records):

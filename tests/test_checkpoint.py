@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import ROOT, load_preset
+from conftest import ROOT, load_preset, train_main
 from models import build_model
 import checkpoint
 
@@ -142,10 +142,15 @@ def test_unreadable_checkpoint_file_gives_one_clear_error(tmp_path):
         checkpoint.load_weights(str(bad), model)
 
 
+def in_process(run_dir, capsys, monkeypatch, *overrides):
+    """`start`'s command line as train.py's main in this process: (exit code, stdout, stderr)."""
+    return train_main(os.path.dirname(run_dir), capsys, monkeypatch, *COMMON, *overrides, f"hydra.run.dir={run_dir}")
+
+
 @pytest.mark.slow
-def test_injected_nan_is_skipped_logged_and_training_recovers(tmp_path):
+def test_injected_nan_is_skipped_logged_and_training_recovers(tmp_path, capsys, monkeypatch):
     run_dir = str(tmp_path / "run")
-    code, _, err = finish(start(run_dir, "trainer.max_steps=12", "trainer.inject_nan_steps=[5,6]"))
+    code, _, err = in_process(run_dir, capsys, monkeypatch, "trainer.max_steps=12", "trainer.inject_nan_steps=[5,6]")
     assert code == 0, err[-2000:]
     lines = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
     skips = [m for m in lines if "skipped" in m]
@@ -157,10 +162,10 @@ def test_injected_nan_is_skipped_logged_and_training_recovers(tmp_path):
 
 
 @pytest.mark.slow
-def test_too_many_consecutive_skips_stop_with_a_message_and_a_checkpoint(tmp_path):
+def test_too_many_consecutive_skips_stop_with_a_message_and_a_checkpoint(tmp_path, capsys, monkeypatch):
     run_dir = str(tmp_path / "run")
-    code, _, err = finish(start(run_dir, "trainer.max_steps=12", "trainer.inject_nan_steps=[3,4,5]",
-                                "trainer.max_consecutive_skips=3"))
+    code, _, err = in_process(run_dir, capsys, monkeypatch, "trainer.max_steps=12", "trainer.inject_nan_steps=[3,4,5]",
+                              "trainer.max_consecutive_skips=3")
     assert code == 1
     assert "3 consecutive steps skipped (last: non-finite loss); stopping" in err
     assert os.path.isdir(os.path.join(run_dir, "checkpoints", "step_000005"))

@@ -1,10 +1,8 @@
 """Every cross-field rule refuses a bad value with a message naming the key; presets compose and validate."""
-import sys
-
 import pytest
 
 from conf.validate import ConfigError, validate
-from conftest import compose_cfg
+from conftest import compose_cfg, train_main
 
 
 BAD = [
@@ -94,26 +92,8 @@ def test_layout_presets_against_model_presets(model, parallel):
             validate(cfg)
 
 
-def run_train(cwd, capsys, monkeypatch, *argv):
-    """`python train.py ARGV` started from `cwd` (Hydra's run dirs land there), run as train.py's main in this
-    process: (exit code, stdout, stderr). A subprocess would add ~4 s of imports and nothing else to check."""
-    from hydra.core.global_hydra import GlobalHydra
-
-    import train
-
-    monkeypatch.chdir(cwd)
-    monkeypatch.setattr(sys, "argv", ["train.py"])
-    GlobalHydra.instance().clear()
-    try:
-        code = train.main(list(argv))
-    finally:
-        GlobalHydra.instance().clear()
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def test_cli_refuses_tensor_parallel_on_cpu_with_one_clear_message(tmp_path, capsys, monkeypatch):
-    code, _, err = run_train(tmp_path, capsys, monkeypatch, "model=13b", "parallel=tp8pp2", "stage=pretrain")
+    code, _, err = train_main(tmp_path, capsys, monkeypatch, "model=13b", "parallel=tp8pp2", "stage=pretrain")
     assert code == 2
     assert "config error: parallel: parallel=tp8pp2 (dp=1 x tp=8 x pp=2) needs 16 Ascend/GPU devices, found CPU" \
         in err
@@ -122,7 +102,7 @@ def test_cli_refuses_tensor_parallel_on_cpu_with_one_clear_message(tmp_path, cap
 @pytest.mark.parametrize("model,parallel,params", [("13b", "tp8pp2", 13_015_864_320),
                                                    ("70b", "tp8pp4", 68_976_648_192)])
 def test_dry_run_prints_the_plan(tmp_path, capsys, monkeypatch, model, parallel, params):
-    code, out, err = run_train(tmp_path, capsys, monkeypatch, f"model={model}", f"parallel={parallel}",
+    code, out, err = train_main(tmp_path, capsys, monkeypatch, f"model={model}", f"parallel={parallel}",
                                "stage=pretrain", "dry_run=true")
     assert code == 0, err
     assert f"({params:,})" in out
@@ -131,6 +111,6 @@ def test_dry_run_prints_the_plan(tmp_path, capsys, monkeypatch, model, parallel,
 
 
 def test_cfg_job_prints_the_composed_config(tmp_path, capsys, monkeypatch):
-    code, out, _ = run_train(tmp_path, capsys, monkeypatch, "--cfg", "job", "model=7b")
+    code, out, _ = train_main(tmp_path, capsys, monkeypatch, "--cfg", "job", "model=7b")
     assert code == 0
     assert "hidden_size: 4096" in out and "parallel:" in out

@@ -12,7 +12,7 @@ import numpy as np
 import psutil
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, train_main
 
 COMMON = ["data.seq_len=64", "trainer.max_steps=6", "trainer.log_every=1", "optim.warmup_steps=2",
           "optim.lr=3e-3", "trainer.eval_batches=1", "logger.progress_bar=false"]
@@ -50,12 +50,13 @@ def weights(run_dir):
 
 
 @pytest.mark.slow
-def test_dp2_matches_one_process_on_the_same_global_batch(tmp_path):
-    """Same losses and weights as one process; the launch's PATH holds another python, which the workers must not
-    run (a `python` on PATH is what msrun starts)."""
+def test_dp2_matches_one_process_on_the_same_global_batch(tmp_path, capsys, monkeypatch):
+    """Same losses and weights as one process (train.py's main in this one); the launch's PATH holds another
+    python, which the workers must not run (a `python` on PATH is what msrun starts)."""
     single, dp2 = str(tmp_path / "single"), str(tmp_path / "dp2")
-    proc = train(single, "trainer.micro_batch_size=8")
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    code, _, err = train_main(tmp_path, capsys, monkeypatch, *COMMON, "trainer.micro_batch_size=8",
+                              f"hydra.run.dir={single}")
+    assert code == 0, err[-2000:]
     proc = train(dp2, "parallel=dp2", "trainer.micro_batch_size=4", "trainer.grad_accum=1",
                  env=path_with_another_python(tmp_path))  # None (this environment) where no such python exists
     assert proc.returncode == 0 and "No module named" not in proc.stderr, proc.stderr[-3000:]

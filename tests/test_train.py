@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import CORPORA, ROOT
+from conftest import CORPORA, ROOT, train_main
 
 KEYS = {"step", "loss", "lr", "grad_norm", "tokens_seen", "tokens_per_sec", "mfu"}
 
@@ -17,6 +17,19 @@ def train(tmp_path, *overrides, timeout=600):
                            "logger.progress_bar=false", *overrides],
                           cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return metrics(run_dir)
+
+
+def train_in_process(tmp_path, capsys, monkeypatch, *overrides):
+    """The same command line as `train`, run as train.py's main in this process (conftest.train_main)."""
+    run_dir = tmp_path / "run"
+    code, _, err = train_main(tmp_path, capsys, monkeypatch, f"hydra.run.dir={run_dir}", "logger.progress_bar=false",
+                              *overrides)
+    assert code == 0, err[-3000:]
+    return metrics(run_dir)
+
+
+def metrics(run_dir):
     lines = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
     return run_dir, [m for m in lines if "loss" in m], [m for m in lines if "val_loss" in m]
 
@@ -48,10 +61,11 @@ def test_mindformers_llama_trains_from_the_same_command_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_fp16_with_accumulation_and_recompute_trains(tmp_path):
-    _, steps, _ = train(tmp_path, "precision=fp16", "trainer.grad_accum=2", "trainer.micro_batch_size=4",
-                        "model.recompute=full", "data.seq_len=128", "trainer.max_steps=8", "trainer.log_every=2",
-                        "optim.warmup_steps=2", "optim.lr=2e-3", "trainer.eval_batches=2")
+def test_fp16_with_accumulation_and_recompute_trains(tmp_path, capsys, monkeypatch):
+    _, steps, _ = train_in_process(tmp_path, capsys, monkeypatch, "precision=fp16", "trainer.grad_accum=2",
+                                   "trainer.micro_batch_size=4", "model.recompute=full", "data.seq_len=128",
+                                   "trainer.max_steps=8", "trainer.log_every=2", "optim.warmup_steps=2",
+                                   "optim.lr=2e-3", "trainer.eval_batches=2")
     assert steps[-1]["loss"] < steps[0]["loss"] - 0.3  # measured: 8.37 at step 1, 7.57 at step 8
     assert steps[-1]["loss_scale"] == 65536.0 and steps[-1]["skipped_steps"] == 0
     assert steps[-1]["tokens_seen"] == 8 * 2 * 4 * 128
@@ -59,10 +73,10 @@ def test_fp16_with_accumulation_and_recompute_trains(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir(os.path.join(CORPORA, "tiny")), reason="../shared/corpora not present")
-def test_trains_on_jsonl_corpora(tmp_path):
-    _, steps, evals = train(tmp_path, "data=corpora_tiny", "trainer.max_steps=10", "trainer.log_every=5",
-                            "optim.warmup_steps=2", f"data.cache_dir={tmp_path / 'cache'}",
-                            "trainer.eval_batches=2")
+def test_trains_on_jsonl_corpora(tmp_path, capsys, monkeypatch):
+    _, steps, evals = train_in_process(tmp_path, capsys, monkeypatch, "data=corpora_tiny", "trainer.max_steps=10",
+                                       "trainer.log_every=5", "optim.warmup_steps=2",
+                                       f"data.cache_dir={tmp_path / 'cache'}", "trainer.eval_batches=2")
     assert len(steps) == 2 and evals
 
 

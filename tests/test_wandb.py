@@ -9,7 +9,7 @@ import types
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import ROOT
+from conftest import ROOT, train_main
 
 SMALL = ["data.seq_len=64", "trainer.micro_batch_size=4", "trainer.eval_batches=1", "trainer.log_every=2",
          "optim.warmup_steps=1", "logger.progress_bar=false"]
@@ -101,8 +101,11 @@ def test_a_resumed_run_logs_to_the_same_wandb_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_disabled_mode_writes_no_wandb_files(tmp_path):
-    run(tmp_path, "logger=wandb", "logger.mode=disabled", "trainer.max_steps=2", *SMALL,
-        f"hydra.run.dir={tmp_path / 'run'}")
+def test_disabled_mode_writes_no_wandb_files(tmp_path, capsys, monkeypatch):
+    for key in [k for k in os.environ if k.startswith("WANDB_")]:
+        monkeypatch.delenv(key)
+    code, _, err = train_main(tmp_path, capsys, monkeypatch, "logger=wandb", "logger.mode=disabled",
+                              "trainer.max_steps=2", *SMALL, f"hydra.run.dir={tmp_path / 'run'}")
+    assert code == 0, err[-3000:]
     assert not os.path.exists(tmp_path / "run" / "wandb")
     assert os.path.exists(tmp_path / "run" / "metrics.jsonl")
