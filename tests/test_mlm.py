@@ -97,7 +97,7 @@ def mlm_run(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("mlm")
     run_dir = str(root / "run")
-    code, _, err = finish(start(run_dir, *RUN, f"data.cache_dir={root / 'cache'}"))
+    code, _, err = finish(start(run_dir, *RUN))  # the data from the shared cache, as test_step_reference.py reads it
     assert code == 0, err[-3000:]
     return root, run_dir
 
@@ -127,12 +127,11 @@ def test_mlm_resume_after_sigkill_equals_the_uninterrupted_run(mlm_run):
 
     root, reference = mlm_run
     run_dir = str(root / "killed")
-    args = (*RUN, f"data.cache_dir={root / 'cache'}")
-    proc = start(run_dir, *args)
+    proc = start(run_dir, *RUN)
     wait_for_step(run_dir, 9, proc)
     proc.send_signal(signal.SIGKILL)
     proc.communicate()
-    code, out, err = finish(start(run_dir, *args))
+    code, out, err = finish(start(run_dir, *RUN))
     assert code == 0, err[-3000:]
     assert "resumed from" in out
     assert losses(run_dir) == losses(reference)

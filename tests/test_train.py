@@ -74,9 +74,9 @@ def test_fp16_with_accumulation_and_recompute_trains(tmp_path, capsys, monkeypat
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir(os.path.join(CORPORA, "tiny")), reason="../shared/corpora not present")
 def test_trains_on_jsonl_corpora(tmp_path, capsys, monkeypatch):
+    """corpora/tiny's jsonl files from the shared data cache (test_data.py tests building them)."""
     _, steps, evals = train_in_process(tmp_path, capsys, monkeypatch, "data=corpora_tiny", "trainer.max_steps=10",
-                                       "trainer.log_every=5", "optim.warmup_steps=2",
-                                       f"data.cache_dir={tmp_path / 'cache'}", "trainer.eval_batches=2")
+                                       "trainer.log_every=5", "optim.warmup_steps=2", "trainer.eval_batches=2")
     assert len(steps) == 2 and evals
 
 
