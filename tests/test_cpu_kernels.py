@@ -247,6 +247,7 @@ def test_without_the_built_kernel_auto_is_plain_and_fused_is_one_error(monkeypat
     assert not adamw_kernel_applies([Parameter(Tensor(np.zeros(3, np.float32)), name="w")])  # MindSpore's kernel
 
 
+@pytest.mark.slow  # g++ builds the kernels afresh, ~5 s
 def test_the_venv_build_compiles_the_kernel(monkeypatch, tmp_path, capsys):
     """What scripts/venv.sh runs (`python -m kernels`), into an empty venv: the library appears where the models
     look for it, once."""

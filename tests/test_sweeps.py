@@ -79,6 +79,7 @@ def test_slurm_launcher_preset_composes_with_a_sweep():
     assert (launcher.partition, launcher.tasks_per_node, launcher.timeout_min) == ("gpu", 1, 240)
 
 
+@pytest.mark.slow  # a train.py process, ~5 s
 def test_presets_are_found_when_train_py_starts_from_another_directory(tmp_path):
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "+sweep=lr_ctx", "hydra/launcher=slurm",
                            "--cfg", "hydra"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
@@ -233,6 +234,7 @@ def test_report_shows_the_objectives_final_val_metrics(tmp_path):
     assert '<td data-value="0.05">0.0500</td>' in table
 
 
+@pytest.mark.slow  # a headless Chromium, ~5 s
 def test_report_renders_in_headless_chromium(synthetic_sweep, tmp_path):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
