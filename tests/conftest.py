@@ -27,8 +27,8 @@ def compose_cfg(*overrides):
 
 def train_main(cwd, capsys, monkeypatch, *argv):
     """`python train.py ARGV` started from `cwd` (Hydra's run dirs land there), run as train.py's main in this
-    process: (exit code, stdout, stderr). Where a subprocess would add ~4 s of imports and nothing to check; the
-    runs that must be processes (signals, msrun, a fresh sys.modules, another cwd's imports) stay processes."""
+    process: (exit code, stdout, stderr). For the runs a subprocess would only add ~4 s of imports to; those that
+    must be processes (signals, msrun, a fresh sys.modules, another cwd's imports) stay processes."""
     from hydra.core.global_hydra import GlobalHydra
 
     import train

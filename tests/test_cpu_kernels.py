@@ -306,9 +306,10 @@ def test_the_adamw_kernel_steps_as_the_graph_of_mindspore_ops(mode):
             assert update.kernel == kernel
             for allow, times in steps:
                 before = [p.asnumpy().copy() for p in optimizer.parameters]
+                # ~4 x norm 55: clipped to 20. mutable: a plain tuple of new tensors gets a new argument key on
+                # every call, and the update would be compiled again each time
                 grads = ms.mutable(tuple(Tensor(4 * times * rng.standard_normal(p.shape).astype(np.float32))
-                                         for p in optimizer.parameters))  # ~4 x norm 55: clipped to 20
-                # (mutable: a plain tuple of new tensors is a new graph input each call, compiled again)
+                                         for p in optimizer.parameters))
                 norm, finite, _ = update(grads, Tensor(allow), Tensor(0.25, ms.float32))
                 norms[kernel].append(float(norm.asnumpy()))
                 assert bool(finite.asnumpy()) == np.isfinite(times)
