@@ -1,8 +1,15 @@
 import boot  # noqa: F401  (MindSpore first, as in train.py)
 
+import contextlib
+import importlib
+import inspect
+import io
 import json
 import os
 import sys
+import traceback
+from dataclasses import dataclass
+from typing import Optional, Sequence
 
 import numpy as np
 import pytest
@@ -25,23 +32,73 @@ def compose_cfg(*overrides):
         return compose(config_name="config", overrides=list(overrides))
 
 
-def train_main(cwd, capsys, monkeypatch, *argv):
+# entry point -> (module, how a user runs it)
+ENTRIES = {
+    "train": ("train", "python train.py"),
+    "prepare": ("data.prepare", "python -m data.prepare"),
+    "convert": ("models.convert", "python -m models.convert"),
+    "reshard": ("distributed.reshard", "python -m distributed.reshard"),
+    "report": ("sweeps.report", "python -m sweeps.report"),
+    "generate": ("generate", "python -m generate"),
+    "evaluate": ("evaluate", "python -m evaluate"),
+    "instructions": ("data.instructions", "python -m data.instructions"),
+    "tasks": ("data.tasks", "python -m data.tasks"),
+    "preferences": ("data.preference_set", "python -m data.preference_set"),
+    "harness": ("harness", "python -m harness"),
+}
+
+
+@dataclass
+class Outcome:
+    code: Optional[int]  # None: an exception escaped main()
+    out: str
+    err: str  # with the traceback of an escaped exception
+    traceback: bool
+
+
+def invoke(entry: str, argv: Sequence[str], env: Optional[dict] = None) -> Outcome:
+    """`main(argv)` of the entry point in this process, as its command line would run it, with `env`'s variables
+    set (None: unset) for the call. The error table (test_errors.py) and the in-process training runs use it."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    env = env or {}
+    module = importlib.import_module(ENTRIES[entry][0])
+    GlobalHydra.instance().clear()
+    saved_argv, saved_env = sys.argv, {k: os.environ.get(k) for k in env}
+    sys.argv = [ENTRIES[entry][1].split()[-1], *argv]
+    for key, value in env.items():
+        os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+    out, err = io.StringIO(), io.StringIO()
+    code, escaped = None, False
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+            try:
+                takes_argv = entry != "train" and inspect.signature(module.main).parameters
+                code = module.main(list(argv)) if takes_argv else module.main()
+                code = code if isinstance(code, int) else 0
+            except SystemExit as exit_:
+                code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+                if isinstance(exit_.code, str):
+                    print(exit_.code, file=sys.stderr)
+            except Exception:
+                traceback.print_exc()
+                escaped = True
+    finally:
+        sys.argv = saved_argv
+        for key, value in saved_env.items():
+            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+        GlobalHydra.instance().clear()
+    text = err.getvalue()
+    return Outcome(code, out.getvalue(), text, escaped or "Traceback (most recent call last)" in text)
+
+
+def train_main(cwd, monkeypatch, *argv):
     """`python train.py ARGV` started from `cwd` (Hydra's run dirs land there), run as train.py's main in this
     process: (exit code, stdout, stderr). For the runs a subprocess would only add ~4 s of imports to; those that
     must be processes (signals, msrun, a fresh sys.modules, another cwd's imports) stay processes."""
-    from hydra.core.global_hydra import GlobalHydra
-
-    import train
-
     monkeypatch.chdir(cwd)
-    monkeypatch.setattr(sys, "argv", ["train.py"])
-    GlobalHydra.instance().clear()
-    try:
-        code = train.main(list(argv))
-    finally:
-        GlobalHydra.instance().clear()
-    out, err = capsys.readouterr()
-    return code, out, err
+    outcome = invoke("train", argv)
+    return outcome.code, outcome.out, outcome.err
 
 
 # --- preference pairs (test_alignment.py, test_dpo_reference.py) ----------------------------------------------

@@ -142,15 +142,15 @@ def test_unreadable_checkpoint_file_gives_one_clear_error(tmp_path):
         checkpoint.load_weights(str(bad), model)
 
 
-def in_process(run_dir, capsys, monkeypatch, *overrides):
+def in_process(run_dir, monkeypatch, *overrides):
     """`start`'s command line as train.py's main in this process: (exit code, stdout, stderr)."""
-    return train_main(os.path.dirname(run_dir), capsys, monkeypatch, *COMMON, *overrides, f"hydra.run.dir={run_dir}")
+    return train_main(os.path.dirname(run_dir), monkeypatch, *COMMON, *overrides, f"hydra.run.dir={run_dir}")
 
 
 @pytest.mark.slow
-def test_injected_nan_is_skipped_logged_and_training_recovers(tmp_path, capsys, monkeypatch):
+def test_injected_nan_is_skipped_logged_and_training_recovers(tmp_path, monkeypatch):
     run_dir = str(tmp_path / "run")
-    code, _, err = in_process(run_dir, capsys, monkeypatch, "trainer.max_steps=12", "trainer.inject_nan_steps=[5,6]")
+    code, _, err = in_process(run_dir, monkeypatch, "trainer.max_steps=12", "trainer.inject_nan_steps=[5,6]")
     assert code == 0, err[-2000:]
     lines = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
     skips = [m for m in lines if "skipped" in m]
@@ -162,9 +162,9 @@ def test_injected_nan_is_skipped_logged_and_training_recovers(tmp_path, capsys, 
 
 
 @pytest.mark.slow
-def test_too_many_consecutive_skips_stop_with_a_message_and_a_checkpoint(tmp_path, capsys, monkeypatch):
+def test_too_many_consecutive_skips_stop_with_a_message_and_a_checkpoint(tmp_path, monkeypatch):
     run_dir = str(tmp_path / "run")
-    code, _, err = in_process(run_dir, capsys, monkeypatch, "trainer.max_steps=12", "trainer.inject_nan_steps=[3,4,5]",
+    code, _, err = in_process(run_dir, monkeypatch, "trainer.max_steps=12", "trainer.inject_nan_steps=[3,4,5]",
                               "trainer.max_consecutive_skips=3")
     assert code == 1
     assert "3 consecutive steps skipped (last: non-finite loss); stopping" in err

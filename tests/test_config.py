@@ -92,8 +92,8 @@ def test_layout_presets_against_model_presets(model, parallel):
             validate(cfg)
 
 
-def test_cli_refuses_tensor_parallel_on_cpu_with_one_clear_message(tmp_path, capsys, monkeypatch):
-    code, _, err = train_main(tmp_path, capsys, monkeypatch, "model=13b", "parallel=tp8pp2", "stage=pretrain")
+def test_cli_refuses_tensor_parallel_on_cpu_with_one_clear_message(tmp_path, monkeypatch):
+    code, _, err = train_main(tmp_path, monkeypatch, "model=13b", "parallel=tp8pp2", "stage=pretrain")
     assert code == 2
     assert "config error: parallel: parallel=tp8pp2 (dp=1 x tp=8 x pp=2) needs 16 Ascend/GPU devices, found CPU" \
         in err
@@ -101,8 +101,8 @@ def test_cli_refuses_tensor_parallel_on_cpu_with_one_clear_message(tmp_path, cap
 
 @pytest.mark.parametrize("model,parallel,params", [("13b", "tp8pp2", 13_015_864_320),
                                                    ("70b", "tp8pp4", 68_976_648_192)])
-def test_dry_run_prints_the_plan(tmp_path, capsys, monkeypatch, model, parallel, params):
-    code, out, err = train_main(tmp_path, capsys, monkeypatch, f"model={model}", f"parallel={parallel}",
+def test_dry_run_prints_the_plan(tmp_path, monkeypatch, model, parallel, params):
+    code, out, err = train_main(tmp_path, monkeypatch, f"model={model}", f"parallel={parallel}",
                                "stage=pretrain", "dry_run=true")
     assert code == 0, err
     assert f"({params:,})" in out
@@ -110,7 +110,7 @@ def test_dry_run_prints_the_plan(tmp_path, capsys, monkeypatch, model, parallel,
         assert section in out
 
 
-def test_cfg_job_prints_the_composed_config(tmp_path, capsys, monkeypatch):
-    code, out, _ = train_main(tmp_path, capsys, monkeypatch, "--cfg", "job", "model=7b")
+def test_cfg_job_prints_the_composed_config(tmp_path, monkeypatch):
+    code, out, _ = train_main(tmp_path, monkeypatch, "--cfg", "job", "model=7b")
     assert code == 0
     assert "hidden_size: 4096" in out and "parallel:" in out

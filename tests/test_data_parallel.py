@@ -50,11 +50,11 @@ def weights(run_dir):
 
 
 @pytest.mark.slow
-def test_dp2_matches_one_process_on_the_same_global_batch(tmp_path, capsys, monkeypatch):
+def test_dp2_matches_one_process_on_the_same_global_batch(tmp_path, monkeypatch):
     """Same losses and weights as one process (train.py's main in this one); the launch's PATH holds another
     python, which the workers must not run (a `python` on PATH is what msrun starts)."""
     single, dp2 = str(tmp_path / "single"), str(tmp_path / "dp2")
-    code, _, err = train_main(tmp_path, capsys, monkeypatch, *COMMON, "trainer.micro_batch_size=8",
+    code, _, err = train_main(tmp_path, monkeypatch, *COMMON, "trainer.micro_batch_size=8",
                               f"hydra.run.dir={single}")
     assert code == 0, err[-2000:]
     proc = train(dp2, "parallel=dp2", "trainer.micro_batch_size=4", "trainer.grad_accum=1",

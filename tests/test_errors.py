@@ -2,46 +2,28 @@
 `error: ...` line (`config error: ...` for config values) naming the key or file, no traceback, and nothing
 written earlier (a run dir, checkpoints, a data cache) changed.
 
-Each case runs its CLI's `main(argv)` in this process, as `python -m <module> ARGS` would (train.py: sys.argv).
-`python -m tests.test_errors --troubleshooting` prints the README's "Troubleshooting" table from these cases;
-test_readme_troubleshooting_is_the_table checks that README.md holds exactly that.
+Each case runs its CLI's `main(argv)` in this process (conftest.invoke), as `python -m <module> ARGS` would
+(train.py: sys.argv). test_readme_troubleshooting_shows_the_table checks that README.md's "Troubleshooting" table
+is the one these cases print (`MINDLAB_WRITE_README=1 pytest tests/test_errors.py -k readme` rewrites it).
 """
-import contextlib
 import gzip
 import hashlib
 import importlib
-import inspect
-import io
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import traceback
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional
 
 import pytest
 from omegaconf import OmegaConf
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-README = os.path.join(ROOT, "README.md")
+from conftest import ENTRIES, ROOT, invoke
 
-# entry point -> (module, how a user runs it)
-ENTRIES = {
-    "train": ("train", "python train.py"),
-    "prepare": ("data.prepare", "python -m data.prepare"),
-    "convert": ("models.convert", "python -m models.convert"),
-    "reshard": ("distributed.reshard", "python -m distributed.reshard"),
-    "report": ("sweeps.report", "python -m sweeps.report"),
-    "generate": ("generate", "python -m generate"),
-    "evaluate": ("evaluate", "python -m evaluate"),
-    "instructions": ("data.instructions", "python -m data.instructions"),
-    "tasks": ("data.tasks", "python -m data.tasks"),
-    "preferences": ("data.preference_set", "python -m data.preference_set"),
-    "harness": ("harness", "python -m harness"),
-}
+README = os.path.join(ROOT, "README.md")
 
 
 @dataclass
@@ -322,47 +304,6 @@ CASES = [
 
 ERROR_LINE = re.compile(r"^(config )?error: ")
 SEEN = {}  # case id -> its error line, for the README table
-
-
-@dataclass
-class Outcome:
-    code: Optional[int]  # None: an exception escaped main()
-    err: str
-    traceback: bool
-
-
-def invoke(entry: str, argv: Sequence[str], env: dict) -> Outcome:
-    """`main(argv)` of the entry point in this process, as its command line would run it."""
-    from hydra.core.global_hydra import GlobalHydra
-
-    module = importlib.import_module(ENTRIES[entry][0])
-    GlobalHydra.instance().clear()
-    saved_argv, saved_env = sys.argv, {k: os.environ.get(k) for k in env}
-    sys.argv = [ENTRIES[entry][1].split()[-1], *argv]
-    for key, value in env.items():
-        os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
-    err = io.StringIO()
-    code, escaped = None, False
-    try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            try:
-                takes_argv = entry != "train" and inspect.signature(module.main).parameters
-                code = module.main(list(argv)) if takes_argv else module.main()
-                code = code if isinstance(code, int) else 0
-            except SystemExit as exit_:
-                code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-                if isinstance(exit_.code, str):
-                    print(exit_.code, file=sys.stderr)
-            except Exception:
-                traceback.print_exc()
-                escaped = True
-    finally:
-        sys.argv = saved_argv
-        for key, value in saved_env.items():
-            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
-        GlobalHydra.instance().clear()
-    text = err.getvalue()
-    return Outcome(code, text, escaped or "Traceback (most recent call last)" in text)
 
 
 def snapshot(*roots: str) -> dict:

@@ -17,7 +17,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from conf.validate import validate
-from conftest import ROOT
+from conftest import ROOT, invoke
 from sweeps.report import build
 
 JOBS = {"lr": 3, "lr_ctx": 9, "data_mix": 3, "batch": 4, "scaling": 5}
@@ -336,9 +336,8 @@ def test_a_real_three_job_multirun_is_reported_with_its_lrs_and_losses(tmp_path)
     assert [c.logger.run_name for c in cfgs] == ["optim.lr=0.001", "optim.lr=0.002", "optim.lr=0.003"]
     wandb_runs = [glob.glob(str(sweep_dir / n / "wandb" / "offline-run-*" / "run-*.wandb")) for n in "012"]
     assert [len(r) for r in wandb_runs] == [1, 1, 1] and len({r[0].rsplit("-", 1)[1] for r in wandb_runs}) == 3
-    report = subprocess.run([sys.executable, "-m", "sweeps.report", str(sweep_dir), "--no-wandb"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
-    assert report.returncode == 0, report.stderr[-3000:]
+    report = invoke("report", [str(sweep_dir), "--no-wandb"])  # the report CLI's main, in this process
+    assert report.code == 0, report.err[-3000:]
     dom = Dom((sweep_dir / "report.html").read_text())
     assert list(dom.rows) == ["0", "1", "2"]
     assert [row["optim.lr"][0] for row in dom.rows.values()] == ["0.001", "0.002", "0.003"]

@@ -20,10 +20,10 @@ def train(tmp_path, *overrides, timeout=600):
     return metrics(run_dir)
 
 
-def train_in_process(tmp_path, capsys, monkeypatch, *overrides):
+def train_in_process(tmp_path, monkeypatch, *overrides):
     """The same command line as `train`, run as train.py's main in this process (conftest.train_main)."""
     run_dir = tmp_path / "run"
-    code, _, err = train_main(tmp_path, capsys, monkeypatch, f"hydra.run.dir={run_dir}", "logger.progress_bar=false",
+    code, _, err = train_main(tmp_path, monkeypatch, f"hydra.run.dir={run_dir}", "logger.progress_bar=false",
                               *overrides)
     assert code == 0, err[-3000:]
     return metrics(run_dir)
@@ -61,8 +61,8 @@ def test_mindformers_llama_trains_from_the_same_command_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_fp16_with_accumulation_and_recompute_trains(tmp_path, capsys, monkeypatch):
-    _, steps, _ = train_in_process(tmp_path, capsys, monkeypatch, "precision=fp16", "trainer.grad_accum=2",
+def test_fp16_with_accumulation_and_recompute_trains(tmp_path, monkeypatch):
+    _, steps, _ = train_in_process(tmp_path, monkeypatch, "precision=fp16", "trainer.grad_accum=2",
                                    "trainer.micro_batch_size=4", "model.recompute=full", "data.seq_len=128",
                                    "trainer.max_steps=8", "trainer.log_every=2", "optim.warmup_steps=2",
                                    "optim.lr=2e-3", "trainer.eval_batches=2")
@@ -73,9 +73,9 @@ def test_fp16_with_accumulation_and_recompute_trains(tmp_path, capsys, monkeypat
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir(os.path.join(CORPORA, "tiny")), reason="../shared/corpora not present")
-def test_trains_on_jsonl_corpora(tmp_path, capsys, monkeypatch):
+def test_trains_on_jsonl_corpora(tmp_path, monkeypatch):
     """corpora/tiny's jsonl files from the shared data cache (test_data.py tests building them)."""
-    _, steps, evals = train_in_process(tmp_path, capsys, monkeypatch, "data=corpora_tiny", "trainer.max_steps=10",
+    _, steps, evals = train_in_process(tmp_path, monkeypatch, "data=corpora_tiny", "trainer.max_steps=10",
                                        "trainer.log_every=5", "optim.warmup_steps=2", "trainer.eval_batches=2")
     assert len(steps) == 2 and evals
 

@@ -101,10 +101,10 @@ def test_a_resumed_run_logs_to_the_same_wandb_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_disabled_mode_writes_no_wandb_files(tmp_path, capsys, monkeypatch):
+def test_disabled_mode_writes_no_wandb_files(tmp_path, monkeypatch):
     for key in [k for k in os.environ if k.startswith("WANDB_")]:
         monkeypatch.delenv(key)
-    code, _, err = train_main(tmp_path, capsys, monkeypatch, "logger=wandb", "logger.mode=disabled",
+    code, _, err = train_main(tmp_path, monkeypatch, "logger=wandb", "logger.mode=disabled",
                               "trainer.max_steps=2", *SMALL, f"hydra.run.dir={tmp_path / 'run'}")
     assert code == 0, err[-3000:]
     assert not os.path.exists(tmp_path / "run" / "wandb")
