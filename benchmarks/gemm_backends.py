@@ -5,71 +5,90 @@ by rows (M), columns (N) or the inner dimension (K, two partial products added).
     scripts/venv.sh python -m benchmarks.gemm_backends
 
 MindSpore's time is ten MatMuls in one graph divided by ten (outputs kept, no copy to the host), so the launch is
-not what is timed. Each line prints ms and GFLOP/s per product and the sgemm result's error against numpy's.
-It asks whether a Linear kernel on sgemm (forward and both gradients) would pay: see the README's tenth pass.
+not what is timed. Each line prints ms and GFLOP/s per product (the best of 5 calls, cpu_matmul_peak's
+best_seconds) and the sgemm result's error against numpy's. It asks whether a Linear kernel on sgemm (forward and
+both gradients) would pay: see the README's tenth pass.
 """
 import ctypes
 import os
 import threading
-import time
 
 import numpy as np
+
 import mindspore as ms
-from mindspore import ops, nn, Tensor
-ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-dnnl = ctypes.CDLL(os.path.join(os.path.dirname(ms.__file__), "lib", "libdnnl.so.3"))
-f = dnnl.dnnl_sgemm
-f.argtypes = [ctypes.c_char, ctypes.c_char, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_float,
-              ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int64]
-R = 10
-class MM(nn.Cell):
-    def __init__(self, ta, tb):
-        super().__init__(); self.mm = ops.MatMul(transpose_a=ta, transpose_b=tb)
-    def construct(self, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, b):
-        return tuple(self.mm(a, b) for a in (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9))
-def timeit(fn, reps):
-    fn(); fn()
-    t = time.perf_counter()
-    for _ in range(reps): fn()
-    return (time.perf_counter() - t) / reps
+from mindspore import Tensor, nn, ops
+
+from benchmarks.cpu_matmul_peak import best_seconds
+
 T, H, I, V = 2048, 384, 1024, 8192
-shapes = [("fwd x W1^T", T, I, H, False, True), ("fwd x W2^T", T, H, I, False, True), ("fwd x Wq^T", T, H, H, False, True),
-          ("fwd lm_head", T, V, H, False, True), ("dx dy W1", T, H, I, False, False), ("dW1 dy^T x", I, H, T, True, False),
-          ("dx lm dy W", T, H, V, False, False), ("dW lm dy^T x", V, H, T, True, False), ("dWq", H, H, T, True, False)]
-def run_threads(parts):
-    ts = [threading.Thread(target=p) for p in parts[1:]]
-    [t.start() for t in ts]; parts[0](); [t.join() for t in ts]
-for name, M, N, K, ta, tb in shapes:
-    rng = np.random.default_rng(0)
-    As = [rng.standard_normal((K, M) if ta else (M, K), dtype=np.float32) for _ in range(R)]
-    A = As[0]
-    B = rng.standard_normal((N, K) if tb else (K, N), dtype=np.float32)
-    C = np.empty((M, N), np.float32)
-    flop = 2 * M * N * K
-    mm = MM(ta, tb); ts_ = [Tensor(a) for a in As]; b = Tensor(B)
-    t_ms = timeit(lambda: mm(*ts_, b), 5) / R
-    lda, ldb = A.shape[1], B.shape[1]
-    TA, TB = (b'T' if ta else b'N'), (b'T' if tb else b'N')
-    def split_m():
-        def part(p):
-            lo, hi = M * p // 2, M * (p + 1) // 2
-            f(TA, TB, hi - lo, N, K, 1.0, A.ctypes.data + (lo if ta else lo * lda) * 4, lda, B.ctypes.data, ldb, 0.0, C.ctypes.data + lo * N * 4, N)
-        run_threads([lambda: part(0), lambda: part(1)])
-    def split_n():
-        def part(p):
-            lo, hi = N * p // 2, N * (p + 1) // 2
-            f(TA, TB, M, hi - lo, K, 1.0, A.ctypes.data, lda, B.ctypes.data + (lo * ldb if tb else lo) * 4, ldb, 0.0, C.ctypes.data + lo * 4, N)
-        run_threads([lambda: part(0), lambda: part(1)])
-    C2 = np.empty((M, N), np.float32)
-    def split_k():
-        def part(p, out):
-            lo, hi = K * p // 2, K * (p + 1) // 2
-            aoff = (lo * lda if ta else lo) * 4; boff = (lo if tb else lo * ldb) * 4
-            f(TA, TB, M, N, hi - lo, 1.0, A.ctypes.data + aoff, lda, B.ctypes.data + boff, ldb, 0.0, out.ctypes.data, N)
-        run_threads([lambda: part(0, C), lambda: part(1, C2)])
-        np.add(C, C2, out=C)
-    ref = (A.T if ta else A) @ (B.T if tb else B)
-    res = []
-    for nm, fn in (("M", split_m), ("N", split_n), ("K", split_k)):
-        t = timeit(fn, 10); err = np.abs(C - ref).max() / np.abs(ref).max(); res.append(f"{nm} {t*1e3:6.2f} ({flop/t/1e9:4.0f}) e{err:.0e}")
-    print(f"{name:14s} M{M} N{N} K{K}: mindspore {t_ms*1e3:6.2f} ms ({flop/t_ms/1e9:4.0f} GF/s) | dnnl split " + " | ".join(res), flush=True)
+# (name, M, N, K, transpose A, transpose B): C [M, N] = op(A) op(B)
+PRODUCTS = [("x W1^T", T, I, H, False, True), ("x W2^T", T, H, I, False, True), ("x Wq^T", T, H, H, False, True),
+            ("lm_head", T, V, H, False, True), ("dx = dy W1", T, H, I, False, False),
+            ("dW1 = dy^T x", I, H, T, True, False), ("lm dx = dy W", T, H, V, False, False),
+            ("lm dW = dy^T x", V, H, T, True, False), ("dWq = dy^T x", H, H, T, True, False)]
+REPEATS = 10  # MatMuls in MindSpore's one graph
+
+
+class TenMatMuls(nn.Cell):
+    def __init__(self, ta: bool, tb: bool):
+        super().__init__()
+        self.mm = ops.MatMul(transpose_a=ta, transpose_b=tb)
+
+    def construct(self, lefts, b):
+        return tuple(self.mm(a, b) for a in lefts)
+
+
+def sgemm_function():
+    f = ctypes.CDLL(os.path.join(os.path.dirname(ms.__file__), "lib", "libdnnl.so.3")).dnnl_sgemm
+    i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+    f.argtypes = [ctypes.c_char, ctypes.c_char, i64, i64, i64, f32, ptr, i64, ptr, i64, f32, ptr, i64]
+    return f
+
+
+def split_sgemm(sgemm, A, B, ta: bool, tb: bool, axis: str, out, scratch) -> None:
+    """out = op(A) op(B), the `axis` dimension (M, N or K) cut in two halves, one per thread (K: the second
+    half's product goes to `scratch` and is added)."""
+    (M, N), K = out.shape, (A.shape[0] if ta else A.shape[1])
+    lda, ldb, fl = A.shape[1], B.shape[1], 4  # row-major leading dimensions; bytes per float
+    ops_ = (b"T" if ta else b"N", b"T" if tb else b"N")
+    size = {"M": M, "N": N, "K": K}[axis]
+
+    def half(p):
+        lo, hi = size * p // 2, size * (p + 1) // 2
+        m, n, k = (hi - lo if axis == d else full for d, full in (("M", M), ("N", N), ("K", K)))
+        a_at = {"M": lo if ta else lo * lda, "K": lo * lda if ta else lo}.get(axis, 0)
+        b_at = {"N": lo * ldb if tb else lo, "K": lo if tb else lo * ldb}.get(axis, 0)
+        c, c_at = (scratch, 0) if axis == "K" and p else (out, {"M": lo * N, "N": lo}.get(axis, 0))
+        sgemm(*ops_, m, n, k, 1.0, A.ctypes.data + a_at * fl, lda, B.ctypes.data + b_at * fl, ldb, 0.0,
+              c.ctypes.data + c_at * fl, N)
+
+    other = threading.Thread(target=half, args=(1,))
+    other.start()
+    half(0)
+    other.join()
+    if axis == "K":
+        np.add(out, scratch, out=out)
+
+
+def main() -> None:
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    sgemm = sgemm_function()
+    for name, M, N, K, ta, tb in PRODUCTS:
+        rng = np.random.default_rng(0)
+        lefts = [rng.standard_normal((K, M) if ta else (M, K), dtype=np.float32) for _ in range(REPEATS)]
+        A, B = lefts[0], rng.standard_normal((N, K) if tb else (K, N), dtype=np.float32)
+        out, scratch = np.empty((M, N), np.float32), np.empty((M, N), np.float32)
+        gflops = lambda seconds: 2 * M * N * K / seconds / 1e9  # noqa: E731
+        mm, ms_lefts, ms_b = TenMatMuls(ta, tb), tuple(Tensor(a) for a in lefts), Tensor(B)
+        t = best_seconds(lambda: mm(ms_lefts, ms_b)) / REPEATS
+        line = [f"{name:15s} M{M} N{N} K{K}: mindspore {t * 1e3:6.2f} ms ({gflops(t):4.0f} GF/s) | sgemm split"]
+        ref = (A.T if ta else A) @ (B.T if tb else B)
+        for axis in "MNK":
+            t = best_seconds(lambda: split_sgemm(sgemm, A, B, ta, tb, axis, out, scratch))  # noqa: B023
+            err = np.abs(out - ref).max() / np.abs(ref).max()
+            line.append(f"{axis} {t * 1e3:6.2f} ({gflops(t):4.0f}) err {err:.0e}")
+        print(" | ".join(line), flush=True)
+
+
+if __name__ == "__main__":
+    main()
