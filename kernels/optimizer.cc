@@ -45,6 +45,22 @@ struct Flat {
   }
 };
 
+// One AdamW range of one tensor. Its own function, with restrict pointers and the hyperparameters as values: in
+// the loop of the lambda that calls it they were references, which the stores to m, v and p might alias, so GCC
+// reloaded them and did not vectorize the loop (model=small's update took 30-35 ms instead of 10-13 on its own,
+// /proc/cpuinfo AMD EPYC with AVX-512).
+void adamw_range(float* __restrict p, float* __restrict m, float* __restrict v, const float* __restrict g, int64_t lo,
+                 int64_t hi, float lr, float beta1, float beta2, float eps, float wd, float factor) {
+  for (int64_t i = lo; i < hi; ++i) {
+    const float gi = g[i] * factor;
+    const float mi = beta1 * m[i] + (1.0f - beta1) * gi;
+    const float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] -= lr * (mi / (std::sqrt(vi) + eps) + wd * p[i]);
+  }
+}
+
 }  // namespace
 
 // inputs: tensors[n]; output: the sum of x^2 over all of them [1], in fp32 within blocks of 4096 (vectorized) and in
@@ -80,21 +96,10 @@ extern "C" int mindlab_adamw(int nparam, void** params, int* ndims, int64_t** sh
   const int n = (nparam - 3) / 4;
   const float* hyper = static_cast<const float*>(params[0]);
   const float* decay = static_cast<const float*>(params[1]);
-  const float lr = hyper[0], beta1 = hyper[1], beta2 = hyper[2], eps = hyper[3], decay_scale = hyper[4],
-              factor = hyper[5];
   auto tensor = [&](int group, int k) { return static_cast<float*>(params[2 + group * n + k]); };  // p m v g
   Flat(2, n, ndims, shapes).parallel([&](int k, int64_t lo, int64_t hi, int64_t) {
-    float *p = tensor(0, k), *m = tensor(1, k), *v = tensor(2, k);
-    const float* g = tensor(3, k);
-    const float wd = decay[k] * decay_scale;
-    for (int64_t i = lo; i < hi; ++i) {
-      const float gi = g[i] * factor;
-      const float mi = beta1 * m[i] + (1.0f - beta1) * gi;
-      const float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
-      m[i] = mi;
-      v[i] = vi;
-      p[i] -= lr * (mi / (std::sqrt(vi) + eps) + wd * p[i]);
-    }
+    adamw_range(tensor(0, k), tensor(1, k), tensor(2, k), tensor(3, k), lo, hi, hyper[0], hyper[1], hyper[2],
+                hyper[3], decay[k] * hyper[4], hyper[5]);
   });
   static_cast<float*>(params[nparam - 1])[0] = 0.0f;
   return 0;
