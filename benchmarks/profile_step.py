@@ -6,8 +6,9 @@ the PyTorch reference's (benchmarks/torch_reference.py, same shapes, batches and
 MindSpore side (`mindspore.profiler.profile(activities=[ProfilerActivity.CPU])` around --steps steps of
 trainer/module.py's LocalModule, after --warmup steps that compile): the profiler writes one line per kernel
 to FRAMEWORK/cpu_op_execute_timestamp_<rank>.txt (`scope/Type-opN;HostCpuOps;start_ns,duration_ms,tid ...`);
-those durations are summed per kernel type and per scope (forward = Default/loss_net, backward = Gradients and
-the expanded *Grad composites, optimizer = the clip-and-update graph). PyTorch side: torch.profiler's self CPU
+those durations are summed per kernel type, per scope (forward = Default/loss_net, backward = Gradients and
+the expanded *Grad composites, optimizer = the clip-and-update graph) and per custom kernel (kernels/*.cc: the
+cell that calls it and the scope, all layers together). PyTorch side: torch.profiler's self CPU
 time per aten op over the same number of steps, `eager` and `sdpa` attention. The matmul share is the time in
 GEMM kernels (MindSpore MatMul/BatchMatMul, aten mm/bmm/addmm/baddbmm) over the summed kernel time; the
 profiled steps' wall time is printed next to it (kernels run one after another, each on all threads).
@@ -29,18 +30,25 @@ MS_MATMULS = ("MatMul", "BatchMatMul", "MatMulExt", "BatchMatMulExt")
 TORCH_MATMULS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm")
 
 
-def parse_ms_timestamps(lines: Iterable[str]) -> Tuple[Dict[str, float], Dict[str, float]]:
-    """({kernel type: total ms}, {scope: total ms}) from MindSpore's cpu_op_execute_timestamp_<rank>.txt lines
-    `Default/loss_net-CausalLMLoss/.../MatMul-op12;HostCpuOps;<start_ns>,<ms>,<tid> <start_ns>,<ms>,<tid> ...`."""
-    by_type, by_scope = defaultdict(float), defaultdict(float)
+def parse_ms_timestamps(lines: Iterable[str]) -> Tuple[Dict[str, float], Dict[str, float], Dict[str, float]]:
+    """({kernel type: total ms}, {scope: total ms}, {custom kernel: total ms}) from MindSpore's
+    cpu_op_execute_timestamp_<rank>.txt lines
+    `Default/loss_net-CausalLMLoss/.../MatMul-op12;HostCpuOps;<start_ns>,<ms>,<tid> <start_ns>,<ms>,<tid> ...`.
+    A custom kernel (kernels/*.cc, type Custom) is named by the cell that calls it and its scope, e.g.
+    "FusedAttention, backward": one entry for all layers."""
+    by_type, by_scope, by_custom = defaultdict(float), defaultdict(float), defaultdict(float)
     for line in lines:
         if not line.strip():
             continue
         name, _, records = line.strip().split(";", 2)
         ms = sum(float(record.split(",")[1]) for record in records.split())
-        by_type[name.rsplit("/", 1)[-1].rsplit("-op", 1)[0]] += ms
+        kind = name.rsplit("/", 1)[-1].rsplit("-op", 1)[0]
+        by_type[kind] += ms
         by_scope[ms_scope(name)] += ms
-    return dict(by_type), dict(by_scope)
+        if kind == "Custom":
+            cells = [part.split("-", 1)[1] for part in name.split("/")[:-1] if "-" in part]
+            by_custom[f"{cells[-1] if cells else '?'}, {ms_scope(name).split(' ')[0]}"] += ms
+    return dict(by_type), dict(by_scope), dict(by_custom)
 
 
 def ms_scope(name: str) -> str:
@@ -99,11 +107,12 @@ def profile_native(overrides: list, warmup: int, steps: int, out_dir: str) -> No
               f"{sorted(glob.glob(os.path.join(out_dir, '**'), recursive=True))}")
         return
     with open(files[0], encoding="utf-8") as f:
-        by_type, by_scope = parse_ms_timestamps(f)
+        by_type, by_scope, by_custom = parse_ms_timestamps(f)
     print(f"MindSpore native, {steps} steps after {warmup} ({' '.join(overrides)}): wall {wall * 1000:.0f} ms, "
           f"load {os.getloadavg()[0]:.2f}; source {os.path.relpath(files[0], out_dir)}")
     print(op_table(by_type, MS_MATMULS)[0])
     print(op_table(by_scope, (), top=6, label="scope")[0].rsplit("\n", 1)[0])
+    print(op_table(by_custom, (), top=12, label="custom kernel (kernels/*.cc), scope")[0].rsplit("\n", 1)[0])
 
 
 def profile_torch(export_dir: str, attention: str, warmup: int, steps: int) -> None:

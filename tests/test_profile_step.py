@@ -1,4 +1,5 @@
-"""benchmarks/profile_step.py reads MindSpore's CPU profiler output: per kernel type and scope sums, matmul share."""
+"""benchmarks/profile_step.py reads MindSpore's CPU profiler output: per kernel type, scope and custom kernel sums,
+matmul share."""
 from benchmarks.profile_step import MS_MATMULS, op_table, parse_ms_timestamps
 
 LINES = [  # the format of FRAMEWORK/cpu_op_execute_timestamp_0.txt (MindSpore 2.9), two profiled steps
@@ -7,15 +8,25 @@ LINES = [  # the format of FRAMEWORK/cpu_op_execute_timestamp_0.txt (MindSpore 2
     "Default/update-ClipAndUpdate/optimizer-AdamW/Mul-op149;HostCpuOps;1796074937645291699,1.5,0 1796074941124268435,0.5,0\n",
     "Expand/_SoftmaxBackward/Mul-op3;HostCpuOps;1796074937878972050,2.0,0\n",
     "Default/TensorMove-op289;HostCpuOps;1796074937878972050,2.0,0\n",
+    "Default/loss_net-CausalLMLoss/model-Llama/layers-CellList/0-DecoderLayer/attention-Attention/core-FusedAttention/"
+    "Custom-op7;HostCpuOps;1796074937645629462,4.0,0\n",
+    "Default/loss_net-CausalLMLoss/model-Llama/layers-CellList/1-DecoderLayer/attention-Attention/core-FusedAttention/"
+    "Custom-op9;HostCpuOps;1796074937645629462,3.0,0\n",
+    "Gradients/Default/loss_net-CausalLMLoss/model-Llama/layers-CellList/0-DecoderLayer/attention-Attention/"
+    "core-FusedAttention/Grad_Custom/Custom-op50;HostCpuOps;1796074937645629462,9.0,0\n",
+    "Default/update-ClipAndUpdate/Custom-op75;HostCpuOps;1796074937645629462,1.0,0 1796074941124268435,1.5,0\n",
     "\n",
 ]
 
 
 def test_sums_per_kernel_type_and_scope():
-    by_type, by_scope = parse_ms_timestamps(LINES)
-    assert by_type == {"MatMul": 14.0, "Mul": 4.0, "TensorMove": 2.0}
-    assert by_scope == {"forward (+ loss)": 8.0, "backward": 8.0, "optimizer (clip + AdamW)": 2.0,
+    by_type, by_scope, by_custom = parse_ms_timestamps(LINES)
+    assert by_type == {"MatMul": 14.0, "Mul": 4.0, "TensorMove": 2.0, "Custom": 18.5}
+    assert by_scope == {"forward (+ loss)": 15.0, "backward": 17.0, "optimizer (clip + AdamW)": 4.5,
                         "other (Default/TensorMove)": 2.0}
+    # custom kernels by the cell that calls them and their scope, all layers together
+    assert by_custom == {"FusedAttention, forward": 7.0, "FusedAttention, backward": 9.0,
+                         "ClipAndUpdate, optimizer": 2.5}
 
 
 def test_matmul_share_is_the_matmul_kernels_over_all_kernel_time():
