@@ -109,6 +109,8 @@ def main() -> None:
     p.add_argument("--only", default="", help="comma-separated ops (default all)")
     p.add_argument("--compare", action="append", default=[], metavar="LIBRARY=PATH")
     args = p.parse_args()
+    if any("=" not in item for item in args.compare):
+        raise SystemExit(f"--compare takes LIBRARY=PATH (e.g. attention=/tmp/attention.so), got {args.compare}")
     other = dict(item.split("=", 1) for item in args.compare)
     ops = _inputs(np.random.default_rng(0))
     wanted = [name for name in args.only.split(",") if name] or list(ops)
@@ -125,7 +127,7 @@ def main() -> None:
             kernel_call(path, FORWARD_OF[name], ops[FORWARD_OF[name]][1])()
         builds = {"venv": path, **({"compare": other[library]} if library in other else {})}
         copies = {label: [a.copy() for a in arrays] for label in builds}  # in-place ops (adamw) start equal
-        calls = {label: kernel_call(p, name, copies[label]) for label, p in builds.items()}
+        calls = {label: kernel_call(build, name, copies[label]) for label, build in builds.items()}
         times = {label: [] for label in builds}
         for _ in range(args.rounds if len(builds) > 1 else 1):
             for label, call in calls.items():
@@ -135,6 +137,7 @@ def main() -> None:
         if len(builds) > 1:
             diff = max(float(np.abs(a - b).max()) for a, b in zip(copies["venv"][written], copies["compare"][written]))
             print(f"{'':<24} largest output difference {diff:.3g}")
+
 
 if __name__ == "__main__":
     main()
