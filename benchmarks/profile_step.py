@@ -43,11 +43,12 @@ def parse_ms_timestamps(lines: Iterable[str]) -> Tuple[Dict[str, float], Dict[st
         name, _, records = line.strip().split(";", 2)
         ms = sum(float(record.split(",")[1]) for record in records.split())
         kind = name.rsplit("/", 1)[-1].rsplit("-op", 1)[0]
+        scope = ms_scope(name)
         by_type[kind] += ms
-        by_scope[ms_scope(name)] += ms
+        by_scope[scope] += ms
         if kind == "Custom":
             cells = [part.split("-", 1)[1] for part in name.split("/")[:-1] if "-" in part]
-            by_custom[f"{cells[-1] if cells else '?'}, {ms_scope(name).split(' ')[0]}"] += ms
+            by_custom[f"{cells[-1] if cells else '?'}, {scope.split(' ')[0]}"] += ms
     return dict(by_type), dict(by_scope), dict(by_custom)
 
 
