@@ -4,11 +4,12 @@ every variant sees the same box (the load of a shared machine moves absolute tim
     scripts/venv.sh python -m benchmarks.step_variants [--steps 12] --variant NAME=KEY=VALUE,KEY=VALUE ...
         [hydra overrides for every variant, default model=small data.seq_len=256 trainer.micro_batch_size=8]
 
-e.g. `--variant plain=model.layer_kernels=plain --variant fused=model.layer_kernels=fused`. Each step is
-trainer/module.py LocalModule.step, built as train.py builds it (local_module), on one of four prepared batches
-(the first 4 steps compile and settle and are left out). Printed per variant: wall ms per step, the process's CPU
-ms per step (user + system, all threads; their ratio is how many cores were busy) and the last step's loss
-(variants of the same math agree).
+e.g. `--variant plain=model.layer_kernels=plain --variant fused=model.layer_kernels=fused`, or two implementations:
+`--variant native= --variant mindformers=model.impl=mindformers` (speed_memory's ratio without the drift between
+its processes; each model's own peak RSS needs speed_memory). Each step is trainer/module.py LocalModule.step,
+built as train.py builds it (local_module), on one of four prepared batches (the first 4 steps compile and settle
+and are left out). Printed per variant: wall ms per step, the process's CPU ms per step (user + system, all
+threads; their ratio is how many cores were busy) and the last step's loss (variants of the same math agree).
 """
 import argparse
 import os
