@@ -10,6 +10,9 @@ Every implementation trains in its own process, one after the other (so peak RSS
 step. `native_warm` is native run a second time with `trainer.compile_cache=true`, loading the graphs its first
 run compiled (a resume or rerun of the same config). Per implementation:
   tokens/s      steady state: total tokens / total time of the steps after the first --warmup (compile)
+  median step   tokens/s of the median step after --warmup: deaf to a one-off step in the window, e.g.
+                MindFormers' 5th step, which at medium grows its memory pool (peak RSS 8.89 -> 9.36 GiB) and
+                took ~2.5 s more than its others (issue 15's thirteenth pass)
   first step s  wall clock from the process launch to its first metrics.jsonl line: imports, data (already
                 prepared: the export step below leaves it in the cache), model build, compile, first update
   peak RSS GiB  the process's ru_maxrss at its last step
@@ -60,8 +63,10 @@ def summarize(run: dict, warmup: int, flops_per_token: float, peak_flops: float)
     """The figures of one timed run (benchmarks/measure.timed_run) whose metrics.jsonl logged every step."""
     logs = run["logs"]
     steady = logs[warmup:] or logs[-1:]
-    tokens_per_sec = len(steady) / sum(1 / m["tokens_per_sec"] for m in steady)  # total tokens / total time
-    return {"tokens_per_sec": tokens_per_sec, "first_step_s": run["first_log_s"],
+    step_s = [1 / m["tokens_per_sec"] for m in steady]  # seconds per token of each step (same tokens each)
+    tokens_per_sec = len(step_s) / sum(step_s)  # total tokens / total time
+    return {"tokens_per_sec": tokens_per_sec, "median_step_tokens_per_sec": 1 / statistics.median(step_s),
+            "first_step_s": run["first_log_s"],
             "peak_rss_gb": logs[-1]["peak_rss_gb"], "mfu": flops_per_token * tokens_per_sec / peak_flops,
             "final_loss": logs[-1]["loss"], "steps": len(logs), "wall_s": run["wall_s"], "load": run["load"]}
 
@@ -99,13 +104,14 @@ def run_shape(overrides: list, impls, warmup: int, peak_flops: float, workdir: s
 
 
 def table(results: dict) -> str:
-    lines = [f"{'impl':<12} {'tokens/s':>9} {'first step s':>13} {'peak RSS GiB':>13} {'MFU':>7} "
+    lines = [f"{'impl':<12} {'tokens/s':>9} {'median step':>12} {'first step s':>13} {'peak RSS GiB':>13} {'MFU':>7} "
              f"{'final loss':>11} {'load (launch/exit)':>19}"]
     for impl, r in results.items():
         if "error" in r:
             lines.append(f"{impl:<12} failed: {r['error']}")
             continue
-        lines.append(f"{impl:<12} {r['tokens_per_sec']:>9.0f} {r['first_step_s']:>13.1f} {r['peak_rss_gb']:>13.2f} "
+        lines.append(f"{impl:<12} {r['tokens_per_sec']:>9.0f} {r['median_step_tokens_per_sec']:>12.0f} "
+                     f"{r['first_step_s']:>13.1f} {r['peak_rss_gb']:>13.2f} "
                      f"{r['mfu']:>7.1%} {r['final_loss']:>11.4f} {r['load'][0]:>9.2f}/{r['load'][1]:.2f}")
     if "fill_first_step_s" in results.get("native_warm", {}):
         lines.append(f"native_warm: the first run, which wrote the compile cache, took "
@@ -114,7 +120,9 @@ def table(results: dict) -> str:
     for other in (impl for impl in IMPLS if not impl.startswith("native")):
         r = results.get(other, {})
         if "tokens_per_sec" in native and "tokens_per_sec" in r:
-            lines.append(f"native / {other}: tokens/s x{native['tokens_per_sec'] / r['tokens_per_sec']:.2f}, "
+            median = native["median_step_tokens_per_sec"] / r["median_step_tokens_per_sec"]
+            lines.append(f"native / {other}: tokens/s x{native['tokens_per_sec'] / r['tokens_per_sec']:.2f} "
+                         f"(median step x{median:.2f}), "
                          f"peak RSS x{native['peak_rss_gb'] / r['peak_rss_gb']:.2f}, "
                          f"first step x{native['first_step_s'] / r['first_step_s']:.2f}")
     return "\n".join(lines)
@@ -125,11 +133,12 @@ def round_ratios(shape: str, rounds: list) -> str:
     a drift of the box's load between rounds cancels in its ratio), and their median."""
     lines = []
     for other in (impl for impl in IMPLS if not impl.startswith("native")):
-        ratios = [r["native"]["tokens_per_sec"] / r[other]["tokens_per_sec"] for r in rounds
-                  if "tokens_per_sec" in r.get("native", {}) and "tokens_per_sec" in r.get(other, {})]
-        if ratios:
-            lines.append(f"{shape}: native / {other} tokens/s by round {', '.join(f'{x:.2f}' for x in ratios)}; "
-                         f"median x{statistics.median(ratios):.2f}")
+        for key, label in (("tokens_per_sec", "tokens/s"), ("median_step_tokens_per_sec", "median step")):
+            ratios = [r["native"][key] / r[other][key] for r in rounds if key in r.get("native", {}) and key in
+                      r.get(other, {})]
+            if ratios:
+                lines.append(f"{shape}: native / {other} {label} by round {', '.join(f'{x:.2f}' for x in ratios)};"
+                             f" median x{statistics.median(ratios):.2f}")
     return "\n".join(lines)
 
 
