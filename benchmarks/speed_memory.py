@@ -104,8 +104,8 @@ def run_shape(overrides: list, impls, warmup: int, peak_flops: float, workdir: s
 
 
 def table(results: dict) -> str:
-    lines = [f"{'impl':<12} {'tokens/s':>9} {'median step':>12} {'first step s':>13} {'peak RSS GiB':>13} {'MFU':>7} "
-             f"{'final loss':>11} {'load (launch/exit)':>19}"]
+    lines = [f"{'impl':<12} {'tokens/s':>9} {'median step':>12} {'first step s':>13} {'peak RSS GiB':>13} "
+             f"{'MFU':>7} {'final loss':>11} {'load (launch/exit)':>19}"]
     for impl, r in results.items():
         if "error" in r:
             lines.append(f"{impl:<12} failed: {r['error']}")
@@ -129,13 +129,14 @@ def table(results: dict) -> str:
 
 
 def round_ratios(shape: str, rounds: list) -> str:
-    """native's tokens/s over each other implementation's, round by round (each round runs them back to back, so
-    a drift of the box's load between rounds cancels in its ratio), and their median."""
+    """native's tokens/s over each other implementation's, by the mean and by the median step, round by round
+    (each round runs them back to back, so a drift of the box's load between rounds cancels in its ratio), and
+    their median."""
     lines = []
     for other in (impl for impl in IMPLS if not impl.startswith("native")):
         for key, label in (("tokens_per_sec", "tokens/s"), ("median_step_tokens_per_sec", "median step")):
-            ratios = [r["native"][key] / r[other][key] for r in rounds if key in r.get("native", {}) and key in
-                      r.get(other, {})]
+            pairs = [(r.get("native", {}), r.get(other, {})) for r in rounds]
+            ratios = [native[key] / theirs[key] for native, theirs in pairs if key in native and key in theirs]
             if ratios:
                 lines.append(f"{shape}: native / {other} {label} by round {', '.join(f'{x:.2f}' for x in ratios)};"
                              f" median x{statistics.median(ratios):.2f}")
