@@ -1,14 +1,20 @@
-"""Where a training process's memory and time go, phase by phase: imports, model build, the compilation of
-each step graph (trainer/step.py ForwardBackward, ApplyUpdate), the first step, the steady state.
+"""Where a training process's memory and time go, phase by phase, and where its peak RSS goes: imports, model
+build, the compilation of the step's graphs, the first step, the steady state.
 
     scripts/venv.sh python -m benchmarks.memory_timeline [model=small] [steps=5] [other train.py overrides]
 
-One process, in-process (the same cells train.py builds: models.build_model, the objective's loss cell,
-trainer/module.py LocalModule), random tokens instead of the data pipeline (the loader is not what holds
-memory). A thread samples /proc/self/status every 10 ms; each phase's row gives its wall time, VmRSS at its
-end, the highest VmRSS sampled during it, and VmHWM (the kernel's peak so far). Each graph is compiled with
-`Cell.compile` before it first runs, so a compile row is the compiler alone and the run row after it is
-execution alone.
+One process, in-process: the cells train.py builds (models.build_model, the objective's loss cell,
+trainer/module.py local_module: one graph per step at grad_accum=1 on one device, TrainStep, else ForwardBackward
+and ApplyUpdate), random tokens instead of the data pipeline (the loader is not what holds memory). A thread
+samples /proc/self/status every 10 ms; each phase's row gives its wall time, VmRSS at its end, the highest VmRSS
+sampled during it, and VmHWM (the kernel's peak so far). Each graph is compiled with `Cell.compile` before it
+first runs, so a compile row is the compiler alone and the run row after it is execution alone.
+
+The last table splits the peak (VmHWM) by phase: what the imports hold, what the model build added (the
+weights), what compiling added, and what running added (MindSpore's memory pool: gradients, activations, logits,
+workspaces; and AdamW's moments, zeros not resident before the first step), each beside the dry run's plan for
+the same config (planner/memory.py), which counts the tensors only. MindSpore's pool statistics
+(`mindspore.runtime.max_memory_allocated` and the like) read 0 on CPU in 2.9, so RSS is what is measured.
 """
 import time
 
@@ -71,7 +77,7 @@ def main(argv):
     from conf.schema import register
     from models import build_model
     from objectives import objective as objective_plugin
-    from trainer.module import LocalModule
+    from trainer.module import local_module
     from trainer.optimizer import build_optimizer
     from trainer.runtime import init_runtime
 
@@ -85,21 +91,27 @@ def main(argv):
     model = build_model(cfg.model, cfg.data.seq_len, cfg.precision.compute_dtype, cfg.device.target, t.seed)
     objective = objective_plugin(cfg.objective.name).Objective(cfg.objective, None, t.seed)
     optimizer = build_optimizer(model.trainable_params(), cfg.optim, t.max_steps)
-    module = LocalModule(model, objective, optimizer, cfg.optim.clip_grad_norm)
+    module = local_module(model, objective, optimizer, cfg)
     phase("model + optimizer build")
 
     rng = np.random.default_rng(0)
     tokens = lambda: rng.integers(0, cfg.model.vocab_size, (t.micro_batch_size, cfg.data.seq_len + 1), np.int32)
     inputs = tuple(map(Tensor, objective.batch({"input_ids": tokens()}, 0)))
-    scale, allow = Tensor(1.0, ms.float32), Tensor(True)
-    module.forward_backward.compile(scale, *inputs)
-    phase("compile ForwardBackward")
-    loss = module.forward_backward(scale, *inputs)[0].asnumpy()
-    phase("run ForwardBackward (1st)")
-    module.apply_update.compile(scale, allow)
-    phase("compile ApplyUpdate")
-    module.apply_update(scale, allow)[0].asnumpy()
-    phase("run ApplyUpdate (1st)")
+    scale, allow, limit = Tensor(1.0, ms.float32), Tensor(True), Tensor(np.inf, ms.float32)
+    if module.train_step is not None:  # one graph: forward, backward and update
+        module.train_step.compile(scale, limit, *inputs)
+        phase("compile TrainStep")
+        loss = module.train_step(scale, limit, *inputs)[0].asnumpy()
+        phase("run TrainStep (1st)")
+    else:
+        module.forward_backward.compile(scale, *inputs)
+        phase("compile ForwardBackward")
+        loss = module.forward_backward(scale, *inputs)[0].asnumpy()
+        phase("run ForwardBackward (1st)")
+        module.apply_update.compile(scale, allow)
+        phase("compile ApplyUpdate")
+        module.apply_update(scale, allow)[0].asnumpy()
+        phase("run ApplyUpdate (1st)")
     time_to_first_step = time.perf_counter() - T0
     start = time.perf_counter()
     for _ in range(steps):
@@ -117,7 +129,41 @@ def main(argv):
     print(f"time to the first optimizer step: {time_to_first_step:.1f} s (process start to the first update)")
     print(f"steady state: {steps * tokens_per_step / steady:.0f} tokens/s; first loss {float(loss):.4f}, "
           f"last {result.loss:.4f}")
+    print()
+    print(peak_table(rows, plan_of(cfg)))
 
+
+def plan_of(cfg) -> dict:
+    """The dry run's plan for `cfg` in GiB: {"weights": ..., "the rest": grads, activations, logits, AdamW m, v}."""
+    from planner.dry_run import attention_kind
+    from planner.memory import GIB, memory_plan
+
+    m, p = cfg.model, cfg.parallel
+    flash = attention_kind(m, cfg.device.target, cfg.precision.compute_dtype, p.tp * p.pp > 1) != "plain"
+    plan = memory_plan(m, p, cfg.data.seq_len, cfg.trainer.micro_batch_size, cfg.precision.compute_dtype,
+                       m.recompute, flash)
+    return {"weights": plan.weights / GIB,
+            "the rest": (plan.grads + plan.activations + plan.logits + plan.optimizer_states) / GIB}
+
+
+def peak_table(rows, plan: dict) -> str:
+    """The peak (the last row's VmHWM) split by what each phase added to the process's highest RSS so far.
+    `rows`: (phase, seconds, RSS at its end, highest RSS during it, VmHWM) in GiB; compile and run rows are
+    summed (with two graphs: both compiles, both runs)."""
+    added = {"imports": rows[0][4], "build": 0.0, "compile": 0.0, "run": 0.0}
+    for (_, _, _, _, before), (name, _, _, _, after) in zip(rows, rows[1:]):
+        part = "build" if "build" in name else "compile" if name.startswith("compile") else "run"
+        added[part] += after - before
+    lines = [
+        ("Python, MindSpore and the other imports", added["imports"], ""),
+        ("model build: the weights", added["build"], f"plan {plan['weights']:.2f}"),
+        ("compiling the step's graphs", added["compile"], "not in the plan"),
+        ("running: MindSpore's memory pool, AdamW m, v", added["run"],
+         f"plan {plan['the rest']:.2f} (grads, activations, logits, m, v)"),
+        ("peak RSS (VmHWM)", rows[-1][4], ""),
+    ]
+    return "\n".join([f"{'where the peak goes':44s} {'GiB':>6s}"] +
+                     [f"{name:44s} {gib:6.2f}  {note}".rstrip() for name, gib, note in lines])
 
 if __name__ == "__main__":
     main(sys.argv[1:])
