@@ -7,7 +7,7 @@ by rows (M), columns (N) or the inner dimension (K, two partial products added).
 MindSpore's time is ten MatMuls in one graph divided by ten (outputs kept, no copy to the host), so the launch is
 not what is timed. Each line prints ms and GFLOP/s per product (the best of 5 calls, cpu_matmul_peak's
 best_seconds) and the sgemm result's error against numpy's. It asks whether a Linear kernel on sgemm (forward and
-both gradients) would pay: see the README's tenth pass.
+both gradients) would pay: see the tenth pass in benchmarks/HISTORY.md.
 """
 import ctypes
 import os
