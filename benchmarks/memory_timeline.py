@@ -165,5 +165,6 @@ def peak_table(rows, plan: dict) -> str:
     return "\n".join([f"{'where the peak goes':44s} {'GiB':>6s}"] +
                      [f"{name:44s} {gib:6.2f}  {note}".rstrip() for name, gib, note in lines])
 
+
 if __name__ == "__main__":
     main(sys.argv[1:])
