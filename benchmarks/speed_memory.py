@@ -24,7 +24,9 @@ run compiled (a resume or rerun of the same config). Per implementation:
 The 1-minute load average is printed at each launch and exit: the box is shared, so ratios within one run
 are what count. `--rounds N` runs the whole list N times, interleaved, and prints native's ratio to each other
 implementation per round and their median (one implementation's tokens/s moved by 5-7% between runs minutes
-apart on a 2-core box). Hydra overrides apply to every run (and to the PyTorch export).
+apart on a 2-core box). Round r starts the list at its r-th implementation (native, mindformers, torch_sdpa;
+then mindformers, torch_sdpa, native; ...), so no implementation always runs first, right after the peak
+measurement or the previous round's last run. Hydra overrides apply to every run (and to the PyTorch export).
 
 Shapes: `small` is model=small (H384, 8 layers, 6 heads, vocab 8192) at 8 x 256 tokens per step. `medium` is
 H512, 8 layers, 8 heads, SwiGLU 1344 (8/3 H rounded to 64, as small's 1024), vocab 32000 at 4 x 512 tokens:
@@ -182,9 +184,13 @@ def main(argv=None) -> None:
         for shape in args.shapes.split(","):
             run_overrides = [*SHAPES[shape], *COMMON, f"trainer.max_steps={args.steps}", *overrides]
             rounds = []
+            impls = args.impls.split(",")
             for r in range(args.rounds):
                 tag = f"-{shape}" + (f"-round{r + 1}" if args.rounds > 1 else "")
-                rounds.append(run_shape(run_overrides, args.impls.split(","), args.warmup, peak["peak"], workdir, tag))
+                first = r % len(impls)
+                results = run_shape(run_overrides, impls[first:] + impls[:first], args.warmup, peak["peak"], workdir,
+                                    tag)
+                rounds.append({impl: results[impl] for impl in impls})
                 print(f"\n{tag[1:]}: {' '.join(run_overrides)} (tokens/s over steps "
                       f"{args.warmup + 1}-{args.steps})")
                 print(table(rounds[-1]), flush=True)
