@@ -18,9 +18,9 @@ from hydra import compose, initialize_config_dir
 
 from conf.schema import REPO_ROOT, register
 from conf.validate import ConfigError, validate
+from planner.dry_run import config_plan
 from planner.layout import Layout
-from planner.memory import GIB, memory_plan
-from models import attention_kind
+from planner.memory import GIB
 
 MODELS = ("7b", "13b", "70b")
 DEVICES = ("ascend910b", "h100")
@@ -32,10 +32,7 @@ def plan(model: str, layout: str, device: str, extra=()):
     """The composed config and its memory plan, as train.py's dry run computes them (ConfigError if refused)."""
     cfg = compose("config", overrides=[f"model={model}", f"parallel={layout}", f"device={device}", *COMMON, *extra])
     validate(cfg)  # dry_run=true: the rules on the launching machine are skipped, as in train.py
-    m, p = cfg.model, cfg.parallel
-    return cfg, memory_plan(m, p, cfg.data.seq_len, cfg.trainer.micro_batch_size, cfg.precision.compute_dtype,
-                            m.recompute, attention_kind(m, cfg.device.target, cfg.precision.compute_dtype,
-                                                          p.tp * p.pp > 1) != "plain")
+    return cfg, config_plan(cfg)
 
 
 def row(model: str, layout: str, extra=()) -> list:

@@ -135,13 +135,10 @@ def main(argv):
 
 def plan_of(cfg) -> dict:
     """The dry run's plan for `cfg` in GiB: {"weights": ..., "the rest": grads, activations, logits, AdamW m, v}."""
-    from planner.dry_run import attention_kind
-    from planner.memory import GIB, memory_plan
+    from planner.dry_run import config_plan
+    from planner.memory import GIB
 
-    m, p = cfg.model, cfg.parallel
-    flash = attention_kind(m, cfg.device.target, cfg.precision.compute_dtype, p.tp * p.pp > 1) != "plain"
-    plan = memory_plan(m, p, cfg.data.seq_len, cfg.trainer.micro_batch_size, cfg.precision.compute_dtype,
-                       m.recompute, flash)
+    plan = config_plan(cfg)
     return {"weights": plan.weights / GIB,
             "the rest": (plan.grads + plan.activations + plan.logits + plan.optimizer_states) / GIB}
 

@@ -136,8 +136,8 @@ def round_ratios(shape: str, rounds: list) -> str:
     their median."""
     lines = []
     for other in (impl for impl in IMPLS if not impl.startswith("native")):
+        pairs = [(r.get("native", {}), r.get(other, {})) for r in rounds]
         for key, label in (("tokens_per_sec", "tokens/s"), ("median_step_tokens_per_sec", "median step")):
-            pairs = [(r.get("native", {}), r.get(other, {})) for r in rounds]
             ratios = [native[key] / theirs[key] for native, theirs in pairs if key in native and key in theirs]
             if ratios:
                 lines.append(f"{shape}: native / {other} {label} by round {', '.join(f'{x:.2f}' for x in ratios)};"

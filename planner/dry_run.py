@@ -9,7 +9,7 @@ from conf.schema import global_batch_size, pipeline_micro_batches
 from models import attention_kind, family
 from planner.layout import Layout
 from objectives import objective
-from planner.memory import ObjectiveMemory, format_plan, memory_plan
+from planner.memory import MemoryPlan, ObjectiveMemory, format_plan, memory_plan
 
 
 def _count(n: float) -> str:
@@ -43,15 +43,23 @@ def _compute_section(cfg: Any, world: int) -> str:
     ])
 
 
+def config_plan(cfg: Any) -> MemoryPlan:
+    """The memory plan of a composed Config: its attention kind (no [S, S] activations unless plain) and what its
+    objective adds (a reference model, a value head...)."""
+    m, p = cfg.model, cfg.parallel
+    attention = attention_kind(m, cfg.device.target, cfg.precision.compute_dtype, p.tp * p.pp > 1)
+    plugin = objective(cfg.objective.name)
+    needs = plugin.memory(cfg) if hasattr(plugin, "memory") else ObjectiveMemory()
+    return memory_plan(m, p, cfg.data.seq_len, cfg.trainer.micro_batch_size, cfg.precision.compute_dtype,
+                       m.recompute, attention != "plain", needs)
+
+
 def dry_run_report(cfg: Any) -> str:
     """The full dry-run text for a composed Config."""
     m, p = cfg.model, cfg.parallel
     attention = attention_kind(m, cfg.device.target, cfg.precision.compute_dtype, p.tp * p.pp > 1)
     layout = Layout.from_config(p, m.num_layers)
-    plugin = objective(cfg.objective.name)
-    needs = plugin.memory(cfg) if hasattr(plugin, "memory") else ObjectiveMemory()
-    plan = memory_plan(m, p, cfg.data.seq_len, cfg.trainer.micro_batch_size, cfg.precision.compute_dtype,
-                       m.recompute, attention != "plain", needs)
+    plan = config_plan(cfg)
     pipeline = f" x {pipeline_micro_batches(cfg)} pipeline micro-batches" if p.pp > 1 else ""
     return "\n\n".join([
         f"dry run: model {m.name} x parallel {p.name} on {layout.world_size} x {cfg.device.name}\n"
