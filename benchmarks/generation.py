@@ -8,7 +8,11 @@ first (the first comes from the prompt's forward, timed as prefill) over the tim
 excluded; mindlab's compile time (the prefill + decode graphs, or the one uncached graph, per cache length) is
 its own column. transformers' decode time is generate(new) minus generate(1), after a warm-up call. Each run
 is a fresh process; torch runs with 1 thread and with one per CPU (on a loaded machine OpenMP's 2 threads can
-be much slower than 1). Also printed: whether each run's tokens equal the cached run's.
+be much slower than 1). "KV cache, one core" is the cached run with every thread of its process on one CPU
+(`taskset -c 0 python -m generate ...` does the same): MindSpore's threads pass every graph launch between them,
+and when other processes keep the CPUs busy every hand-off across two CPUs waits for the scheduler. `--busy N`
+runs N busy-looping processes beside every measurement, to see that. Also printed: whether each run's tokens
+equal the cached run's.
 """
 import boot  # noqa: F401  (first: imports MindSpore before anything that loads protobuf)
 
@@ -70,11 +74,25 @@ def transformers_generate(hf_dir: str, prompts, new: int, threads: int) -> dict:
             "decode_tps": len(prompts) * (new - 1) / (total - prefill), "tokens": out[:, ids.shape[1]:].tolist()}
 
 
+def one_core() -> None:
+    """Every thread of this process (MindSpore's, started when it was imported, included) on its first CPU."""
+    cpu = {min(os.sched_getaffinity(0))}
+    for tid in os.listdir("/proc/self/task"):
+        os.sched_setaffinity(int(tid), cpu)
+
+
+def busy_loop() -> None:
+    while True:
+        pass
+
+
 def measure(impl: str, ckpt: str, hf_dir: str, prompts, new: int) -> dict:
     """One run in its own process (spawned): no thread pool or allocator of the other framework around."""
+    if impl == "cached-1core":
+        one_core()
     if impl.startswith("transformers"):
         return transformers_generate(hf_dir, prompts, new, int(impl.split("-")[1]))
-    return ours(ckpt, prompts, new, use_cache=impl == "cached")
+    return ours(ckpt, prompts, new, use_cache=impl != "uncached")
 
 
 def main() -> None:
@@ -83,6 +101,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--new", type=int, nargs="+", default=[128, 512])
+    parser.add_argument("--busy", type=int, default=0, help="busy-looping processes to run beside every measurement")
     args = parser.parse_args()
 
     import mindspore as ms
@@ -94,7 +113,8 @@ def main() -> None:
     cfg = model_config(args.model)
     model = LlamaForCausalLM(cfg, "fp32", seed=0)  # numpy init: no graph runs in this process
     prompts = np.random.default_rng(0).integers(4, cfg.vocab_size, (args.batch, args.prompt_len)).tolist()
-    names = {"cached": "mindlab, KV cache", "uncached": "mindlab, no cache",
+    names = {"cached": "mindlab, KV cache", "cached-1core": "mindlab, KV cache, one core",
+             "uncached": "mindlab, no cache",
              **{f"transformers-{n}": f"transformers generate, {n} torch thread{'s' * (n > 1)}"
                 for n in sorted({1, os.cpu_count()})}}
     rows = []
@@ -105,8 +125,13 @@ def main() -> None:
         export_hf(ckpt, hf_dir)
         print(f"model={args.model} ({sum(p.size for p in model.trainable_params()) / 1e6:.1f}M parameters, "
               f"{cfg.num_layers} layers, hidden {cfg.hidden_size}), batch {args.batch}, prompt {args.prompt_len} "
-              f"tokens, greedy, {os.cpu_count()} CPUs; each run in its own process", flush=True)
-        with multiprocessing.get_context("spawn").Pool(1, maxtasksperchild=1) as pool:
+              f"tokens, greedy, {os.cpu_count()} CPUs, {args.busy} busy-looping processes beside; each run in its own "
+              f"process", flush=True)
+        spawn = multiprocessing.get_context("spawn")
+        busy = [spawn.Process(target=busy_loop, daemon=True) for _ in range(args.busy)]
+        for p in busy:
+            p.start()
+        with spawn.Pool(1, maxtasksperchild=1) as pool:
             for new in args.new:
                 runs = {}
                 for impl in names:
@@ -114,6 +139,8 @@ def main() -> None:
                     print(f"  {new} new tokens: {names[impl]} done", flush=True)
                 for impl, r in runs.items():
                     rows.append((new, names[impl], r, r["tokens"] == runs["cached"]["tokens"]))
+        for p in busy:
+            p.terminate()
     print(f"\n| new tokens | implementation | graphs | compile s | prefill s | decode tokens/s | ms/step | "
           f"tokens = cached |")
     print("|---:|---|---:|---:|---:|---:|---:|---|")
