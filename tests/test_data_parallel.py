@@ -82,8 +82,12 @@ def test_a_failing_worker_fails_the_launch_within_seconds(tmp_path):
         assert proc.poll() is None, proc.communicate()[1][-2000:]
         time.sleep(0.2)
     workers_and_scheduler = psutil.Process(proc.pid).children(recursive=True)
-    workers = [p for p in workers_and_scheduler
-               if "train.py" in " ".join(p.cmdline()) and p.environ().get("MS_NODE_ID") == "1"]
+    ranks = {p.environ().get("MS_NODE_ID"): p for p in workers_and_scheduler
+             if "train.py" in " ".join(p.cmdline()) and p.environ().get("MS_ROLE") == "MS_WORKER"}
+    if len(os.sched_getaffinity(0)) >= 2:  # msrun --bind_core: each worker on its own share of the CPUs
+        cpus = [set(ranks[r].cpu_affinity()) for r in ("0", "1")]
+        assert cpus[0] and cpus[1] and not cpus[0] & cpus[1], cpus
+    workers = [ranks["1"]] if "1" in ranks else []
     assert workers, "worker 1 not found"
     workers[0].send_signal(signal.SIGKILL)  # mid-training
     killed = time.time()
