@@ -33,8 +33,8 @@ def msrun_command(workers: int, run_dir: str, script: str, overrides: List[str])
     `--bind_core=True`: msrun starts each worker under `taskset` on its own share of this process's CPUs (on
     Ascend, the CPUs nearest its device). Unbound, the workers' threads share every CPU, and MindSpore's threads
     pass each kernel launch between them across busy CPUs: parallel=dp2 of model=tiny on 2 cores ran 9,900
-    tokens/s unbound and 12,300 bound (medians of four and five runs; model=small 1,000-1,020 against 1,060-1,090,
-    one run each), the same losses."""
+    tokens/s unbound and 12,300 bound (medians of four and five runs; model=small 917 against 1,068, three pairs),
+    the same losses."""
     msrun = [sys.executable, "-c", "import sys; from mindspore.parallel.cluster.run import main; sys.exit(main())"]
     return [*msrun, f"--worker_num={workers}", f"--local_worker_num={workers}", f"--master_port={free_port()}",
             "--bind_core=True", "--join=True", f"--log_dir={os.path.join(run_dir, 'workers')}", script, *overrides,
