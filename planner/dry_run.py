@@ -43,21 +43,25 @@ def _compute_section(cfg: Any, world: int) -> str:
     ])
 
 
+def _attention(cfg: Any) -> str:
+    """The attention kind the composed Config's model would build on its device (models.attention_kind)."""
+    p = cfg.parallel
+    return attention_kind(cfg.model, cfg.device.target, cfg.precision.compute_dtype, p.tp * p.pp > 1)
+
+
 def config_plan(cfg: Any) -> MemoryPlan:
     """The memory plan of a composed Config: its attention kind (no [S, S] activations unless plain) and what its
     objective adds (a reference model, a value head...)."""
     m, p = cfg.model, cfg.parallel
-    attention = attention_kind(m, cfg.device.target, cfg.precision.compute_dtype, p.tp * p.pp > 1)
     plugin = objective(cfg.objective.name)
     needs = plugin.memory(cfg) if hasattr(plugin, "memory") else ObjectiveMemory()
     return memory_plan(m, p, cfg.data.seq_len, cfg.trainer.micro_batch_size, cfg.precision.compute_dtype,
-                       m.recompute, attention != "plain", needs)
+                       m.recompute, _attention(cfg) != "plain", needs)
 
 
 def dry_run_report(cfg: Any) -> str:
     """The full dry-run text for a composed Config."""
     m, p = cfg.model, cfg.parallel
-    attention = attention_kind(m, cfg.device.target, cfg.precision.compute_dtype, p.tp * p.pp > 1)
     layout = Layout.from_config(p, m.num_layers)
     plan = config_plan(cfg)
     pipeline = f" x {pipeline_micro_batches(cfg)} pipeline micro-batches" if p.pp > 1 else ""
@@ -65,7 +69,7 @@ def dry_run_report(cfg: Any) -> str:
         f"dry run: model {m.name} x parallel {p.name} on {layout.world_size} x {cfg.device.name}\n"
         f"  batch: micro_batch_size {cfg.trainer.micro_batch_size}{pipeline} x dp {p.dp} x grad_accum "
         f"{cfg.trainer.grad_accum}, seq_len {cfg.data.seq_len}\n"
-        f"  compute {cfg.precision.compute_dtype}, recompute {m.recompute}, attention {attention}, optimizer_shard {p.optimizer_shard}, sequence_parallel "
+        f"  compute {cfg.precision.compute_dtype}, recompute {m.recompute}, attention {_attention(cfg)}, optimizer_shard {p.optimizer_shard}, sequence_parallel "
         f"{p.sequence_parallel}",
         _model_section(m),
         _compute_section(cfg, layout.world_size),
