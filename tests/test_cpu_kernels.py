@@ -42,19 +42,23 @@ class Gradients(nn.Cell):
         return self.net(*inputs), self.grad(self.net)(*inputs)
 
 
-@pytest.mark.parametrize("mode", ["graph", "pynative"])
-def test_kernel_matches_pytorch_attention_with_gqa_and_packed_samples(mode):
-    """GQA (4 query heads on 2 kv heads), 150 rows (two full 64-row blocks and a ragged one), a row of three
-    packed samples: output and the gradients of q, k, v against torch's masked softmax attention."""
+@pytest.mark.parametrize("mode, s, starts", [("graph", 150, (40, 100)), ("pynative", 150, (40, 100)),
+                                              ("graph", 1100, (300, 1000))],
+                         ids=["graph", "pynative", "graph-1100-rows"])
+def test_kernel_matches_pytorch_attention_with_gqa_and_packed_samples(mode, s, starts):
+    """GQA (4 query heads on 2 kv heads), 150 rows (two full 64-row blocks and a ragged one), a row of three packed
+    samples: output and the gradients of q, k, v against torch's masked softmax attention. At 1100 rows a block's
+    keys come in up to three 512-key chunks (online softmax), and in the packed row some chunks hold no key of a
+    block row's own sample."""
     from kernels.attention import FusedAttention
 
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
     try:
         rng = np.random.default_rng(0)
-        b, s, h, hkv, d = 2, 150, 4, 2, 32
+        b, h, hkv, d = 2, 4, 2, 32
         q, k, v = (rng.standard_normal(shape, dtype=np.float32) for shape in ((b, s, h, d), (b, s, hkv, d), (b, s, hkv, d)))
         segments = np.zeros((b, s), np.int32)
-        segments[1, 40:], segments[1, 100:] = 1, 2
+        segments[1, starts[0]:], segments[1, starts[1]:] = 1, 2
         weights = rng.standard_normal((b, s, h, d), dtype=np.float32)
         loss, grads = Gradients(SumWeighted(FusedAttention()))(*map(Tensor, (q, k, v, segments, weights)))
     finally:
