@@ -2,15 +2,16 @@
 graph, no launch, so what is timed is the kernel's own loop (its threads included).
 
     scripts/venv.sh python -m benchmarks.kernel_ops [--calls 20] [--rounds 3] [--only adamw,rope_forward]
-        [--compare LIBRARY=PATH ...]
+        [--compare LIBRARY=PATH ...] [--seq-len 256]
 
 Prints per op the best and the median ms of --calls calls. `--compare attention=/tmp/attention.so` times that build
 of kernels/attention.cc too (any library built from a changed copy of the source, with kernels/__init__.py's
-command), its calls alternating with the venv's build round by round, and prints the largest difference between
-their outputs: the A/B this file was written for (the twelfth pass of issue 15 found AdamW's update and RoPE
-running scalar code this way, and a rewrite of the attention's products no faster than the sgemm it replaced).
-A kernel's time here is a floor: in a training step its inputs come from memory, not from cache (MindSpore's
-profiler, benchmarks/profile_step.py, gives the in-step times).
+command), its calls alternating with the venv's build round by round, and prints the largest difference between their
+outputs: the A/B this file was written for (the twelfth pass of issue 15 found AdamW's update and RoPE running scalar
+code this way, and a rewrite of the attention's products no faster than the sgemm it replaced). `--seq-len` sets the
+attention's rows' length, 2048 tokens of rows (8 x 256 by default) and one row from 2048 up: the eighteenth pass
+timed its key chunks this way. A kernel's time here is a floor: in a training step its inputs come from memory, not
+from cache (MindSpore's profiler, benchmarks/profile_step.py, gives the in-step times).
 """
 import argparse
 import ctypes
@@ -37,19 +38,22 @@ FORWARD_OF = {"attention_backward": "attention_forward", "rms_norm_backward": "r
               "cross_entropy_backward": "cross_entropy_forward"}
 
 
-def _inputs(rng: np.random.Generator) -> Dict[str, Tuple[str, List[np.ndarray], slice]]:
-    """{op: (library, arrays: inputs then outputs, the arrays it writes)}"""
+def _inputs(rng: np.random.Generator, seq_len: int = S) -> Dict[str, Tuple[str, List[np.ndarray], slice]]:
+    """{op: (library, arrays: inputs then outputs, the arrays it writes)}; the attention's rows are seq_len long,
+    max(1, TOKENS // seq_len) of them."""
     def normal(*shape):
         return rng.standard_normal(shape, dtype=np.float32)
 
-    q, k, v, dout = (normal(B, S, HEADS, D) for _ in range(4))
-    segments = np.zeros((B, S), np.int32)
-    o, lse = np.zeros_like(q), np.zeros((B, HEADS, S), np.float32)
+    rows = max(1, TOKENS // seq_len)
+    q, k, v, dout = (normal(rows, seq_len, HEADS, D) for _ in range(4))
+    segments = np.zeros((rows, seq_len), np.int32)
+    o, lse = np.zeros_like(q), np.zeros((rows, HEADS, seq_len), np.float32)
     x, gate, up, logits = normal(TOKENS, HIDDEN), normal(TOKENS, FFN), normal(TOKENS, FFN), normal(TOKENS, VOCAB)
     weight, inv_rms = np.ones(HIDDEN, np.float32), np.zeros(TOKENS, np.float32)
     targets, nll, logsumexp = rng.integers(0, VOCAB, TOKENS).astype(np.int32), np.zeros(TOKENS, np.float32), \
         np.zeros(TOKENS, np.float32)
     cos, sin = normal(S, 1, D), normal(S, 1, D)
+    rope_in, rope_grad = normal(B, S, HEADS, D), normal(B, S, HEADS, D)  # 8 x 256 whatever the attention's seq_len
     shapes = small_parameter_shapes()
     params, moments, grads = ([normal(*s) for s in shapes] for _ in range(3))
     second = [np.abs(normal(*s)) for s in shapes]
@@ -63,8 +67,8 @@ def _inputs(rng: np.random.Generator) -> Dict[str, Tuple[str, List[np.ndarray], 
         "rms_norm_backward": ("layers", [x, weight, inv_rms, normal(TOKENS, HIDDEN), like(x), like(weight)], 2),
         "swiglu_forward": ("layers", [gate, up, like(gate)], 1),
         "swiglu_backward": ("layers", [gate, up, normal(TOKENS, FFN), like(gate), like(gate)], 2),
-        "rope_forward": ("layers", [q, cos, sin, like(q)], 1),
-        "rope_backward": ("layers", [dout, cos, sin, like(q)], 1),
+        "rope_forward": ("layers", [rope_in, cos, sin, like(rope_in)], 1),
+        "rope_backward": ("layers", [rope_grad, cos, sin, like(rope_in)], 1),
         "cross_entropy_forward": ("layers", [logits, targets, nll, logsumexp], 2),
         "cross_entropy_backward": ("layers", [logits, targets, logsumexp, np.ones(TOKENS, np.float32), like(logits)],
                                    1),
@@ -108,11 +112,12 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="alternations of the builds compared (1 without --compare)")
     p.add_argument("--only", default="", help="comma-separated ops (default all)")
     p.add_argument("--compare", action="append", default=[], metavar="LIBRARY=PATH")
+    p.add_argument("--seq-len", type=int, default=S, help="the attention's row length")
     args = p.parse_args()
     if any("=" not in item for item in args.compare):
         raise SystemExit(f"--compare takes LIBRARY=PATH (e.g. attention=/tmp/attention.so), got {args.compare}")
     other = dict(item.split("=", 1) for item in args.compare)
-    ops = _inputs(np.random.default_rng(0))
+    ops = _inputs(np.random.default_rng(0), args.seq_len)
     wanted = [name for name in args.only.split(",") if name] or list(ops)
     unknown = sorted(set(wanted) - set(ops)) + sorted(set(other) - {lib for lib, _, _ in ops.values()})
     if unknown:
