@@ -10,9 +10,9 @@
 // query rows. A block's scores [BQ, keys] are computed, softmaxed and multiplied by V right away, so no [S, S] array
 // exists: the forward keeps only the output and each row's logsumexp (lse [B, H, S]); the backward recomputes
 // the probabilities from it (FlashAttention's recipe). A block's keys are taken BK at a time, the chunk holding the
-// diagonal first (with an online softmax in the forward): up to S = BK that is one chunk, the whole key row, and
-// longer sequences keep a chunk's probabilities in cache (the kernel alone, forward and backward at S = 8192:
-// 12% and 15% faster than whole key rows; benchmarks/HISTORY.md's eighteenth pass). Keys after a block's last row
+// diagonal first (with an online softmax in the forward): a block of at most BK keys is one chunk, its whole key
+// row, and longer ones keep a chunk's probabilities in cache (the kernel alone, forward and backward at S = 8192:
+// 10% and 15% faster than whole key rows; benchmarks/HISTORY.md's eighteenth pass). Keys after a block's last row
 // are never computed: causal attention does about half the work of the masked [S, S] product.
 //
 // The products are oneDNN sgemm calls on strided views of the [B, S, heads, D] tensors: nothing is transposed or
@@ -100,6 +100,16 @@ float exp_row(float* p, int seen, int n, float shift) {
   return sum;
 }
 
+// body(c0, n, first) for the chunks of keys klo..end-1 of a block ending at row end-1: BK keys at a time, the chunk
+// holding the diagonal first (first = true), so every row of the block sees its own key in the first chunk.
+template <class Body>
+void key_chunks(int64_t klo, int64_t end, Body body) {
+  for (int64_t hi = end; hi > klo; hi -= BK) {
+    const int64_t c0 = std::max(klo, hi - BK);
+    body(c0, static_cast<int>(hi - c0), hi == end);
+  }
+}
+
 View view_of(int64_t** shapes) { return View{shapes[0][0], shapes[0][1], shapes[0][2], shapes[1][2], shapes[0][3]}; }
 
 // One worker's buffers: a chunk's probabilities and their gradient, per-row terms, the segments' first keys.
@@ -147,11 +157,8 @@ extern "C" int mindlab_attention_forward(int nparam, void** params, int* ndims, 
       float* out = o + s.q_at(b, i0, h);
       float* row_lse = lse + (b * s.H + h) * s.S + i0;
       const bool one_chunk = end - klo <= BK;
-      // the chunk holding the diagonal first: every row sees its own key there, so every running max is finite
-      for (int64_t hi = end; hi > klo; hi -= BK) {
-        const int64_t c0 = std::max(klo, hi - BK);
-        const int n = static_cast<int>(hi - c0);
-        const bool first = hi == end;
+      // every row sees its own key in the first chunk, so every running max is finite
+      key_chunks(klo, end, [&](int64_t c0, int n, bool first) {
         scores(s, q, k, sg, b, h, i0, rows, c0, n, w.P.data());
         for (int r = 0; r < rows; ++r) {
           float* p = w.P.data() + r * n;
@@ -172,7 +179,7 @@ extern "C" int mindlab_attention_forward(int nparam, void** params, int* ndims, 
         }
         dnnl_sgemm('N', 'N', rows, s.D, n, 1.0f, w.P.data(), n, v + s.kv_at(b, c0, h / s.group()), s.ldkv(),
                    first ? 0.0f : 1.0f, out, s.ldq());
-      }
+      });
       for (int r = 0; r < rows; ++r) {
         row_lse[r] = w.max[r] + std::log(w.sum[r]);
         if (one_chunk) continue;
@@ -222,9 +229,7 @@ extern "C" int mindlab_attention_backward(int nparam, void** params, int* ndims,
           for (int64_t d = 0; d < s.D; ++d) dot += x[d] * y[d];
           w.rowdot[r] = dot;
         }
-        for (int64_t hi = end; hi > klo; hi -= BK) {
-          const int64_t c0 = std::max(klo, hi - BK);
-          const int n = static_cast<int>(hi - c0);
+        key_chunks(klo, end, [&](int64_t c0, int n, bool first) {
           scores(s, q, k, sg, b, h, i0, rows, c0, n, w.P.data());
           for (int r = 0; r < rows; ++r) exp_row(w.P.data() + r * n, visible(i0 + r, c0, n), n, row_lse[r]);
           // dP = dO V^T, then dS = P (dP - rowdot): zero where masked since P is
@@ -237,12 +242,12 @@ extern "C" int mindlab_attention_backward(int nparam, void** params, int* ndims,
           }
           // dQ (+)= dS K / sqrt(D); dK += dS^T Q / sqrt(D); dV += P^T dO
           dnnl_sgemm('N', 'N', rows, s.D, n, scale, w.dS.data(), n, k + s.kv_at(b, c0, hk), s.ldkv(),
-                     hi == end ? 0.0f : 1.0f, dq + s.q_at(b, i0, h), s.ldq());
+                     first ? 0.0f : 1.0f, dq + s.q_at(b, i0, h), s.ldq());
           dnnl_sgemm('T', 'N', n, s.D, rows, scale, w.dS.data(), n, q + s.q_at(b, i0, h), s.ldq(), 1.0f,
                      dk + s.kv_at(b, c0, hk), s.ldkv());
           dnnl_sgemm('T', 'N', n, s.D, rows, 1.0f, w.P.data(), n, dO, s.ldq(), 1.0f, dv + s.kv_at(b, c0, hk),
                      s.ldkv());
-        }
+        });
       }
     }
   });
