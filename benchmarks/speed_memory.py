@@ -21,6 +21,8 @@ run compiled (a resume or rerun of the same config). Per implementation:
                 machine (benchmarks/cpu_matmul_peak.py), measured in its own process at the start
   final loss    the last step's loss (all implementations see the same batches; PyTorch starts from the
                 native model's initial weights, MindFormers from its own initialization)
+  loss curve    for each PyTorch run, the largest gap between its loss and native's at the same step, relative
+                to native's (the goal's "same loss curve within fp32 noise": run with --steps 50)
 The 1-minute load average is printed at each launch and exit: the box is shared, so ratios within one run
 are what count. `--rounds N` runs the whole list N times, interleaved, and prints native's ratio to each other
 implementation per round and their median (one implementation's tokens/s moved by 5-7% between runs minutes
@@ -70,7 +72,15 @@ def summarize(run: dict, warmup: int, flops_per_token: float, peak_flops: float)
     return {"tokens_per_sec": tokens_per_sec, "median_step_tokens_per_sec": 1 / statistics.median(step_s),
             "first_step_s": run["first_log_s"],
             "peak_rss_gb": logs[-1]["peak_rss_gb"], "mfu": flops_per_token * tokens_per_sec / peak_flops,
-            "final_loss": logs[-1]["loss"], "steps": len(logs), "wall_s": run["wall_s"], "load": run["load"]}
+            "final_loss": logs[-1]["loss"], "losses": [m["loss"] for m in logs], "steps": len(logs),
+            "wall_s": run["wall_s"], "load": run["load"]}
+
+
+def loss_gap(native: list, other: list) -> tuple:
+    """(largest |other - native| / native over the steps both logged, its step counted from 1)."""
+    gaps = [abs(b - a) / abs(a) for a, b in zip(native, other)]
+    step = max(range(len(gaps)), key=gaps.__getitem__)
+    return gaps[step], step + 1
 
 
 def run_shape(overrides: list, impls, warmup: int, peak_flops: float, workdir: str, tag: str = "") -> dict:
@@ -101,7 +111,8 @@ def run_shape(overrides: list, impls, warmup: int, peak_flops: float, workdir: s
         except RunFailed as err:  # e.g. out of memory at a long sequence: the other rows still count
             killed = " (killed: out of memory?)" if err.returncode == -9 else ""
             results[impl] = {"error": f"exit {err.returncode}{killed}: {err.tail.strip().splitlines()[-1][:160]}"}
-        print(f"  {tag.strip('-') or 'run'} {impl}: {results[impl]}", flush=True)
+        shown = {k: v for k, v in results[impl].items() if k != "losses"}
+        print(f"  {tag.strip('-') or 'run'} {impl}: {shown}", flush=True)
     return results
 
 
@@ -127,6 +138,10 @@ def table(results: dict) -> str:
                          f"(median step x{median:.2f}), "
                          f"peak RSS x{native['peak_rss_gb'] / r['peak_rss_gb']:.2f}, "
                          f"first step x{native['first_step_s'] / r['first_step_s']:.2f}")
+        if other.startswith("torch_") and "losses" in native and "losses" in r:  # same weights and batches
+            gap, step = loss_gap(native["losses"], r["losses"])
+            lines.append(f"native / {other}: loss curve within {gap:.1e} (relative) over {len(r['losses'])} steps,"
+                         f" the largest gap at step {step}")
     return "\n".join(lines)
 
 

@@ -1,9 +1,10 @@
 """benchmarks/speed_memory.py's figures from a run's per-step log, by hand."""
-from benchmarks.speed_memory import round_ratios, summarize
+from benchmarks.speed_memory import round_ratios, summarize, table
 
 
-def run(tokens_per_sec):
-    logs = [{"tokens_per_sec": t, "peak_rss_gb": 1.5, "loss": 7.0} for t in tokens_per_sec]
+def run(tokens_per_sec, losses=None):
+    losses = losses or [7.0] * len(tokens_per_sec)
+    logs = [{"tokens_per_sec": t, "peak_rss_gb": 1.5, "loss": loss} for t, loss in zip(tokens_per_sec, losses)]
     return {"logs": logs, "first_log_s": 8.0, "wall_s": 30.0, "load": [1.0, 1.0]}
 
 
@@ -23,3 +24,13 @@ def test_round_ratios_gives_both_estimates_per_round_and_their_median():
     lines = round_ratios("small", rounds).splitlines()
     assert lines == ["small: native / mindformers tokens/s by round 1.30, 1.87, 1.20; median x1.30",
                      "small: native / mindformers median step by round 1.30, 1.40, 1.20; median x1.30"]
+
+
+def test_the_loss_curve_gap_is_the_largest_relative_difference_at_any_step():
+    native = summarize(run([1, 1000, 1000, 1000], [8.0, 7.0, 6.0, 5.0]), 1, 1.0, 1.0)
+    torch = summarize(run([1, 900, 900, 900], [8.0, 7.0 + 7e-6, 6.0, 5.0 - 1e-6]), 1, 1.0, 1.0)
+    lines = table({"native": native, "torch_sdpa": torch}).splitlines()
+    assert lines[-1] == ("native / torch_sdpa: loss curve within 1.0e-06 (relative) over 4 steps, "
+                         "the largest gap at step 2")
+    mindformers = summarize(run([1, 800, 800, 800], [9.0, 8.0, 7.0, 6.0]), 1, 1.0, 1.0)  # its own initial weights
+    assert "loss curve" not in table({"native": native, "mindformers": mindformers})
