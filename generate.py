@@ -202,12 +202,17 @@ def build(model_cfg, path: str, device: str):
     import mindspore as ms
 
     import checkpoint
+    from models.llama import attention_kernel, layer_kernels
     from models.llama.model import LlamaForCausalLM
 
     ms.set_context(mode=ms.GRAPH_MODE)
     if ms.get_context("device_target") != device:
         ms.set_device(device)
-    model = LlamaForCausalLM(model_cfg, "fp32", seed=0)
+    native = OmegaConf.merge(model_cfg, {"impl": "native"})  # MindFormers' checkpoints hold the same names
+    # the CPU kernels where they apply (fp32 on CPU, as model.*_kernel=auto in training): decoding runs one
+    # attention op a layer and step (kernels/attention.cc) instead of ~9 MindSpore kernels
+    model = LlamaForCausalLM(model_cfg, "fp32", attention_kernel(native, "fp32", False, device), seed=0,
+                             layer_kernels=layer_kernels(native, "fp32", device))
     checkpoint.load_weights(path, model)
     model.set_train(False)
     return model

@@ -1,5 +1,7 @@
-"""Generation speed on one set of random weights: mindlab with its KV cache, mindlab without a cache (a full
-forward of the whole padded sequence every step), and transformers' `generate` (its own cache), side by side.
+"""Generation speed on one set of random weights: mindlab with its KV cache (built as `python -m generate` builds
+it: on CPU in fp32 each decoding step's attention is one kernels/attention.cc op a layer), the same with MindSpore's
+ops only ("plain ops"), mindlab without a cache (a full forward of the whole padded sequence every step), and
+transformers' `generate` (its own cache), side by side.
 
     scripts/venv.sh python -m benchmarks.generation [--model small] [--batch 1] [--prompt-len 32] [--new 128 512]
 
@@ -35,17 +37,14 @@ def model_config(name: str):
     return OmegaConf.merge(OmegaConf.structured(LlamaConfig), {k: v for k, v in raw.items() if k != "defaults"})
 
 
-def ours(ckpt: str, prompts, new: int, use_cache: bool) -> dict:
-    import mindspore as ms
-
-    import checkpoint
+def ours(ckpt: str, prompts, new: int, use_cache: bool, kernels: str = "auto") -> dict:
+    """The model as `python -m generate` builds it; kernels=plain: model.attention_kernel and layer_kernels plain
+    (MindSpore's ops only, as on a machine without the built kernels)."""
+    from generate import build
     from models.llama.generation import Generator
-    from models.llama.model import LlamaForCausalLM
 
-    ms.set_context(mode=ms.GRAPH_MODE)
-    ms.set_device("CPU")
-    model = LlamaForCausalLM(OmegaConf.load(os.path.join(ckpt, "config.yaml")).model, "fp32")
-    checkpoint.load_weights(ckpt, model)
+    cfg = OmegaConf.load(os.path.join(ckpt, "config.yaml")).model
+    model = build(OmegaConf.merge(cfg, {"attention_kernel": kernels, "layer_kernels": kernels}), ckpt, "CPU")
     gen = Generator(model)
     result = gen.generate(prompts, new, eos_id=None, use_cache=use_cache)
     t = result.timings
@@ -92,7 +91,8 @@ def measure(impl: str, ckpt: str, hf_dir: str, prompts, new: int) -> dict:
         one_core()
     if impl.startswith("transformers"):
         return transformers_generate(hf_dir, prompts, new, int(impl.split("-")[1]))
-    return ours(ckpt, prompts, new, use_cache=impl != "uncached")
+    kernels = "plain" if impl == "cached-plain" else "auto"
+    return ours(ckpt, prompts, new, use_cache=impl != "uncached", kernels=kernels)
 
 
 def main() -> None:
@@ -113,7 +113,8 @@ def main() -> None:
     cfg = model_config(args.model)
     model = LlamaForCausalLM(cfg, "fp32", seed=0)  # numpy init: no graph runs in this process
     prompts = np.random.default_rng(0).integers(4, cfg.vocab_size, (args.batch, args.prompt_len)).tolist()
-    names = {"cached": "mindlab, KV cache", "cached-1core": "mindlab, KV cache, one core",
+    names = {"cached": "mindlab, KV cache", "cached-plain": "mindlab, KV cache, plain ops",
+             "cached-1core": "mindlab, KV cache, one core",
              "uncached": "mindlab, no cache",
              **{f"transformers-{n}": f"transformers generate, {n} torch thread{'s' * (n > 1)}"
                 for n in sorted({1, os.cpu_count()})}}

@@ -253,3 +253,83 @@ extern "C" int mindlab_attention_backward(int nparam, void** params, int* ndims,
   });
   return 0;
 }
+
+// Decoding (models/llama/generation.py): one new token per row against a KV cache, inference only. One op per layer
+// and step instead of the ~9 MindSpore kernels of the plain cached path, whose launches (~40 us each on CPU), not
+// their arithmetic, bound a decode step at batch 1 (benchmarks/HISTORY.md's nineteenth pass).
+// inputs q [B, 1, H, D], k and v [B, 1, Hkv, D] (the token's projections, before RoPE), cos and sin [B, 1, 1, D]
+// (its position's tables), k_cache and v_cache [B, Hkv, L, D], slot [1, 1, L, 1] bool (true at the column the token
+// is written to), bias [B, 1, 1, L] (0 where a column may be attended, -1e9 elsewhere);
+// outputs o [B, 1, H, D] and the two caches with the token's rotated k and its v in that column.
+namespace {
+
+// y = x cos + rotate_half(x) sin (rotate_half(x) = [-x[D/2:], x[:D/2]]), as kernels/layers.cc's RoPE
+void rotate(const float* x, const float* cos, const float* sin, int64_t D, float* y) {
+  const int64_t half = D / 2;
+  for (int64_t d = 0; d < half; ++d) y[d] = x[d] * cos[d] - x[d + half] * sin[d];
+  for (int64_t d = half; d < D; ++d) y[d] = x[d] * cos[d] + x[d - half] * sin[d];
+}
+
+}  // namespace
+
+extern "C" int mindlab_decode_attention(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
+                                        void* stream, void* extra) {
+  if (nparam != 12) return 1;
+  const int64_t B = shapes[0][0], H = shapes[0][2], D = shapes[0][3], Hkv = shapes[1][2], L = shapes[5][2];
+  const float* q = static_cast<const float*>(params[0]);
+  const float* k = static_cast<const float*>(params[1]);
+  const float* v = static_cast<const float*>(params[2]);
+  const float* cos = static_cast<const float*>(params[3]);
+  const float* sin = static_cast<const float*>(params[4]);
+  const float* k_cache = static_cast<const float*>(params[5]);
+  const float* v_cache = static_cast<const float*>(params[6]);
+  const bool* slot = static_cast<const bool*>(params[7]);
+  const float* bias = static_cast<const float*>(params[8]);
+  float* o = static_cast<float*>(params[9]);
+  float* k_out = static_cast<float*>(params[10]);
+  float* v_out = static_cast<float*>(params[11]);
+  const int64_t column = std::find(slot, slot + L, true) - slot;
+  if (column == L) return 1;
+  const int64_t group = H / Hkv;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  // one task per (row, kv head): its slice of both caches (copied, the new column written) and its query heads
+  auto task = [&](int64_t t, std::vector<float>& p, std::vector<float>& qr) {
+    const int64_t b = t / Hkv, hk = t % Hkv, at = t * L * D;
+    std::memcpy(k_out + at, k_cache + at, L * D * sizeof(float));
+    std::memcpy(v_out + at, v_cache + at, L * D * sizeof(float));
+    const float* c = cos + b * D;
+    const float* s = sin + b * D;
+    rotate(k + (b * Hkv + hk) * D, c, s, D, k_out + at + column * D);
+    std::memcpy(v_out + at + column * D, v + (b * Hkv + hk) * D, D * sizeof(float));
+    const float* keys = k_out + at;
+    const float* values = v_out + at;
+    const float* row_bias = bias + b * L;
+    for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+      rotate(q + (b * H + h) * D, c, s, D, qr.data());
+      float max = MASKED;
+      for (int64_t j = 0; j < L; ++j) {
+        float dot = 0.0f;
+        for (int64_t d = 0; d < D; ++d) dot += qr[d] * keys[j * D + d];
+        p[j] = dot * scale + row_bias[j];
+        max = std::max(max, p[j]);
+      }
+      float sum = 0.0f;
+      for (int64_t j = 0; j < L; ++j) sum += (p[j] = std::exp(p[j] - max));
+      float* out = o + (b * H + h) * D;
+      std::fill_n(out, D, 0.0f);
+      for (int64_t j = 0; j < L; ++j) {
+        const float w = p[j] / sum;
+        for (int64_t d = 0; d < D; ++d) out[d] += w * values[j * D + d];
+      }
+    }
+  };
+  // a thread per core only when the caches are large: at batch 1 starting threads would cost more than they save
+  const int64_t tasks = B * Hkv;
+  auto range = [&](int64_t lo, int64_t hi, int64_t) {
+    std::vector<float> p(L), qr(D);
+    for (int64_t t = lo; t < hi; ++t) task(t, p, qr);
+  };
+  if (tasks * L * D < (int64_t{1} << 18)) range(0, tasks, 0);
+  else mindlab::parallel_ranges(tasks, range);
+  return 0;
+}

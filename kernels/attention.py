@@ -1,6 +1,8 @@
-"""kernels/attention.cc as a MindSpore cell: causal self-attention on CPU, fp32, in the [B, S, heads, D] layout.
+"""kernels/attention.cc as MindSpore cells: causal self-attention on CPU, fp32, in the [B, S, heads, D] layout, for
+training, and one decoding step against a KV cache, for generation.
 
     out = FusedAttention()(q [B, S, H, D], k [B, S, Hkv, D], v [B, S, Hkv, D], segments [B, S] int32)
+    out, k_cache, v_cache = DecodeAttention()(q, k, v, cos, sin, k_cache, v_cache, slot, bias)
 
 Query i attends to key j <= i of the same segment (packed samples; one segment id for a plain sequence); H is a
 multiple of Hkv (grouped-query attention without repeating K/V). The forward op returns the output and each
@@ -40,3 +42,23 @@ class FusedAttention(nn.Cell):
 
     def construct(self, q, k, v, segments):
         return self.forward(q, k, v, segments)[0]
+
+
+class DecodeAttention(nn.Cell):
+    """One new token per row (q [B, 1, H, D], k and v [B, 1, Hkv, D], before RoPE; cos and sin [B, 1, 1, D] at its
+    position) against the caches k_cache and v_cache [B, Hkv, L, D]: the token's rotated k and its v are written at
+    the column where slot [1, 1, L, 1] is true, and its query attends to every column under bias [B, 1, 1, L].
+    Returns (out [B, 1, H, D], k_cache, v_cache): what LlamaModel's plain cached path computes in ~9 kernels a
+    layer (RoPE twice, two cache writes, scores, mask, softmax, product), in one. Inference only: no gradient."""
+
+    def __init__(self):
+        super().__init__()
+        path, why = kernels.library("attention")
+        if path is None:
+            raise RuntimeError(why)
+        outputs = lambda q, k, v, cos, sin, k_cache, v_cache, slot, bias: (q, k_cache, v_cache)  # noqa: E731
+        self.op = ops.Custom(f"{path}:mindlab_decode_attention", out_shape=outputs, out_dtype=outputs,
+                             func_type="aot")
+
+    def construct(self, q, k, v, cos, sin, k_cache, v_cache, slot, bias):
+        return self.op(q, k, v, cos, sin, k_cache, v_cache, slot, bias)

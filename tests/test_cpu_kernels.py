@@ -117,6 +117,44 @@ def _model_loss_and_grads(packed: bool, recompute: str = "none", attention: str 
     return float(loss.asnumpy()), [g.asnumpy() for g in grads]
 
 
+@pytest.mark.parametrize("mode, b, hkv, length", [("graph", 2, 2, 40), ("pynative", 4, 4, 256)],
+                         ids=["graph", "pynative-threaded"])
+def test_the_decode_kernel_matches_pytorch_with_gqa_rope_and_a_padded_cache(mode, b, hkv, length):
+    """One decoding step (kernels/attention.cc DecodeAttention): RoPE on the new q and k, k and v written at the
+    slot's column of copies of the caches, the query over every column under the bias (here hiding each row's
+    left padding and the unwritten columns after the slot). GQA with 2 query heads per kv head; the second case's
+    caches are large enough for the kernel's threads. Against torch in float64."""
+    from kernels.attention import DecodeAttention
+
+    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
+    try:
+        rng = np.random.default_rng(3)
+        h, d, column = 2 * hkv, 64, length - 9
+        normal = lambda *shape: rng.standard_normal(shape, dtype=np.float32)  # noqa: E731
+        q, k, v, cos, sin = normal(b, 1, h, d), normal(b, 1, hkv, d), normal(b, 1, hkv, d), normal(b, 1, 1, d), \
+            normal(b, 1, 1, d)
+        k_cache, v_cache = normal(b, hkv, length, d), normal(b, hkv, length, d)
+        slot = (np.arange(length) == column)[None, None, :, None]
+        visible = (np.arange(length)[None] >= np.arange(b)[:, None] * 3) & (np.arange(length)[None] <= column)
+        bias = np.where(visible, 0.0, -1e9).astype(np.float32)[:, None, None, :]
+        out, new_k, new_v = (t.asnumpy() for t in DecodeAttention()(*map(Tensor, (q, k, v, cos, sin, k_cache,
+                                                                                      v_cache, slot, bias))))
+    finally:
+        ms.set_context(mode=ms.GRAPH_MODE)
+    t = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
+    cos_t, sin_t = t(cos).transpose(1, 2), t(sin).transpose(1, 2)  # [B, 1, 1, D] -> per row, any head
+    want_k, want_v = t(k_cache), t(v_cache)
+    want_k[:, :, column] = _torch_rope(t(k).transpose(1, 2), cos_t, sin_t)[:, :, 0]
+    want_v[:, :, column] = t(v)[:, 0]
+    rq = _torch_rope(t(q).transpose(1, 2), cos_t, sin_t)  # [B, H, 1, D]
+    keys, values = want_k.repeat_interleave(2, 1), want_v.repeat_interleave(2, 1)
+    probs = torch.softmax(rq @ keys.transpose(-1, -2) / np.sqrt(d) + t(bias), -1)
+    want = (probs @ values).transpose(1, 2)  # [B, 1, H, D]
+    np.testing.assert_array_equal(new_v, want_v.numpy().astype(np.float32))
+    np.testing.assert_allclose(new_k, want_k.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out, want.numpy(), rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.slow  # model=tiny's gradient graph compiled per path (~4 s each); the op tests below stay fast
 @pytest.mark.parametrize("packed", [False, True], ids=["one-sequence", "packed"])
 def test_the_model_gives_the_same_loss_and_gradients_with_either_kernel(packed):

@@ -241,9 +241,10 @@ class Attention(nn.Cell):
         self.wo = Linear(self.n_heads * self.head_dim, h, std, rng, compute_dtype)
         self.fused = kernel == "fused"
         if kernel == "fused":
-            from kernels.attention import FusedAttention
+            from kernels.attention import DecodeAttention, FusedAttention
 
             self.core = FusedAttention()
+            self.decode = DecodeAttention()  # generation's decoding steps (cached)
         else:
             self.core = (FlashCoreAttention(self.head_dim, self.n_heads) if kernel == "flash"
                          else CoreAttention(self.head_dim, compute_dtype, cfg.attention_chunk))
@@ -292,12 +293,19 @@ class Attention(nn.Cell):
         - prefill (caches given, slot None): the S columns attend to each other under `bias` [B, 1, S, S];
           their k/v become cache columns 0..S-1 (the rest is passed through).
         - decode (S = 1, slot [1, 1, L, 1] bool, true at the column written): the token's k/v are written to
-          that column and its query attends to the whole cache under `bias` [B, 1, 1, L].
+          that column and its query attends to the whole cache under `bias` [B, 1, 1, L]. With the fused
+          attention kernel (CPU, fp32) that is one kernels/attention.cc op (DecodeAttention), RoPE included.
         - no cache (caches None): like prefill, nothing kept (the uncached baseline).
         `bias` is 0 where attention is allowed and -1e9 elsewhere (padding, future, unwritten columns).
         GQA without repeating K/V: the g = n_heads / n_kv query heads of kv head j (j*g .. j*g+g-1, the order
         of `repeat_interleave` in `construct`) are stacked as g*S query rows against that head's keys."""
         b, s, _ = x.shape
+        if slot is not None and self.fused:  # decode on CPU in fp32: kernels/attention.cc, one op
+            q = self.wq(x).reshape(b, s, self.n_heads, self.head_dim)
+            k = self.wk(x).reshape(b, s, self.n_kv, self.head_dim)
+            v = self.wv(x).reshape(b, s, self.n_kv, self.head_dim)
+            out, k_cache, v_cache = self.decode(q, k, v, cos, sin, k_cache, v_cache, slot, bias)
+            return self.wo(out.reshape(b, s, -1)), k_cache, v_cache
         q, k, v = self.project(x, cos, sin)
         keys, values = k, v
         if slot is not None:  # decode: one new column, attend to the whole cache
