@@ -202,17 +202,15 @@ def build(model_cfg, path: str, device: str):
     import mindspore as ms
 
     import checkpoint
-    from models.llama import attention_kernel, layer_kernels
-    from models.llama.model import LlamaForCausalLM
+    from models import llama
 
     ms.set_context(mode=ms.GRAPH_MODE)
     if ms.get_context("device_target") != device:
         ms.set_device(device)
-    native = OmegaConf.merge(model_cfg, {"impl": "native"})  # MindFormers' checkpoints hold the same names
-    # the CPU kernels where they apply (fp32 on CPU, as model.*_kernel=auto in training): decoding runs one
-    # attention op a layer and step (kernels/attention.cc) instead of ~9 MindSpore kernels
-    model = LlamaForCausalLM(model_cfg, "fp32", attention_kernel(native, "fp32", False, device), seed=0,
-                             layer_kernels=layer_kernels(native, "fp32", device))
+    # the native model (MindFormers' checkpoints hold the same names), built as training builds it: with the CPU
+    # kernels where they apply, so decoding runs one attention op a layer and step (kernels/attention.cc)
+    native = OmegaConf.merge(model_cfg, {"impl": "native"})
+    model = llama.build(native, native.max_position_embeddings, "fp32", use_flash=False, seed=0)
     checkpoint.load_weights(path, model)
     model.set_train(False)
     return model

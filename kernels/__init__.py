@@ -1,10 +1,12 @@
 """mindlab's compiled CPU kernels: C++ sources here, built into the venv as MindSpore AOT custom ops.
 
-    attention.cc   causal self-attention forward and backward (kernels/attention.py is its MindSpore op)
+    attention.cc   causal self-attention forward and backward, and a decoding step against a KV cache
+                   (kernels/attention.py: their MindSpore ops)
     layers.cc      RMSNorm, SwiGLU, RoPE and cross-entropy forward and backward (kernels/layers.py: their ops)
     optimizer.cc   the gradient norm and AdamW's in-place update, each over all parameters in one op
                    (kernels/optimizer.py: their ops; trainer/step.py ClipAndUpdate and trainer/optimizer.py AdamW)
     threads.h      the thread-per-core helpers they use
+    rope.h         one row of RoPE, for layers.cc's RoPE op and attention.cc's decoding step
 
 scripts/venv.sh runs `python -m kernels` after creating or finding the venv: each source is compiled once into
 <venv>/mindlab-kernels/<name>-<key>.so, the key hashing the source, the compile command and this CPU's flags

@@ -26,6 +26,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "rope.h"
 #include "threads.h"
 
 namespace {
@@ -261,17 +262,6 @@ extern "C" int mindlab_attention_backward(int nparam, void** params, int* ndims,
 // (its position's tables), k_cache and v_cache [B, Hkv, L, D], slot [1, 1, L, 1] bool (true at the column the token
 // is written to), bias [B, 1, 1, L] (0 where a column may be attended, -1e9 elsewhere);
 // outputs o [B, 1, H, D] and the two caches with the token's rotated k and its v in that column.
-namespace {
-
-// y = x cos + rotate_half(x) sin (rotate_half(x) = [-x[D/2:], x[:D/2]]), as kernels/layers.cc's RoPE
-void rotate(const float* x, const float* cos, const float* sin, int64_t D, float* y) {
-  const int64_t half = D / 2;
-  for (int64_t d = 0; d < half; ++d) y[d] = x[d] * cos[d] - x[d + half] * sin[d];
-  for (int64_t d = half; d < D; ++d) y[d] = x[d] * cos[d] + x[d - half] * sin[d];
-}
-
-}  // namespace
-
 extern "C" int mindlab_decode_attention(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
                                         void* stream, void* extra) {
   if (nparam != 12) return 1;
@@ -299,22 +289,19 @@ extern "C" int mindlab_decode_attention(int nparam, void** params, int* ndims, i
     std::memcpy(v_out + at, v_cache + at, L * D * sizeof(float));
     const float* c = cos + b * D;
     const float* s = sin + b * D;
-    rotate(k + (b * Hkv + hk) * D, c, s, D, k_out + at + column * D);
+    mindlab::rope_row(k + (b * Hkv + hk) * D, c, s, k_out + at + column * D, D / 2, false);
     std::memcpy(v_out + at + column * D, v + (b * Hkv + hk) * D, D * sizeof(float));
     const float* keys = k_out + at;
     const float* values = v_out + at;
     const float* row_bias = bias + b * L;
     for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
-      rotate(q + (b * H + h) * D, c, s, D, qr.data());
-      float max = MASKED;
+      mindlab::rope_row(q + (b * H + h) * D, c, s, qr.data(), D / 2, false);
       for (int64_t j = 0; j < L; ++j) {
         float dot = 0.0f;
         for (int64_t d = 0; d < D; ++d) dot += qr[d] * keys[j * D + d];
         p[j] = dot * scale + row_bias[j];
-        max = std::max(max, p[j]);
       }
-      float sum = 0.0f;
-      for (int64_t j = 0; j < L; ++j) sum += (p[j] = std::exp(p[j] - max));
+      const float sum = exp_row(p.data(), L, L, row_max(p.data(), L));
       float* out = o + (b * H + h) * D;
       std::fill_n(out, D, 0.0f);
       for (int64_t j = 0; j < L; ++j) {

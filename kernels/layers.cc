@@ -10,11 +10,13 @@
 #include <cstdint>
 #include <vector>
 
+#include "rope.h"
 #include "threads.h"
 
 namespace {
 
 using mindlab::parallel_ranges;
+using mindlab::rope_row;
 
 int64_t rows(int ndim, const int64_t* shape) {  // the product of all but the last dimension
   int64_t n = 1;
@@ -50,24 +52,6 @@ struct TableRows {
     return at;
   }
 };
-
-// One row of RoPE (below): restrict pointers, so GCC vectorizes the loop; reached through the lambda's captured
-// references, the pointers might have been changed by the stores to y and were reloaded every iteration (no vector
-// code: model=small's RoPE took ~32 ms of a step, benchmarks/profile_step.py).
-void rope_row(const float* __restrict x, const float* __restrict c, const float* __restrict s, float* __restrict y,
-              int64_t h, bool transpose) {
-  if (transpose) {
-    for (int64_t d = 0; d < h; ++d) {
-      y[d] = x[d] * c[d] + x[d + h] * s[d + h];
-      y[d + h] = x[d + h] * c[d + h] - x[d] * s[d];
-    }
-  } else {
-    for (int64_t d = 0; d < h; ++d) {
-      y[d] = x[d] * c[d] - x[d + h] * s[d];
-      y[d + h] = x[d + h] * c[d + h] + x[d] * s[d + h];
-    }
-  }
-}
 
 // y = x cos + rotate_half(x) sin, rotate_half(x) = (-x[h:], x[:h]) for h = D/2; with transpose, the gradient
 // dx = dy cos + rotate_half^T(dy sin), rotate_half^T(z) = (z[h:], -z[:h]).

@@ -262,23 +262,26 @@ class Attention(nn.Cell):
             return self.rope(x, cos, sin)
         return apply_rope(x, cos, sin)
 
+    def heads(self, x):
+        """q [B, S, heads, D], k and v [B, S, kv heads, D]: the projections in their own layout, before RoPE."""
+        b, s, _ = x.shape
+        q = self.wq(x).reshape(b, s, self.n_heads, self.head_dim)
+        k = self.wk(x).reshape(b, s, self.n_kv, self.head_dim)
+        v = self.wv(x).reshape(b, s, self.n_kv, self.head_dim)
+        return q, k, v
+
     def project(self, x, cos, sin):
         """q [B, heads, S, D], k and v [B, kv heads, S, D], RoPE applied to q and k."""
-        b, s, _ = x.shape
-        q = self.wq(x).reshape(b, s, self.n_heads, self.head_dim).transpose(0, 2, 1, 3)
-        k = self.wk(x).reshape(b, s, self.n_kv, self.head_dim).transpose(0, 2, 1, 3)
-        v = self.wv(x).reshape(b, s, self.n_kv, self.head_dim).transpose(0, 2, 1, 3)
-        q = self.rotate(q, cos, sin)
-        k = self.rotate(k, cos, sin)
-        return q, k, v
+        q, k, v = self.heads(x)
+        q, k, v = q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+        return self.rotate(q, cos, sin), self.rotate(k, cos, sin), v
 
     def construct(self, x, cos, sin, mask=None):
         b, s, _ = x.shape
         if self.fused:  # cos/sin [S, 1, D] or [B, S, 1, D] (LlamaModel.construct)
-            q = self.rotate(self.wq(x).reshape(b, s, self.n_heads, self.head_dim), cos, sin)
-            k = self.rotate(self.wk(x).reshape(b, s, self.n_kv, self.head_dim), cos, sin)
-            v = self.wv(x).reshape(b, s, self.n_kv, self.head_dim)
-            return self.wo(self.core(q, k, v, mask).reshape(b, s, -1))
+            q, k, v = self.heads(x)
+            out = self.core(self.rotate(q, cos, sin), self.rotate(k, cos, sin), v, mask)
+            return self.wo(out.reshape(b, s, -1))
         q, k, v = self.project(x, cos, sin)
         if self.n_kv != self.n_heads:  # grouped-query attention: each KV head serves n_heads / n_kv queries
             k = ops.repeat_interleave(k, self.n_heads // self.n_kv, 1)
@@ -301,9 +304,7 @@ class Attention(nn.Cell):
         of `repeat_interleave` in `construct`) are stacked as g*S query rows against that head's keys."""
         b, s, _ = x.shape
         if slot is not None and self.fused:  # decode on CPU in fp32: kernels/attention.cc, one op
-            q = self.wq(x).reshape(b, s, self.n_heads, self.head_dim)
-            k = self.wk(x).reshape(b, s, self.n_kv, self.head_dim)
-            v = self.wv(x).reshape(b, s, self.n_kv, self.head_dim)
+            q, k, v = self.heads(x)
             out, k_cache, v_cache = self.decode(q, k, v, cos, sin, k_cache, v_cache, slot, bias)
             return self.wo(out.reshape(b, s, -1)), k_cache, v_cache
         q, k, v = self.project(x, cos, sin)
