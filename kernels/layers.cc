@@ -1,5 +1,6 @@
-// RMSNorm, SwiGLU, RoPE and token cross-entropy for MindSpore's CPU backend, forward and backward, as AOT custom ops
-// (kernels/layers.py wraps them; kernels/__init__.py builds this file at install time). fp32 throughout.
+// RMSNorm, SwiGLU, RoPE and token cross-entropy for MindSpore's CPU backend, forward and backward, and a Linear at
+// one row (decoding), as AOT custom ops (kernels/layers.py wraps them; kernels/__init__.py builds this file at
+// install time). fp32 throughout.
 //
 // Each is one pass over its rows where MindSpore's ops take several kernels with a temporary array each: the
 // RMSNorm's square, mean, rsqrt, two broadcasts and products (and twice as many in its gradient), SiLU's sigmoid
@@ -224,5 +225,25 @@ extern "C" int mindlab_cross_entropy_backward(int nparam, void** params, int* nd
       if (counted) dr[t[r]] -= g;
     }
   });
+  return 0;
+}
+
+// inputs x [1, K], w [N, K]; output y [1, N] = x w^T: a Linear at one row, a decoding step at batch 1, where the
+// product is a matrix-vector one bound by reading w. Each row of w is read once, in order, on the calling thread:
+// at model=small's shapes that streams the weights faster than MindSpore's MatMul on two threads, and a second
+// thread of our own (started per call) made it slower (benchmarks/HISTORY.md's twentieth pass).
+extern "C" int mindlab_row_linear(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
+                                  void* stream, void* extra) {
+  if (nparam != 3 || rows(ndims[0], shapes[0]) != 1) return 1;
+  const float* x = static_cast<const float*>(params[0]);
+  const float* w = static_cast<const float*>(params[1]);
+  float* y = static_cast<float*>(params[2]);
+  const int64_t N = shapes[1][0], K = shapes[1][1];
+  for (int64_t i = 0; i < N; ++i) {
+    const float* wi = w + i * K;
+    float sum = 0.0f;
+    for (int64_t j = 0; j < K; ++j) sum += wi[j] * x[j];
+    y[i] = sum;
+  }
   return 0;
 }

@@ -6,12 +6,15 @@ custom op forward and one backward (registered as the forward op's `bprop`).
     RoPEKernel()(x [..., D], cos, sin)              x cos + rotate_half(x) sin, cos/sin broadcastable to x
     CrossEntropyKernel()(logits [N, V], targets [N]) -log softmax(logits)[target] per row [N] (0 where the
                                                     target is outside [0, V))
+    RowLinearKernel()(x [1, K], weight [N, K])      x @ weight^T for one row: a decoding step's projections at
+                                                    batch 1 (models/llama/model.py Linear)
 
 What autodiff keeps for the backward: RMSNorm's input and each row's 1/rms [rows] (its output, like the attention
 kernel's logsumexp); SwiGLU's two inputs (the sigmoid is recomputed); RoPE nothing but the tables (its gradient is
 the transposed rotation of the output gradient); the cross-entropy its logits and each row's logsumexp, its
 backward writing (softmax - onehot) x the row's gradient in one pass. cos/sin are constants: their gradients are
-zeros, as are the targets'.
+zeros, as are the targets'. RowLinearKernel's gradient is MindSpore's two MatMuls (it is built for inference;
+the gradient keeps it correct wherever a one-row product is trained).
 """
 import mindspore as ms
 import numpy as np
@@ -87,3 +90,17 @@ class CrossEntropyKernel(nn.Cell):
 
     def construct(self, logits, targets):
         return self.forward(logits, targets)[0]
+
+
+class RowLinearKernel(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        input_grad, weight_grad = ops.MatMul(), ops.MatMul(transpose_a=True)
+
+        def bprop(x, weight, out, dout):
+            return input_grad(dout, weight), weight_grad(dout, x)
+
+        self.forward = _op("row_linear", lambda x, w: [x[0], w[0]], lambda x, w: x, bprop)
+
+    def construct(self, x, weight):
+        return self.forward(x, weight)

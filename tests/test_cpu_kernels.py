@@ -200,12 +200,13 @@ def _torch_rope(x, cos, sin):
 
 
 @pytest.mark.parametrize("op", ["rms_norm", "swiglu", "rope [B,S,H,D] x [S,1,D]", "rope [B,S,H,D] x [B,S,1,D]",
-                                "rope [B,H,S,D] x [S,D]", "cross_entropy"])
+                                "rope [B,H,S,D] x [S,D]", "cross_entropy", "row_linear"])
 def test_each_layer_kernel_matches_pytorch(op):
     """Output and input gradients against torch autograd in float64 (graph mode); RoPE's tables in each layout
     the model passes, with sin/cos halves that differ (as no real table does), so a transposed rotation would show;
-    the cross-entropy with large logits (a naive exp overflows) and an ignored target (-100: nll 0, no gradient)."""
-    from kernels.layers import CrossEntropyKernel, RMSNormKernel, RoPEKernel, SwiGLUKernel
+    the cross-entropy with large logits (a naive exp overflows) and an ignored target (-100: nll 0, no gradient);
+    the one-row product with an inner size that is no multiple of a vector's 16 floats (the loop's tail)."""
+    from kernels.layers import CrossEntropyKernel, RMSNormKernel, RoPEKernel, RowLinearKernel, SwiGLUKernel
 
     rng = np.random.default_rng(2)
     x = rng.standard_normal((2, 6, 3, 8), dtype=np.float32) * 2
@@ -215,6 +216,10 @@ def test_each_layer_kernel_matches_pytorch(op):
         targets[5] = -100
         inputs, constants, cell = (x,), (Tensor(targets),), CrossEntropyKernel()
         ref = lambda x: torch.nn.functional.cross_entropy(x, torch.tensor(targets, dtype=torch.long), reduction="none")
+    elif op == "row_linear":
+        x = rng.standard_normal((1, 37), dtype=np.float32)
+        inputs, constants, cell = (x, rng.standard_normal((53, 37), dtype=np.float32)), (), RowLinearKernel()
+        ref = lambda x, w: x @ w.T
     elif op == "rms_norm":
         inputs, constants, cell = (x, rng.standard_normal(8, dtype=np.float32)), (), RMSNormKernel(1e-5)
         ref = lambda x, w: x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-5) * w
@@ -226,7 +231,8 @@ def test_each_layer_kernel_matches_pytorch(op):
         tables = [rng.standard_normal(table, dtype=np.float32) for _ in range(2)]
         inputs, constants, cell = (x,), tuple(map(Tensor, tables)), RoPEKernel()
         ref = lambda x: _torch_rope(x, *(torch.tensor(t, dtype=torch.float64) for t in tables))
-    weights = rng.standard_normal(x.shape[:1] if op == "cross_entropy" else x.shape, dtype=np.float32)
+    out_shape = {"cross_entropy": x.shape[:1], "row_linear": (1, 53)}.get(op, x.shape)
+    weights = rng.standard_normal(out_shape, dtype=np.float32)
     loss, grads = Gradients(SumOf(cell, constants))(Tensor(weights), *map(Tensor, inputs))
     torch_inputs = [torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in inputs]
     want = (ref(*torch_inputs) * torch.tensor(weights, dtype=torch.float64)).sum()

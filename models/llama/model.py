@@ -35,7 +35,9 @@ rows and keeps only each row's logsumexp for the backward; the plain path (CoreA
 RMSNorm, SwiGLU and RoPE (`model.layer_kernels`, chosen by models/llama/__init__.py layer_kernels): on CPU in
 fp32, kernels/layers.cc does each in one pass forward and one backward, where the MindSpore ops below take 5-12
 kernels and as many temporaries (the RMSNorm keeps only its input and each row's 1/rms for the backward). The
-ops stay for other devices and dtypes, and for the tp/pp plan (plan.py sets its strategies on them).
+ops stay for other devices and dtypes, and for the tp/pp plan (plan.py sets its strategies on them). With them,
+a Linear over one row (a decoding step at batch 1) is kernels/layers.cc's product too: reading the weights is
+all it does, and the kernel streams them faster than MindSpore's MatMul.
 
 Inference (`LlamaForCausalLM.generate`, models/llama/generation.py) goes through the `cached` methods: the same
 weights and operations as `construct`, plus a static-shape KV cache per layer ([B, n_kv_heads, L, head_dim] for
@@ -60,18 +62,27 @@ def _init(rng: np.random.Generator, shape, std: float) -> Parameter:
 
 
 class Linear(nn.Cell):
-    """y = x @ W^T with W [out, in] (no bias), computed in `compute_dtype`."""
+    """y = x @ W^T with W [out, in] (no bias), computed in `compute_dtype`. `kernel`: one row of x (a decoding
+    step at batch 1) is kernels/layers.cc's product (RowLinearKernel), in fp32."""
 
-    def __init__(self, in_features: int, out_features: int, std: float, rng, compute_dtype):
+    def __init__(self, in_features: int, out_features: int, std: float, rng, compute_dtype, kernel: bool = False):
         super().__init__()
         self.weight = _init(rng, (out_features, in_features), std)
         self.compute_dtype = compute_dtype
         self.matmul = ops.MatMul(transpose_b=True)
+        self.row_kernel = kernel
+        if kernel:
+            from kernels.layers import RowLinearKernel
+
+            self.row = RowLinearKernel()
 
     def construct(self, x):
         shape = x.shape
         x = x.reshape(-1, shape[-1]).astype(self.compute_dtype)
-        y = self.matmul(x, self.weight.astype(self.compute_dtype))
+        if self.row_kernel and x.shape[0] == 1:
+            y = self.row(x.astype(ms.float32), self.weight).astype(self.compute_dtype)
+        else:
+            y = self.matmul(x, self.weight.astype(self.compute_dtype))
         return y.reshape(shape[:-1] + (-1,))
 
 
@@ -230,15 +241,15 @@ class Attention(nn.Cell):
     Ascend's kernel, "fused" kernels/attention.cc on [B, S, heads, D] (CPU, fp32): the projections' own layout,
     so no head transposes and no GQA repeats; `mask` is then the segment ids [B, S] instead of a bias."""
 
-    def __init__(self, cfg: LlamaConfig, rng, compute_dtype, kernel: str, rope_kernel: bool = False):
+    def __init__(self, cfg: LlamaConfig, rng, compute_dtype, kernel: str, layer_kernels: bool = False):
         super().__init__()
         h, self.n_heads, self.n_kv = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads
         self.head_dim = h // self.n_heads
         std = cfg.init_std
-        self.wq = Linear(h, self.n_heads * self.head_dim, std, rng, compute_dtype)
-        self.wk = Linear(h, self.n_kv * self.head_dim, std, rng, compute_dtype)
-        self.wv = Linear(h, self.n_kv * self.head_dim, std, rng, compute_dtype)
-        self.wo = Linear(self.n_heads * self.head_dim, h, std, rng, compute_dtype)
+        self.wq = Linear(h, self.n_heads * self.head_dim, std, rng, compute_dtype, layer_kernels)
+        self.wk = Linear(h, self.n_kv * self.head_dim, std, rng, compute_dtype, layer_kernels)
+        self.wv = Linear(h, self.n_kv * self.head_dim, std, rng, compute_dtype, layer_kernels)
+        self.wo = Linear(self.n_heads * self.head_dim, h, std, rng, compute_dtype, layer_kernels)
         self.fused = kernel == "fused"
         if kernel == "fused":
             from kernels.attention import DecodeAttention, FusedAttention
@@ -250,8 +261,8 @@ class Attention(nn.Cell):
                          else CoreAttention(self.head_dim, compute_dtype, cfg.attention_chunk))
         self.compute_dtype = compute_dtype
         self.qk_cached, self.pv_cached = ops.BatchMatMul(transpose_b=True), ops.BatchMatMul()  # inference only
-        self.rope_kernel = rope_kernel
-        if rope_kernel:
+        self.rope_kernel = layer_kernels
+        if layer_kernels:
             from kernels.layers import RoPEKernel
 
             self.rope = RoPEKernel()
@@ -329,9 +340,9 @@ class FeedForward(nn.Cell):
     def __init__(self, cfg: LlamaConfig, rng, compute_dtype, kernel: bool = False):
         super().__init__()
         h, f, std = cfg.hidden_size, cfg.intermediate_size, cfg.init_std
-        self.w1 = Linear(h, f, std, rng, compute_dtype)
-        self.w2 = Linear(f, h, std, rng, compute_dtype)
-        self.w3 = Linear(h, f, std, rng, compute_dtype)
+        self.w1 = Linear(h, f, std, rng, compute_dtype, kernel)
+        self.w2 = Linear(f, h, std, rng, compute_dtype, kernel)
+        self.w3 = Linear(h, f, std, rng, compute_dtype, kernel)
         self.fused = kernel
         if kernel:
             from kernels.layers import SwiGLUKernel
@@ -457,8 +468,8 @@ class LlamaModel(nn.Cell):
 
 class LlamaForCausalLM(nn.Cell):
     """tokens [B, S] int32 -> logits [B, S, vocab] fp32. `attention`: plain, fused or flash (Attention);
-    `layer_kernels`: RMSNorm, SwiGLU and RoPE by kernels/layers.cc (CPU, fp32), and the objectives' token
-    cross-entropy over its logits."""
+    `layer_kernels`: RMSNorm, SwiGLU, RoPE and one-row products by kernels/layers.cc (CPU, fp32), and the
+    objectives' token cross-entropy over its logits."""
 
     def __init__(self, cfg: LlamaConfig, compute_dtype: str = "fp32", attention: str = "plain", seed: int = 0,
                  layer_kernels: bool = False):
@@ -469,7 +480,7 @@ class LlamaForCausalLM(nn.Cell):
         self.cpu_kernels = layer_kernels  # the objectives' cross-entropy follows (objectives/_cross_entropy.py)
         self.tie_embeddings = cfg.tie_embeddings
         if not cfg.tie_embeddings:
-            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, cfg.init_std, rng, dtype)
+            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, cfg.init_std, rng, dtype, layer_kernels)
         else:
             self.head_matmul = ops.MatMul(transpose_b=True)
         self.compute_dtype = dtype
