@@ -317,6 +317,6 @@ extern "C" int mindlab_decode_attention(int nparam, void** params, int* ndims, i
     for (int64_t t = lo; t < hi; ++t) task(t, p, qr);
   };
   if (tasks * L * D < (int64_t{1} << 18)) range(0, tasks, 0);
-  else mindlab::parallel_ranges(tasks, range);
+  else mindlab::parallel_ranges(tasks, tasks * L * D, range);
   return 0;
 }

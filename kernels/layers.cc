@@ -63,7 +63,8 @@ void rope(void** params, int* ndims, int64_t** shapes, bool transpose) {
   float* y = static_cast<float*>(params[3]);
   const int64_t D = shapes[0][ndims[0] - 1];
   const TableRows table(ndims[0], shapes[0], ndims[1], shapes[1]);
-  parallel_ranges(rows(ndims[0], shapes[0]), [&](int64_t lo, int64_t hi, int64_t) {
+  const int64_t n = rows(ndims[0], shapes[0]);
+  parallel_ranges(n, n * D, [&](int64_t lo, int64_t hi, int64_t) {
     for (int64_t r = lo; r < hi; ++r)
       rope_row(x + r * D, cos + table.offset(r), sin + table.offset(r), y + r * D, D / 2, transpose);
   });
@@ -81,8 +82,8 @@ extern "C" int mindlab_rms_norm_forward(int nparam, void** params, int* ndims, i
   const float eps = *static_cast<const float*>(params[2]);
   float* y = static_cast<float*>(params[3]);
   float* inv = static_cast<float*>(params[4]);
-  const int64_t H = shapes[0][ndims[0] - 1];
-  parallel_ranges(rows(ndims[0], shapes[0]), [&](int64_t lo, int64_t hi, int64_t) {
+  const int64_t H = shapes[0][ndims[0] - 1], n = rows(ndims[0], shapes[0]);
+  parallel_ranges(n, n * H, [&](int64_t lo, int64_t hi, int64_t) {
     for (int64_t r = lo; r < hi; ++r) {
       const float* xr = x + r * H;
       float squares = 0.0f;
@@ -106,9 +107,9 @@ extern "C" int mindlab_rms_norm_backward(int nparam, void** params, int* ndims, 
   const float* dy = static_cast<const float*>(params[3]);
   float* dx = static_cast<float*>(params[4]);
   float* dw = static_cast<float*>(params[5]);
-  const int64_t H = shapes[0][ndims[0] - 1];
+  const int64_t H = shapes[0][ndims[0] - 1], n = rows(ndims[0], shapes[0]);
   std::vector<std::vector<float>> partial(mindlab::cores(), std::vector<float>(H, 0.0f));  // dweight per range
-  parallel_ranges(rows(ndims[0], shapes[0]), [&](int64_t lo, int64_t hi, int64_t part) {
+  parallel_ranges(n, n * H, [&](int64_t lo, int64_t hi, int64_t part) {
     float* acc = partial[part].data();
     for (int64_t r = lo; r < hi; ++r) {
       const float* xr = x + r * H;
@@ -138,7 +139,8 @@ extern "C" int mindlab_swiglu_forward(int nparam, void** params, int* ndims, int
   const float* g = static_cast<const float*>(params[0]);
   const float* u = static_cast<const float*>(params[1]);
   float* y = static_cast<float*>(params[2]);
-  parallel_ranges(elements(ndims[0], shapes[0]), [&](int64_t lo, int64_t hi, int64_t) {
+  const int64_t n = elements(ndims[0], shapes[0]);
+  parallel_ranges(n, n, [&](int64_t lo, int64_t hi, int64_t) {
     for (int64_t i = lo; i < hi; ++i) y[i] = g[i] * sigmoid(g[i]) * u[i];
   });
   return 0;
@@ -153,7 +155,8 @@ extern "C" int mindlab_swiglu_backward(int nparam, void** params, int* ndims, in
   const float* dy = static_cast<const float*>(params[2]);
   float* dg = static_cast<float*>(params[3]);
   float* du = static_cast<float*>(params[4]);
-  parallel_ranges(elements(ndims[0], shapes[0]), [&](int64_t lo, int64_t hi, int64_t) {
+  const int64_t n = elements(ndims[0], shapes[0]);
+  parallel_ranges(n, n, [&](int64_t lo, int64_t hi, int64_t) {
     for (int64_t i = lo; i < hi; ++i) {
       const float s = sigmoid(g[i]);
       dg[i] = dy[i] * u[i] * s * (1.0f + g[i] * (1.0f - s));
@@ -190,7 +193,7 @@ extern "C" int mindlab_cross_entropy_forward(int nparam, void** params, int* ndi
   float* nll = static_cast<float*>(params[2]);
   float* lse = static_cast<float*>(params[3]);
   const int64_t V = shapes[0][1];
-  parallel_ranges(shapes[0][0], [&](int64_t lo, int64_t hi, int64_t) {
+  parallel_ranges(shapes[0][0], shapes[0][0] * V, [&](int64_t lo, int64_t hi, int64_t) {
     for (int64_t r = lo; r < hi; ++r) {
       const float* xr = x + r * V;
       float top = xr[0];
@@ -215,7 +218,7 @@ extern "C" int mindlab_cross_entropy_backward(int nparam, void** params, int* nd
   const float* dnll = static_cast<const float*>(params[3]);
   float* dx = static_cast<float*>(params[4]);
   const int64_t V = shapes[0][1];
-  parallel_ranges(shapes[0][0], [&](int64_t lo, int64_t hi, int64_t) {
+  parallel_ranges(shapes[0][0], shapes[0][0] * V, [&](int64_t lo, int64_t hi, int64_t) {
     for (int64_t r = lo; r < hi; ++r) {
       const float* xr = x + r * V;
       float* dr = dx + r * V;

@@ -37,7 +37,7 @@ struct Flat {
   template <class Body>
   void parallel(Body body) const {
     const int n = static_cast<int>(start.size()) - 1;
-    mindlab::parallel_ranges(size(), [&](int64_t flat_lo, int64_t flat_hi, int64_t part) {
+    mindlab::parallel_ranges(size(), size(), [&](int64_t flat_lo, int64_t flat_hi, int64_t part) {
       int k = static_cast<int>(std::upper_bound(start.begin(), start.end(), flat_lo) - start.begin()) - 1;
       for (; k < n && start[k] < flat_hi; ++k)
         body(k, std::max(flat_lo, start[k]) - start[k], std::min(flat_hi, start[k + 1]) - start[k], part);

@@ -200,19 +200,25 @@ def _torch_rope(x, cos, sin):
 
 
 @pytest.mark.parametrize("op", ["rms_norm", "swiglu", "rope [B,S,H,D] x [S,1,D]", "rope [B,S,H,D] x [B,S,1,D]",
-                                "rope [B,H,S,D] x [S,D]", "cross_entropy", "row_linear"])
+                                "rope [B,H,S,D] x [S,D]", "cross_entropy", "row_linear", "rms_norm, threaded",
+                                "swiglu, threaded", "cross_entropy, threaded"])
 def test_each_layer_kernel_matches_pytorch(op):
     """Output and input gradients against torch autograd in float64 (graph mode); RoPE's tables in each layout
     the model passes, with sin/cos halves that differ (as no real table does), so a transposed rotation would show;
     the cross-entropy with large logits (a naive exp overflows) and an ignored target (-100: nll 0, no gradient);
-    the one-row product with an inner size that is no multiple of a vector's 16 floats (the loop's tail)."""
+    the one-row product with an inner size that is no multiple of a vector's 16 floats (the loop's tail).
+    "threaded": inputs past threads.h's kThreadedWork (2^16 floats), split over a thread per core, the RMSNorm's
+    weight gradient summed over the threads' ranges; the small ones run on the calling thread."""
     from kernels.layers import CrossEntropyKernel, RMSNormKernel, RoPEKernel, RowLinearKernel, SwiGLUKernel
 
     rng = np.random.default_rng(2)
-    x = rng.standard_normal((2, 6, 3, 8), dtype=np.float32) * 2
+    threaded = op.endswith(", threaded")
+    op = op.replace(", threaded", "")
+    x = rng.standard_normal((4, 64, 3, 128) if threaded else (2, 6, 3, 8), dtype=np.float32) * 2
     if op == "cross_entropy":
-        x = rng.standard_normal((36, 1000), dtype=np.float32) * 30 + 100
-        targets = rng.integers(0, 1000, 36).astype(np.int32)
+        rows = 80 if threaded else 36
+        x = rng.standard_normal((rows, 1000), dtype=np.float32) * 30 + 100
+        targets = rng.integers(0, 1000, rows).astype(np.int32)
         targets[5] = -100
         inputs, constants, cell = (x,), (Tensor(targets),), CrossEntropyKernel()
         ref = lambda x: torch.nn.functional.cross_entropy(x, torch.tensor(targets, dtype=torch.long), reduction="none")
@@ -221,7 +227,7 @@ def test_each_layer_kernel_matches_pytorch(op):
         inputs, constants, cell = (x, rng.standard_normal((53, 37), dtype=np.float32)), (), RowLinearKernel()
         ref = lambda x, w: x @ w.T
     elif op == "rms_norm":
-        inputs, constants, cell = (x, rng.standard_normal(8, dtype=np.float32)), (), RMSNormKernel(1e-5)
+        inputs, constants, cell = (x, rng.standard_normal(x.shape[-1], dtype=np.float32)), (), RMSNormKernel(1e-5)
         ref = lambda x, w: x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-5) * w
     elif op == "swiglu":
         inputs, constants, cell = (x, rng.standard_normal(x.shape, dtype=np.float32)), (), SwiGLUKernel()
