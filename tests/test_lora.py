@@ -245,3 +245,23 @@ def test_graph_mode_forward_sees_the_adapters_after_an_earlier_compile(targets):
         ms.set_context(mode=ms.GRAPH_MODE)
     assert np.abs(graph - before).max() > 1e-2
     np.testing.assert_allclose(graph, eager, atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow  # compiles generation's prefill and decode graphs (~5 s)
+def test_one_prompt_generates_through_the_adapters_as_the_full_forward():
+    """At batch 1 every projection of a decoding step is kernels/layers.cc's one-row product (Linear's
+    RowLinearKernel); a LoRA cell runs that base product and adds its branch. Cached logits equal the adapted
+    model's full forward at every step."""
+    model = llama(seed=3)
+    assert model.model.layers[0].attention.wq.row_kernel  # the one-row op is what this test goes through
+    apply_lora(model, OmegaConf.structured(LoraConfig), seed=0)
+    randomize_b(model)
+    prompt = [5, 9, 300, 41, 7, 12, 90]
+    out = model.generate([prompt], 6, return_logits=True)
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    try:
+        seq = prompt + out.samples[0].tokens[:5]
+        full = model(Tensor(np.array([seq], np.int32))).asnumpy()[0, len(prompt) - 1:]
+    finally:
+        ms.set_context(mode=ms.GRAPH_MODE)
+    np.testing.assert_allclose(out.logits[:, 0], full, atol=2e-5)
