@@ -1,7 +1,8 @@
 """Generation speed on one set of random weights: mindlab with its KV cache (built as `python -m generate` builds
 it: on CPU in fp32 each decoding step's attention is one kernels/attention.cc op a layer, and at batch 1 its
-products are kernels/layers.cc's one-row op), the same with MindSpore's ops only ("plain ops"), mindlab without a cache (a full forward of the whole padded sequence every step), and
-transformers' `generate` (its own cache), side by side.
+products are kernels/layers.cc's one-row op), the same with MindSpore's ops only ("plain ops"), mindlab without a
+cache (a full forward of the whole padded sequence every step), and transformers' `generate` (its own cache), side
+by side.
 
     scripts/venv.sh python -m benchmarks.generation [--model small] [--batch 1] [--prompt-len 32] [--new 128 512]
 
