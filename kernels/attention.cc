@@ -260,64 +260,62 @@ extern "C" int mindlab_attention_backward(int nparam, void** params, int* ndims,
 // their arithmetic, bound a decode step at batch 1 (benchmarks/HISTORY.md's nineteenth pass).
 // inputs q [B, 1, H, D], k and v [B, 1, Hkv, D] (the token's projections, before RoPE), cos and sin [B, 1, 1, D]
 // (its position's tables), k_cache and v_cache [B, Hkv, L, D], slot [1, 1, L, 1] bool (true at the column the token
-// is written to), bias [B, 1, 1, L] (0 where a column may be attended, -1e9 elsewhere);
-// outputs o [B, 1, H, D] and the two caches with the token's rotated k and its v in that column.
+// is written to), bias [B, 1, 1, L] (0 where a column may be attended, -1e9 elsewhere); output o [B, 1, H, D].
+// The token's rotated k and its v are written into the caches' column in place: the caches are generation's
+// Parameters, declared written (RW_WRITE) by kernels/attention.py, so no step copies them (the twenty-first pass).
 extern "C" int mindlab_decode_attention(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
                                         void* stream, void* extra) {
-  if (nparam != 12) return 1;
+  if (nparam != 10) return 1;
   const int64_t B = shapes[0][0], H = shapes[0][2], D = shapes[0][3], Hkv = shapes[1][2], L = shapes[5][2];
   const float* q = static_cast<const float*>(params[0]);
   const float* k = static_cast<const float*>(params[1]);
   const float* v = static_cast<const float*>(params[2]);
   const float* cos = static_cast<const float*>(params[3]);
   const float* sin = static_cast<const float*>(params[4]);
-  const float* k_cache = static_cast<const float*>(params[5]);
-  const float* v_cache = static_cast<const float*>(params[6]);
+  float* k_cache = static_cast<float*>(params[5]);
+  float* v_cache = static_cast<float*>(params[6]);
   const bool* slot = static_cast<const bool*>(params[7]);
   const float* bias = static_cast<const float*>(params[8]);
   float* o = static_cast<float*>(params[9]);
-  float* k_out = static_cast<float*>(params[10]);
-  float* v_out = static_cast<float*>(params[11]);
   const int64_t column = std::find(slot, slot + L, true) - slot;
   if (column == L) return 1;
+  const int64_t seen = column + 1;  // the columns after the slot are not written yet: never read (the bias hides them)
   const int64_t group = H / Hkv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  // one task per (row, kv head): its slice of both caches (copied, the new column written) and its query heads
+  // one task per (row, kv head): its slice of both caches (the new column written) and its query heads
   auto task = [&](int64_t t, std::vector<float>& p, std::vector<float>& qr) {
     const int64_t b = t / Hkv, hk = t % Hkv, at = t * L * D;
-    std::memcpy(k_out + at, k_cache + at, L * D * sizeof(float));
-    std::memcpy(v_out + at, v_cache + at, L * D * sizeof(float));
     const float* c = cos + b * D;
     const float* s = sin + b * D;
-    mindlab::rope_row(k + (b * Hkv + hk) * D, c, s, k_out + at + column * D, D / 2, false);
-    std::memcpy(v_out + at + column * D, v + (b * Hkv + hk) * D, D * sizeof(float));
-    const float* keys = k_out + at;
-    const float* values = v_out + at;
+    mindlab::rope_row(k + (b * Hkv + hk) * D, c, s, k_cache + at + column * D, D / 2, false);
+    std::memcpy(v_cache + at + column * D, v + (b * Hkv + hk) * D, D * sizeof(float));
+    const float* keys = k_cache + at;
+    const float* values = v_cache + at;
     const float* row_bias = bias + b * L;
     for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
       mindlab::rope_row(q + (b * H + h) * D, c, s, qr.data(), D / 2, false);
-      for (int64_t j = 0; j < L; ++j) {
+      for (int64_t j = 0; j < seen; ++j) {
         float dot = 0.0f;
         for (int64_t d = 0; d < D; ++d) dot += qr[d] * keys[j * D + d];
         p[j] = dot * scale + row_bias[j];
       }
-      const float sum = exp_row(p.data(), L, L, row_max(p.data(), L));
+      const float sum = exp_row(p.data(), seen, seen, row_max(p.data(), seen));
       float* out = o + (b * H + h) * D;
       std::fill_n(out, D, 0.0f);
-      for (int64_t j = 0; j < L; ++j) {
+      for (int64_t j = 0; j < seen; ++j) {
         const float w = p[j] / sum;
         for (int64_t d = 0; d < D; ++d) out[d] += w * values[j * D + d];
       }
     }
   };
-  // a thread per core only when the caches are large (2^18 floats each, this op's own measured point, above
-  // threads.h's kThreadedWork): at batch 1 starting threads would cost more than they save
+  // a thread per core only when the columns read are many (2^18 floats of each cache, this op's own measured point,
+  // above threads.h's kThreadedWork): at batch 1 starting threads would cost more than they save
   const int64_t tasks = B * Hkv;
   auto range = [&](int64_t lo, int64_t hi, int64_t) {
     std::vector<float> p(L), qr(D);
     for (int64_t t = lo; t < hi; ++t) task(t, p, qr);
   };
-  if (tasks * L * D < (int64_t{1} << 18)) range(0, tasks, 0);
-  else mindlab::parallel_ranges(tasks, tasks * L * D, range);
+  if (tasks * seen * D < (int64_t{1} << 18)) range(0, tasks, 0);
+  else mindlab::parallel_ranges(tasks, tasks * seen * D, range);
   return 0;
 }

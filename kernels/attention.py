@@ -2,7 +2,7 @@
 training, and one decoding step against a KV cache, for generation.
 
     out = FusedAttention()(q [B, S, H, D], k [B, S, Hkv, D], v [B, S, Hkv, D], segments [B, S] int32)
-    out, k_cache, v_cache = DecodeAttention()(q, k, v, cos, sin, k_cache, v_cache, slot, bias)
+    out = DecodeAttention()(q, k, v, cos, sin, k_cache, v_cache, slot, bias)  # writes the caches' column
 
 Query i attends to key j <= i of the same segment (packed samples; one segment id for a plain sequence); H is a
 multiple of Hkv (grouped-query attention without repeating K/V). The forward op returns the output and each
@@ -11,6 +11,7 @@ backward is q, k, v, the output and lse [B, H, S], never a [S, S] array. Both op
 kernels; the gradient is registered on the forward op (`bprop`), which sees its logsumexp output.
 """
 from mindspore import nn, ops
+from mindspore.ops import signature as sig
 
 import kernels
 
@@ -44,21 +45,31 @@ class FusedAttention(nn.Cell):
         return self.forward(q, k, v, segments)[0]
 
 
+class _DecodeOp(ops.Custom):
+    """The decoding op, its two caches declared written (RW_WRITE), as MindSpore's own in-place ops (Assign) declare
+    theirs: the graph then orders the op among its other reads and writes of those Parameters, and the kernel
+    writes into their memory."""
+    __mindspore_signature__ = tuple(sig.make_sig(name, sig.sig_rw.RW_WRITE if name.endswith("cache") else
+                                                 sig.sig_rw.RW_READ)
+                                    for name in ("q", "k", "v", "cos", "sin", "k_cache", "v_cache", "slot", "bias"))
+
+
 class DecodeAttention(nn.Cell):
     """One new token per row (q [B, 1, H, D], k and v [B, 1, Hkv, D], before RoPE; cos and sin [B, 1, 1, D] at its
-    position) against the caches k_cache and v_cache [B, Hkv, L, D]: the token's rotated k and its v are written at
-    the column where slot [1, 1, L, 1] is true, and its query attends to every column under bias [B, 1, 1, L].
-    Returns (out [B, 1, H, D], k_cache, v_cache): what LlamaModel's plain cached path computes in ~9 kernels a
-    layer (RoPE twice, two cache writes, scores, mask, softmax, product), in one. Inference only: no gradient."""
+    position) against the caches k_cache and v_cache [B, Hkv, L, D], Parameters: the token's rotated k and its v
+    are written in place at the column where slot [1, 1, L, 1] is true, and its query attends to that column and
+    the ones before it under bias [B, 1, 1, L] (the later ones, not yet written, are not read). Returns out
+    [B, 1, H, D]: what LlamaModel's plain cached path computes in ~9 kernels a layer (RoPE twice, two cache
+    writes, scores, mask, softmax, product), in one, and without copying the caches. Inference only: no
+    gradient."""
 
     def __init__(self):
         super().__init__()
         path, why = kernels.library("attention")
         if path is None:
             raise RuntimeError(why)
-        outputs = lambda q, k, v, cos, sin, k_cache, v_cache, slot, bias: (q, k_cache, v_cache)  # noqa: E731
-        self.op = ops.Custom(f"{path}:mindlab_decode_attention", out_shape=outputs, out_dtype=outputs,
-                             func_type="aot")
+        self.op = _DecodeOp(f"{path}:mindlab_decode_attention", out_shape=lambda q, *_: q,
+                            out_dtype=lambda q, *_: q, func_type="aot")
 
     def construct(self, q, k, v, cos, sin, k_cache, v_cache, slot, bias):
         return self.op(q, k, v, cos, sin, k_cache, v_cache, slot, bias)

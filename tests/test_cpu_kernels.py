@@ -10,7 +10,7 @@ import pytest
 
 import mindspore as ms
 import torch
-from mindspore import Tensor, nn, ops
+from mindspore import Parameter, Tensor, nn, ops
 
 import kernels
 from conf.errors import ConfigError
@@ -117,13 +117,14 @@ def _model_loss_and_grads(packed: bool, recompute: str = "none", attention: str 
     return float(loss.asnumpy()), [g.asnumpy() for g in grads]
 
 
-@pytest.mark.parametrize("mode, b, hkv, length", [("graph", 2, 2, 40), ("pynative", 4, 4, 256)],
+@pytest.mark.parametrize("mode, b, hkv, length", [("graph", 2, 2, 40), ("pynative", 4, 4, 300)],
                          ids=["graph", "pynative-threaded"])
 def test_the_decode_kernel_matches_pytorch_with_gqa_rope_and_a_padded_cache(mode, b, hkv, length):
-    """One decoding step (kernels/attention.cc DecodeAttention): RoPE on the new q and k, k and v written at the
-    slot's column of copies of the caches, the query over every column under the bias (here hiding each row's
-    left padding and the unwritten columns after the slot). GQA with 2 query heads per kv head; the second case's
-    caches are large enough for the kernel's threads. Against torch in float64."""
+    """One decoding step (kernels/attention.cc DecodeAttention): RoPE on the new q and k, k and v written in place
+    at the slot's column of the caches (Parameters, as generation holds them), the query over the columns up to
+    the slot under the bias (here hiding each row's left padding; the later columns are never read). GQA with 2
+    query heads per kv head; the second case reads enough columns for the kernel's threads. Against torch in
+    float64."""
     from kernels.attention import DecodeAttention
 
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
@@ -135,10 +136,22 @@ def test_the_decode_kernel_matches_pytorch_with_gqa_rope_and_a_padded_cache(mode
             normal(b, 1, 1, d)
         k_cache, v_cache = normal(b, hkv, length, d), normal(b, hkv, length, d)
         slot = (np.arange(length) == column)[None, None, :, None]
-        visible = (np.arange(length)[None] >= np.arange(b)[:, None] * 3) & (np.arange(length)[None] <= column)
+        visible = np.arange(length)[None] >= np.arange(b)[:, None] * 3
         bias = np.where(visible, 0.0, -1e9).astype(np.float32)[:, None, None, :]
-        out, new_k, new_v = (t.asnumpy() for t in DecodeAttention()(*map(Tensor, (q, k, v, cos, sin, k_cache,
-                                                                                      v_cache, slot, bias))))
+
+        class Step(nn.Cell):
+            def __init__(self):
+                super().__init__()
+                self.decode = DecodeAttention()
+                self.k_cache, self.v_cache = (Parameter(Tensor(c), name) for c, name in ((k_cache, "k_cache"),
+                                                                                         (v_cache, "v_cache")))
+
+            def construct(self, *inputs):
+                return self.decode(*inputs[:5], self.k_cache, self.v_cache, *inputs[5:])
+
+        step = Step()
+        out = step(*map(Tensor, (q, k, v, cos, sin, slot, bias))).asnumpy()
+        new_k, new_v = step.k_cache.asnumpy(), step.v_cache.asnumpy()
     finally:
         ms.set_context(mode=ms.GRAPH_MODE)
     t = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
@@ -148,8 +161,9 @@ def test_the_decode_kernel_matches_pytorch_with_gqa_rope_and_a_padded_cache(mode
     want_v[:, :, column] = t(v)[:, 0]
     rq = _torch_rope(t(q).transpose(1, 2), cos_t, sin_t)  # [B, H, 1, D]
     keys, values = want_k.repeat_interleave(2, 1), want_v.repeat_interleave(2, 1)
-    probs = torch.softmax(rq @ keys.transpose(-1, -2) / np.sqrt(d) + t(bias), -1)
-    want = (probs @ values).transpose(1, 2)  # [B, 1, H, D]
+    seen = slice(0, column + 1)
+    probs = torch.softmax(rq @ keys[:, :, seen].transpose(-1, -2) / np.sqrt(d) + t(bias)[..., seen], -1)
+    want = (probs @ values[:, :, seen]).transpose(1, 2)  # [B, 1, H, D]
     np.testing.assert_array_equal(new_v, want_v.numpy().astype(np.float32))
     np.testing.assert_allclose(new_k, want_k.numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(out, want.numpy(), rtol=1e-4, atol=1e-5)

@@ -4,13 +4,15 @@
 
 Device side (graph mode), through `LlamaForCausalLM.cached` (models/llama/model.py):
 - **cache**: per layer K and V of [B, n_kv_heads, L, head_dim] (the kv heads: GQA is not repeated into the
-  cache), L = P + max_new_tokens, allocated once per call and threaded through the graphs as inputs/outputs.
-- **two graphs**: `prefill` runs the whole left-padded prompt block [B, P] once and fills cache columns 0..P-1;
-  `decode` runs one token [B, 1] and writes column t, chosen by a one-hot `slot` *tensor*. Every input is a
-  tensor of a fixed shape (the column, positions and the attention bias too), so MindSpore compiles each graph
-  once per (B, P, L) and never per token. The cache tuples are passed as `mutable`: MindSpore otherwise takes
-  tensors inside a tuple as constants and recompiled the decode graph at every token. `Generator.compile_count`
-  is the number of graphs MindSpore compiled (the sizes of the generation cells' compile caches).
+  cache), L = P + max_new_tokens: Parameters of the two graphs below, written in place. A step writes one
+  column; passed as graph inputs and outputs, as before the twenty-first pass, the caches were copied whole at
+  every step (MindSpore's ops return new tensors). One set per (B, L), kept with its graphs for the next call of
+  that shape.
+- **two graphs**: `prefill` runs the whole left-padded prompt block [B, P] once and fills cache columns 0..P-1
+  (the rest zeroed); `decode` runs one token [B, 1] and writes column t, chosen by a one-hot `slot` *tensor*.
+  Every input is a tensor of a fixed shape (the column, positions and the attention bias too), so MindSpore
+  compiles each graph once per (B, P, L) and never per token. `Generator.compile_count` is the number of graphs
+  MindSpore compiled (the sizes of the generation cells' compile caches).
 - **left padding**: prompts are right-aligned in the P columns, so every row's newest token is in the same
   column. `positions` start at 0 at each row's first real token (RoPE, `model.rope_scaling` tables included);
   the additive `bias` (0 allowed, -1e9 not) hides pad columns, the future, and not yet written cache columns.
@@ -33,7 +35,7 @@ from typing import Callable, List, Optional, Sequence
 import numpy as np
 
 import mindspore as ms
-from mindspore import Tensor, mutable, nn
+from mindspore import Parameter, ParameterTuple, Tensor, nn
 
 NEG = -1e9  # the additive attention bias of a hidden column (as the training path's masks)
 PROMPT_BUCKET = 16  # the padded prompt length P is rounded up to a multiple of this (fewer distinct graphs)
@@ -138,21 +140,29 @@ class _Graph(nn.Cell):
         self._compile_phase = value
 
 
-class _Prefill(_Graph):
-    def construct(self, tokens, positions, bias, k_caches, v_caches):
-        return self.lm.cached(tokens, positions, bias, k_caches, v_caches)
+class _Cached(_Graph):
+    """A graph over the model's cached path and the KV caches it writes (ParameterTuples, see the module doc)."""
+
+    def __init__(self, lm, k_caches: ParameterTuple, v_caches: ParameterTuple):
+        super().__init__(lm)
+        self.k_caches, self.v_caches = k_caches, v_caches
 
 
-class _Decode(_Graph):
-    def construct(self, tokens, positions, bias, k_caches, v_caches, slot):
-        return self.lm.cached(tokens, positions, bias, k_caches, v_caches, slot)
+class _Prefill(_Cached):
+    def construct(self, tokens, positions, bias):
+        return self.lm.cached(tokens, positions, bias, self.k_caches, self.v_caches)
+
+
+class _Decode(_Cached):
+    def construct(self, tokens, positions, bias, slot):
+        return self.lm.cached(tokens, positions, bias, self.k_caches, self.v_caches, slot)
 
 
 class _Uncached(_Graph):
     """The baseline without a cache: the whole left-padded sequence so far, [B, L], every step."""
 
     def construct(self, tokens, positions, bias):
-        return self.lm.cached(tokens, positions, bias)[0]
+        return self.lm.cached(tokens, positions, bias)
 
 
 def _causal_bias(valid: np.ndarray) -> np.ndarray:
@@ -171,7 +181,8 @@ class Generator:
 
     def __init__(self, model):
         self.model = model
-        self.prefill, self.decode, self.uncached = _Prefill(model), _Decode(model), _Uncached(model)
+        self.uncached = _Uncached(model)
+        self.cached = {}  # (B, L) -> (prefill, decode): the graphs sharing that shape's caches
         attention = model.model.layers[0].attention
         self.n_kv, self.head_dim, self.num_layers = attention.n_kv, attention.head_dim, len(model.model.layers)
         self.cache_dtype = attention.compute_dtype
@@ -179,10 +190,19 @@ class Generator:
         self.compile_seconds = 0.0  # spent compiling graphs (the first call of each shape)
         self._seen = set()
 
+    def graphs(self, batch: int, length: int):
+        """(prefill, decode) over the caches of `batch` rows and `length` columns, made at the first call."""
+        if (batch, length) not in self.cached:
+            shape = (batch, self.n_kv, length, self.head_dim)
+            caches = [ParameterTuple(Parameter(Tensor(np.zeros(shape, np.float32), self.cache_dtype),
+                                               f"cache_{batch}x{length}.{kind}.{i}", requires_grad=False)
+                                     for i in range(self.num_layers)) for kind in "kv"]
+            self.cached[batch, length] = _Prefill(self.model, *caches), _Decode(self.model, *caches)
+        return self.cached[batch, length]
+
     def _run(self, cell, *args):
         """cell(*args), compiled first (and timed) when these input shapes are new to it."""
-        key = (id(cell),) + tuple(tuple(a.shape) for a in args if isinstance(a, Tensor)) + \
-            tuple(tuple(a[0].shape) for a in args if isinstance(a, tuple))
+        key = (id(cell),) + tuple(tuple(a.shape) for a in args)
         if key not in self._seen and ms.get_context("mode") == ms.GRAPH_MODE:
             start = time.perf_counter()
             cell.compile(*args)
@@ -193,7 +213,8 @@ class Generator:
     @property
     def compile_count(self) -> int:
         """Graphs MindSpore has compiled for this model's generation cells (their compile caches)."""
-        return sum(len(cell.compile_cache) for cell in (self.prefill, self.decode, self.uncached))
+        cells = [self.uncached] + [cell for pair in self.cached.values() for cell in pair]
+        return sum(len(cell.compile_cache) for cell in cells)
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0, eos_id: Optional[int] = None,
@@ -249,11 +270,8 @@ class Generator:
 
         compiled_before, start = self.compile_seconds, time.perf_counter()
         if use_cache:
-            shape = (batch, self.n_kv, total, self.head_dim)
-            empty = mutable(tuple(Tensor(np.zeros(shape, np.float32), self.cache_dtype)
-                                  for _ in range(self.num_layers)))  # mutable: inputs, not constants
-            logits, k_caches, v_caches = self._run(self.prefill, _t(tokens[:, :width]), _t(positions(width)),
-                                                   _t(_causal_bias(valid[:, :width])), empty, empty)
+            prefill, step_graph = self.graphs(batch, total)
+            logits = self._run(prefill, _t(tokens[:, :width]), _t(positions(width)), _t(_causal_bias(valid[:, :width])))
         else:
             logits = full_forward(width - 1)
         logits = logits.asnumpy()
@@ -299,9 +317,8 @@ class Generator:
             bias = np.where(valid, 0.0, NEG).astype(np.float32)[:, None, None, :]  # [B, 1, 1, L]
             if use_cache:
                 slot = (columns == column)[None, None, :, None]
-                logits, k_caches, v_caches = self._run(self.decode, _t(tokens[:, column:column + 1]),
-                                                       _t((column - pads)[:, None].astype(np.int32)), _t(bias),
-                                                       mutable(k_caches), mutable(v_caches), _t(slot))
+                logits = self._run(step_graph, _t(tokens[:, column:column + 1]),
+                                   _t((column - pads)[:, None].astype(np.int32)), _t(bias), _t(slot))
             else:
                 logits = full_forward(column)
             logits = logits.asnumpy()

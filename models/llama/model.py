@@ -41,8 +41,8 @@ all it does, and the kernel streams them faster than MindSpore's MatMul.
 
 Inference (`LlamaForCausalLM.generate`, models/llama/generation.py) goes through the `cached` methods: the same
 weights and operations as `construct`, plus a static-shape KV cache per layer ([B, n_kv_heads, L, head_dim] for
-K and V: the kv heads, not their GQA repeats), an additive attention bias for left-padded batches and per-row
-positions. `construct` (training) does not use them.
+K and V: the kv heads, not their GQA repeats; Parameters, written in place), an additive attention bias for
+left-padded batches and per-row positions. `construct` (training) does not use them.
 """
 import math
 
@@ -301,14 +301,16 @@ class Attention(nn.Cell):
         return self.wo(out.transpose(0, 2, 1, 3).reshape(b, s, -1))
 
     def cached(self, x, cos, sin, bias, k_cache=None, v_cache=None, slot=None):
-        """Inference attention over x [B, S, hidden]; returns (out, k_cache, v_cache).
+        """Inference attention over x [B, S, hidden] -> [B, S, hidden].
 
-        k_cache / v_cache [B, n_kv, L, head_dim] hold this layer's keys and values (kv heads only).
+        k_cache / v_cache [B, n_kv, L, head_dim] are this layer's keys and values (kv heads only): Parameters
+        (models/llama/generation.py holds them), written in place.
         - prefill (caches given, slot None): the S columns attend to each other under `bias` [B, 1, S, S];
-          their k/v become cache columns 0..S-1 (the rest is passed through).
+          their k/v become cache columns 0..S-1, the rest is zeroed.
         - decode (S = 1, slot [1, 1, L, 1] bool, true at the column written): the token's k/v are written to
           that column and its query attends to the whole cache under `bias` [B, 1, 1, L]. With the fused
-          attention kernel (CPU, fp32) that is one kernels/attention.cc op (DecodeAttention), RoPE included.
+          attention kernel (CPU, fp32) that is one kernels/attention.cc op (DecodeAttention), RoPE and the
+          write included, which reads only the columns up to the slot (the bias hides the later ones anyway).
         - no cache (caches None): like prefill, nothing kept (the uncached baseline).
         `bias` is 0 where attention is allowed and -1e9 elsewhere (padding, future, unwritten columns).
         GQA without repeating K/V: the g = n_heads / n_kv query heads of kv head j (j*g .. j*g+g-1, the order
@@ -316,22 +318,23 @@ class Attention(nn.Cell):
         b, s, _ = x.shape
         if slot is not None and self.fused:  # decode on CPU in fp32: kernels/attention.cc, one op
             q, k, v = self.heads(x)
-            out, k_cache, v_cache = self.decode(q, k, v, cos, sin, k_cache, v_cache, slot, bias)
-            return self.wo(out.reshape(b, s, -1)), k_cache, v_cache
+            return self.wo(self.decode(q, k, v, cos, sin, k_cache, v_cache, slot, bias).reshape(b, s, -1))
         q, k, v = self.project(x, cos, sin)
         keys, values = k, v
         if slot is not None:  # decode: one new column, attend to the whole cache
-            k_cache, v_cache = ops.where(slot, k, k_cache), ops.where(slot, v, v_cache)
+            ops.assign(k_cache, ops.where(slot, k, k_cache))
+            ops.assign(v_cache, ops.where(slot, v, v_cache))
             keys, values = k_cache, v_cache
         elif k_cache is not None:  # prefill: the prompt's own k/v, stored at columns 0..S-1
-            k_cache = ops.cat((k, k_cache[:, :, s:]), 2)
-            v_cache = ops.cat((v, v_cache[:, :, s:]), 2)
+            rest = ops.zeros((b, self.n_kv, k_cache.shape[2] - s, self.head_dim), self.compute_dtype)
+            ops.assign(k_cache, ops.cat((k, rest), 2))
+            ops.assign(v_cache, ops.cat((v, rest), 2))
         g = self.n_heads // self.n_kv
         scores = self.qk_cached(q.reshape(b, self.n_kv, g * s, self.head_dim), keys).astype(ms.float32)
         scores = scores.reshape(b, self.n_kv, g, s, -1) * (1.0 / math.sqrt(self.head_dim)) + bias.expand_dims(1)
         probs = ops.softmax(scores, -1).astype(self.compute_dtype).reshape(b, self.n_kv, g * s, -1)
         out = self.pv_cached(probs, values).reshape(b, self.n_heads, s, self.head_dim)
-        return self.wo(out.transpose(0, 2, 1, 3).reshape(b, s, -1)), k_cache, v_cache
+        return self.wo(out.transpose(0, 2, 1, 3).reshape(b, s, -1))
 
 
 class FeedForward(nn.Cell):
@@ -389,9 +392,8 @@ class DecoderLayer(nn.Cell):
         return x + self.feed_forward(self.ffn_norm(x)).astype(x.dtype)
 
     def cached(self, x, cos, sin, bias, k_cache=None, v_cache=None, slot=None):
-        out, k_cache, v_cache = self.attention.cached(self.attention_norm(x), cos, sin, bias, k_cache, v_cache, slot)
-        x = x + out.astype(x.dtype)
-        return x + self.feed_forward(self.ffn_norm(x)).astype(x.dtype), k_cache, v_cache
+        x = x + self.attention.cached(self.attention_norm(x), cos, sin, bias, k_cache, v_cache, slot).astype(x.dtype)
+        return x + self.feed_forward(self.ffn_norm(x)).astype(x.dtype)
 
 
 class Embedding(nn.Cell):
@@ -452,18 +454,17 @@ class LlamaModel(nn.Cell):
 
     def cached(self, tokens, positions, bias, k_caches=None, v_caches=None, slot=None):
         """Inference: tokens/positions [B, S] (positions start at 0 at each row's first real token), the
-        attention bias and per-layer caches (tuples, or None) -> (hidden [B, S, hidden], k_caches, v_caches)."""
+        attention bias and per-layer caches (tuples of Parameters, written in place, or None) -> hidden
+        [B, S, hidden]."""
         cos, sin = self.cos[positions].expand_dims(1), self.sin[positions].expand_dims(1)  # [B, 1, S, D]
         x = self.tok_embeddings(tokens)
-        new_k, new_v = (), ()
         i = 0
         for layer in self.layers:
             k = None if k_caches is None else k_caches[i]
             v = None if v_caches is None else v_caches[i]
-            x, k, v = layer.cached(x, cos, sin, bias, k, v, slot)
-            new_k, new_v = new_k + (k,), new_v + (v,)
+            x = layer.cached(x, cos, sin, bias, k, v, slot)
             i += 1
-        return self.norm_out(x), new_k, new_v
+        return self.norm_out(x)
 
 
 class LlamaForCausalLM(nn.Cell):
@@ -503,9 +504,8 @@ class LlamaForCausalLM(nn.Cell):
 
     def cached(self, tokens, positions, bias, k_caches=None, v_caches=None, slot=None):
         """Inference step (see Attention.cached): fp32 logits [B, vocab] of the last column only (with left
-        padding, every row's newest token), and the updated caches."""
-        h, k_caches, v_caches = self.model.cached(tokens, positions, bias, k_caches, v_caches, slot)
-        return self.head(h[:, -1]), k_caches, v_caches
+        padding, every row's newest token); the caches are written in place."""
+        return self.head(self.model.cached(tokens, positions, bias, k_caches, v_caches, slot)[:, -1])
 
     def generate(self, prompts, max_new_tokens: int, **options):
         """Token ids of each prompt (lists of ints) -> their continuations, with a KV cache: see
