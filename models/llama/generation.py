@@ -7,7 +7,7 @@ Device side (graph mode), through `LlamaForCausalLM.cached` (models/llama/model.
   cache), L = P + max_new_tokens: Parameters of the two graphs below, written in place. A step writes one
   column; passed as graph inputs and outputs, as before the twenty-first pass, the caches were copied whole at
   every step (MindSpore's ops return new tensors). One set per (B, L), kept with its graphs for the next call of
-  that shape.
+  that shape: B x L x 2 x layers x kv heads x head_dim numbers (16 MB at model=small, B 1, L 640).
 - **two graphs**: `prefill` runs the whole left-padded prompt block [B, P] once and fills cache columns 0..P-1
   (the rest zeroed); `decode` runs one token [B, 1] and writes column t, chosen by a one-hot `slot` *tensor*.
   Every input is a tensor of a fixed shape (the column, positions and the attention bias too), so MindSpore
