@@ -6,7 +6,10 @@ datasheet figure: cores x clock x FLOPs/cycle).
 The table also prints the FMA units' own ceiling where gcc is present: a C loop of independent fused
 multiply-adds on registers only (no memory traffic; `-O3 -march=native`, 16-float vectors), one thread per CPU,
 their FLOP/s summed. A GEMM cannot beat it, so the measured peak's share of it says how far any GEMM-bound
-step could still gain in fp32 (KVM hides the clock and the cycle counters: this is the direct way).
+step could still gain in fp32 (KVM hides the clock and the cycle counters: this is the direct way). Then a GEMM's
+own inner loop alone (TILE_LOOP: a register tile of C fed from packed panels in cache, as BLIS-like GEMMs run it):
+what a GEMM of our own could reach at best, before packing and cache misses. The twenty-second pass of issue 15 ran
+it to ask whether replacing MindSpore's MatMul could pay (benchmarks/HISTORY.md).
 
     scripts/venv.sh python -m benchmarks.cpu_matmul_peak          # table
     scripts/venv.sh python -m benchmarks.cpu_matmul_peak --json   # {"mindspore": ..., "pytorch": ..., ...} FLOP/s
@@ -64,15 +67,29 @@ def measured_peak(sizes=SIZES, threads: int = 2) -> dict:
     return {**best, "peak": best[by], "by": by}
 
 
-FMA_LOOP = r"""
+# The two ceilings' C programs: `run` (one per thread, each writing its FLOP/s) and a main that sums them.
+C_MAIN = r"""
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
+int main(int argc, char** argv) {
+  int n = atoi(argv[1]); iters = atol(argv[2]);
+  pthread_t t[64]; double flops[64], total = 0;
+  for (int i = 0; i < n; ++i) pthread_create(&t[i], 0, run, &flops[i]);
+  for (int i = 0; i < n; ++i) { pthread_join(t[i], 0); total += flops[i]; }
+  printf("%f\n", total);
+  return 0;
+}
+"""
+C_HEAD = r"""
 #include <stdio.h>
 #include <stdlib.h>
 #include <pthread.h>
 #include <time.h>
 typedef float v16 __attribute__((vector_size(64)));
-enum { CHAINS = 12 };  /* independent accumulators: more than FMA latency x units, so the units never wait */
 static long iters;
-static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
+static double now(void);
+"""
+FMA_LOOP = C_HEAD + r"""
+enum { CHAINS = 12 };  /* independent accumulators: more than FMA latency x units, so the units never wait */
 static void* run(void* out) {
   v16 acc[CHAINS], a, b;
   for (int j = 0; j < 16; ++j) { a[j] = 0.9999f; b[j] = 1e-4f; }
@@ -86,27 +103,47 @@ static void* run(void* out) {
   *(double*)out = iters * CHAINS * 16 * 2.0 / seconds + 0 * sum;  /* sum used: the loop is not dropped */
   return 0;
 }
-int main(int argc, char** argv) {
-  int n = atoi(argv[1]); iters = atol(argv[2]);
-  pthread_t t[64]; double flops[64], total = 0;
-  for (int i = 0; i < n; ++i) pthread_create(&t[i], 0, run, &flops[i]);
-  for (int i = 0; i < n; ++i) { pthread_join(t[i], 0); total += flops[i]; }
-  printf("%f\n", total);
+""" + C_MAIN
+# A GEMM's inner loop: a 14 x 32 tile of C in 28 vector registers, updated by one column of a packed A panel
+# (14 floats, each broadcast) times one row of a packed B panel (two vectors) per step; the panels (KC steps, 46 KB)
+# stay in cache, so the loads are from L1/L2 and nothing else (packing, edges, C's reads) is counted.
+TILE_LOOP = C_HEAD + r"""
+enum { MR = 14, KC = 256 };
+static void* run(void* out) {
+  float* a = aligned_alloc(64, sizeof(float) * MR * KC);
+  v16* b = aligned_alloc(64, sizeof(v16) * 2 * KC);
+  v16 c[MR][2];
+  for (int i = 0; i < MR * KC; ++i) a[i] = 1e-3f * (i % 7);
+  for (int i = 0; i < 2 * KC; ++i) for (int j = 0; j < 16; ++j) b[i][j] = 1e-3f * j;
+  for (int i = 0; i < MR; ++i) c[i][0] = c[i][1] = b[0] * 0.0f;
+  double start = now();
+  for (long r = 0; r < iters; ++r)
+    for (int k = 0; k < KC; ++k) {
+      v16 b0 = b[2 * k], b1 = b[2 * k + 1];
+#pragma GCC unroll 14
+      for (int i = 0; i < MR; ++i) { c[i][0] += a[k * MR + i] * b0; c[i][1] += a[k * MR + i] * b1; }
+    }
+  double seconds = now() - start;
+  float sum = 0; for (int i = 0; i < MR; ++i) sum += c[i][0][0] + c[i][1][0];
+  *(double*)out = iters * KC * MR * 32 * 2.0 / seconds + 0 * sum;
+  free(a); free(b);
   return 0;
 }
-"""
+""" + C_MAIN
+CEILINGS = {"fma": (FMA_LOOP, 150_000_000), "gemm tile": (TILE_LOOP, 300_000)}  # (program, iterations)
 
 
-def fma_ceiling(threads: int) -> float:
-    """FLOP/s of FMA_LOOP on `threads` threads (best of 3), or 0.0 without gcc."""
+def ceiling(kind: str, threads: int) -> float:
+    """FLOP/s of CEILINGS[kind]'s program on `threads` threads (best of 3), or 0.0 without gcc."""
     if shutil.which("gcc") is None:
         return 0.0
+    program, iters = CEILINGS[kind]
     with tempfile.TemporaryDirectory() as tmp:
-        source, binary = os.path.join(tmp, "fma.c"), os.path.join(tmp, "fma")
+        source, binary = os.path.join(tmp, "ceiling.c"), os.path.join(tmp, "ceiling")
         with open(source, "w") as f:
-            f.write(FMA_LOOP)
+            f.write(program)
         subprocess.run(["gcc", "-O3", "-march=native", source, "-o", binary, "-lpthread"], check=True)
-        return max(float(subprocess.run([binary, str(threads), "150000000"], check=True, capture_output=True,
+        return max(float(subprocess.run([binary, str(threads), str(iters)], check=True, capture_output=True,
                                         text=True).stdout) for _ in range(3))
 
 
@@ -119,12 +156,15 @@ def main() -> None:
         print(f"n={n}: " + ", ".join(f"{lib} {by_n[n] / 1e12:.3f} TFLOP/s" for lib, by_n in table.items()))
     best = max((f, lib) for lib, by_n in table.items() for f in by_n.values())
     print(f"measured peak: {best[0] / 1e12:.3f} TFLOP/s ({best[1]})")
-    ceiling = fma_ceiling(os.cpu_count())
-    if ceiling:
-        print(f"FMA ceiling ({os.cpu_count()} threads of register-only fused multiply-adds): {ceiling / 1e12:.3f} "
-              f"TFLOP/s; the measured peak is {best[0] / ceiling:.0%} of it")
-    else:
-        print("FMA ceiling: not measured (no gcc)")
+    fma, tile = ceiling("fma", os.cpu_count()), ceiling("gemm tile", os.cpu_count())
+    if not fma:
+        print("FMA and GEMM tile ceilings: not measured (no gcc)")
+        return
+    print(f"FMA ceiling ({os.cpu_count()} threads of register-only fused multiply-adds): {fma / 1e12:.3f} TFLOP/s; "
+          f"the measured peak is {best[0] / fma:.0%} of it")
+    print(f"GEMM tile ceiling (a 14 x 32 register tile fed from cached panels, {os.cpu_count()} threads): "
+          f"{tile / 1e12:.3f} TFLOP/s, {tile / fma:.0%} of the FMA ceiling; the measured peak is {best[0] / tile:.0%} "
+          "of it")
 
 
 if __name__ == "__main__":
