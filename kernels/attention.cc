@@ -5,15 +5,15 @@
 // h / (H / Hkv) without repeating it), seg [B, S] int32 (the packed sample of every token; all equal for one
 // sequence), fp32. Query i attends to key j when j <= i and seg[j] == seg[i]; scores are scaled by 1/sqrt(D).
 //
-// Work is split over (batch row, head) pairs, one task each, on a thread per core (std::thread, joined at the
-// end: no spinning OpenMP workers left to compete with MindSpore's own threads); within a task, over blocks of BQ
-// query rows. A block's scores [BQ, keys] are computed, softmaxed and multiplied by V right away, so no [S, S] array
-// exists: the forward keeps only the output and each row's logsumexp (lse [B, H, S]); the backward recomputes
-// the probabilities from it (FlashAttention's recipe). A block's keys are taken BK at a time, the chunk holding the
-// diagonal first (with an online softmax in the forward): a block of at most BK keys is one chunk, its whole key
-// row, and longer ones keep a chunk's probabilities in cache (the kernel alone, forward and backward at S = 8192:
-// 10% and 15% faster than whole key rows; benchmarks/HISTORY.md's eighteenth pass). Keys after a block's last row
-// are never computed: causal attention does about half the work of the masked [S, S] product.
+// Work is split over (batch row, head) pairs, one task each, on the calling thread and threads.h's workers (asleep
+// between calls: no spinning OpenMP workers left to compete with MindSpore's own threads); within a task, over blocks
+// of BQ query rows. A block's scores [BQ, keys] are computed, softmaxed and multiplied by V right away, so no [S, S]
+// array exists: the forward keeps only the output and each row's logsumexp (lse [B, H, S]); the backward recomputes the
+// probabilities from it (FlashAttention's recipe). A block's keys are taken BK at a time, the chunk holding the
+// diagonal first (with an online softmax in the forward): a block of at most BK keys is one chunk, its whole key row,
+// and longer ones keep a chunk's probabilities in cache (the kernel alone, forward and backward at S = 8192: 10% and
+// 15% faster than whole key rows; benchmarks/HISTORY.md's eighteenth pass). Keys after a block's last row are never
+// computed: causal attention does about half the work of the masked [S, S] product.
 //
 // The products are oneDNN sgemm calls on strided views of the [B, S, heads, D] tensors: nothing is transposed or
 // copied, and 1/sqrt(D) rides on sgemm's alpha.
@@ -22,7 +22,6 @@
 #include <cstdint>
 #include <cstring>
 #include <atomic>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -121,18 +120,15 @@ struct Scratch {
       : P(BQ * std::min<int64_t>(s.S, BK)), dS(P.size()), rowdot(BQ), max(BQ), sum(BQ) {}
 };
 
-// body(scratch, task) for every task in [0, n), handed out one at a time to a thread per core.
+// body(scratch, task) for every task in [0, n), handed out one at a time to threads.h's workers and the caller.
 template <class Body>
 void parallel_tasks(const View& s, int64_t n, Body body) {
   std::atomic<int64_t> next{0};
-  auto work = [&] {
+  mindlab::Pool& pool = mindlab::Pool::get();
+  pool.run(std::min(pool.size(), n), [&](int64_t) {
     Scratch scratch(s);
     for (int64_t task = next++; task < n; task = next++) body(scratch, task);
-  };
-  std::vector<std::thread> threads;
-  for (int64_t i = 1; i < std::min<int64_t>(mindlab::cores(), n); ++i) threads.emplace_back(work);
-  work();
-  for (auto& t : threads) t.join();
+  });
 }
 
 }  // namespace
@@ -308,8 +304,9 @@ extern "C" int mindlab_decode_attention(int nparam, void** params, int* ndims, i
       }
     }
   };
-  // a thread per core only when the columns read are many (2^18 floats of each cache, this op's own measured point,
-  // above threads.h's kThreadedWork): at batch 1 starting threads would cost more than they save
+  // threads.h's workers only when the columns read are many (2^18 floats of each cache, this op's own point,
+  // measured when each call started its threads; above threads.h's kThreadedWork): at batch 1 they cost more than
+  // they save
   const int64_t tasks = B * Hkv;
   auto range = [&](int64_t lo, int64_t hi, int64_t) {
     std::vector<float> p(L), qr(D);

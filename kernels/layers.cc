@@ -70,6 +70,17 @@ void rope(void** params, int* ndims, int64_t** shapes, bool transpose) {
   });
 }
 
+// y[i] = w[i] . x for rows lo..hi-1 of w [N, K]
+void dot_rows(const float* __restrict w, const float* __restrict x, float* __restrict y, int64_t lo, int64_t hi,
+              int64_t K) {
+  for (int64_t i = lo; i < hi; ++i) {
+    const float* wi = w + i * K;
+    float sum = 0.0f;
+    for (int64_t j = 0; j < K; ++j) sum += wi[j] * x[j];
+    y[i] = sum;
+  }
+}
+
 }  // namespace
 
 // inputs x [..., H], weight [H], eps [1]; outputs y [..., H], inv_rms [rows]: y = x * inv_rms * weight,
@@ -232,9 +243,10 @@ extern "C" int mindlab_cross_entropy_backward(int nparam, void** params, int* nd
 }
 
 // inputs x [1, K], w [N, K]; output y [1, N] = x w^T: a Linear at one row, a decoding step at batch 1, where the
-// product is a matrix-vector one bound by reading w. Each row of w is read once, in order, on the calling thread:
-// at model=small's shapes that streams the weights faster than MindSpore's MatMul on two threads, and a second
-// thread of our own (started per call) made it slower (benchmarks/HISTORY.md's twentieth pass).
+// product is a matrix-vector one bound by reading w. Each row of w is read once, in order, one range of rows per
+// core: at model=small's shapes that streams the weights faster than MindSpore's MatMul. A thread started per call
+// made it slower (the twentieth pass); a pool's worker woken per call makes it faster (threads.h, the
+// twenty-second pass).
 extern "C" int mindlab_row_linear(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
                                   void* stream, void* extra) {
   if (nparam != 3 || rows(ndims[0], shapes[0]) != 1) return 1;
@@ -242,11 +254,6 @@ extern "C" int mindlab_row_linear(int nparam, void** params, int* ndims, int64_t
   const float* w = static_cast<const float*>(params[1]);
   float* y = static_cast<float*>(params[2]);
   const int64_t N = shapes[1][0], K = shapes[1][1];
-  for (int64_t i = 0; i < N; ++i) {
-    const float* wi = w + i * K;
-    float sum = 0.0f;
-    for (int64_t j = 0; j < K; ++j) sum += wi[j] * x[j];
-    y[i] = sum;
-  }
+  parallel_ranges(N, N * K, [&](int64_t lo, int64_t hi, int64_t) { dot_rows(w, x, y, lo, hi, K); });
   return 0;
 }

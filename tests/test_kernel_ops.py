@@ -1,7 +1,13 @@
 """benchmarks/kernel_ops.py calls the compiled kernels through ctypes at model=small's shapes: its calls give the
 kernels' results, a call that does not match a kernel's signature is one clear error, and its parameter list is
-model=small's."""
+model=small's. And the kernels' threads (kernels/threads.h: workers started once and woken per call) give whole
+results to two callers at once and to a forked child."""
 import math
+import os
+import subprocess
+import sys
+import textwrap
+import threading
 
 import numpy as np
 import pytest
@@ -36,3 +42,61 @@ def test_the_parameter_list_is_model_smalls():
     shapes = small_parameter_shapes()
     assert len(shapes) == 2 + 9 * model.num_layers + 1
     assert sum(math.prod(s) for s in shapes) == parameter_count(model)["total"]
+
+
+def swiglu(gate, up):
+    """kernels/layers.cc's SwiGLU through ctypes; above threads.h's kThreadedWork it is split over the workers."""
+    out = np.zeros_like(gate)
+    kernel_call(kernels.library("layers")[0], "swiglu_forward", [gate, up, out])()
+    return out
+
+
+def silu_times(gate, up):
+    return gate / (1 + np.exp(-gate)) * up
+
+
+def test_two_callers_at_once_each_get_their_own_whole_result():
+    """The workers serve one call at a time; a kernel called while they are busy (MindSpore runs independent kernels
+    on threads of its own) runs all its parts itself. Two Python threads (ctypes releases the GIL), 200 calls each on
+    their own inputs, each large enough to be split: every result whole and right, and neither caller stuck."""
+    rng = np.random.default_rng(1)
+    inputs = [rng.standard_normal((2, 1 << 17), dtype=np.float32) for _ in range(2)]
+    wrong = []
+
+    def calls(gate, up):
+        want = silu_times(gate, up)
+        for _ in range(200):
+            if not np.allclose(swiglu(gate, up), want, rtol=1e-5, atol=1e-6):
+                wrong.append(1)
+
+    threads = [threading.Thread(target=calls, args=(gate, up)) for gate, up in inputs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a caller is stuck waiting for the workers"
+    assert not wrong, f"{len(wrong)} of 400 calls gave a wrong result"
+
+
+def test_a_forked_child_gets_workers_of_its_own():
+    """A process that forks after the kernels ran (a data loader, a launcher) has none of its parent's workers: the
+    child's first threaded call must start its own, not wait on the parent's forever."""
+    script = textwrap.dedent("""
+        import os, sys
+        import numpy as np
+        import kernels
+        from benchmarks.kernel_ops import kernel_call
+        gate, up = np.random.default_rng(0).standard_normal((2, 1 << 18), dtype=np.float32)
+        def right():
+            out = np.zeros_like(gate)
+            kernel_call(kernels.library("layers")[0], "swiglu_forward", [gate, up, out])()
+            return np.allclose(out, gate / (1 + np.exp(-gate)) * up, rtol=1e-5, atol=1e-6)
+        assert right()  # the parent's workers start here
+        child = os.fork()
+        if child == 0:
+            os._exit(0 if right() else 3)
+        sys.exit(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))
+    """)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", script], cwd=root, timeout=60, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
