@@ -4,6 +4,7 @@ model=small's. And the kernels' threads (kernels/threads.h: workers started once
 results to two callers at once and to a forked child."""
 import math
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -98,5 +99,12 @@ def test_a_forked_child_gets_workers_of_its_own():
         sys.exit(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))
     """)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run([sys.executable, "-c", script], cwd=root, timeout=60, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=root, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # its own process group: a stuck child is killed with it
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail("the forked child waited a minute for its parent's workers")
+    assert proc.returncode == 0, err[-2000:]
