@@ -1,8 +1,9 @@
 // Threads for mindlab's CPU kernels: one worker per extra core this process may run on, started at the first call
 // and asleep on a condition variable between calls (never spinning against MindSpore's own threads, as OpenMP's
 // workers did). A call wakes them, runs its first part itself and waits for theirs. Until the twenty-second pass
-// every call started and joined threads of its own: tens of us a call, which a decoding step's one-row products
-// (row_linear, ~30-100 us each) could not pay for, where waking a worker they can.
+// every call started and joined threads of its own (tens of us each, and the second thread could start late): with
+// the pool a small training step took 4-5% less time and a medium one 1-2% (both builds in one process, steps
+// alternating; benchmarks/HISTORY.md). A decoding step did not move.
 #pragma once
 #include <sched.h>
 #include <unistd.h>
@@ -14,7 +15,6 @@
 #include <functional>
 #include <mutex>
 #include <thread>
-#include <vector>
 
 namespace mindlab {
 
