@@ -308,11 +308,9 @@ extern "C" int mindlab_decode_attention(int nparam, void** params, int* ndims, i
   // measured when each call started its threads; above threads.h's kThreadedWork): at batch 1 they cost more than
   // they save
   const int64_t tasks = B * Hkv;
-  auto range = [&](int64_t lo, int64_t hi, int64_t) {
+  mindlab::parallel_ranges(tasks, tasks * seen * D, [&](int64_t lo, int64_t hi, int64_t) {
     std::vector<float> p(L), qr(D);
     for (int64_t t = lo; t < hi; ++t) task(t, p, qr);
-  };
-  if (tasks * seen * D < (int64_t{1} << 18)) range(0, tasks, 0);
-  else mindlab::parallel_ranges(tasks, tasks * seen * D, range);
+  }, int64_t{1} << 18);
   return 0;
 }

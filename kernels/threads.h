@@ -101,11 +101,16 @@ class Pool {
 constexpr int64_t kThreadedWork = int64_t{1} << 16;
 
 // body(lo, hi, part) on [0, n) cut into one contiguous range per core (part: the range's index, < cores()), or
-// run as one range when the call touches fewer than kThreadedWork floats (`work`).
+// run as one range on the calling thread when the call touches fewer than `min_work` floats (`work`; a kernel with
+// its own measured point passes it).
 template <class Body>
-void parallel_ranges(int64_t n, int64_t work, Body body) {
+void parallel_ranges(int64_t n, int64_t work, Body body, int64_t min_work = kThreadedWork) {
+  if (work < min_work || n <= 1) {
+    body(int64_t{0}, n, int64_t{0});
+    return;
+  }
   Pool& pool = Pool::get();
-  const int64_t parts = work < kThreadedWork ? 1 : std::max<int64_t>(1, std::min<int64_t>(pool.size(), n));
+  const int64_t parts = std::min<int64_t>(pool.size(), n);
   pool.run(parts, [&](int64_t p) { body(n * p / parts, n * (p + 1) / parts, p); });
 }
 
