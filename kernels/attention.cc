@@ -23,9 +23,11 @@
 #include <cstring>
 #include <atomic>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "rope.h"
+#include "stream.h"
 #include "threads.h"
 
 namespace {
@@ -204,15 +206,18 @@ extern "C" int mindlab_attention_backward(int nparam, void** params, int* ndims,
   float* dk = static_cast<float*>(params[8]);
   float* dv = static_cast<float*>(params[9]);
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.D));
+  // the gradients start at zero and every product adds to them; zeroed by non-temporal stores (stream.h)
+  const int64_t nkv = s.B * s.S * s.Hkv * s.D;
+  for (auto [out, n] : {std::pair{dq, s.B * s.S * s.H * s.D}, std::pair{dk, nkv}, std::pair{dv, nkv}})
+    mindlab::parallel_ranges(n, n, [&, out = out](int64_t lo, int64_t hi, int64_t) {
+      mindlab::stream_zero(out + lo, hi - lo);
+      mindlab::stream_fence();
+    });
   // one task per (batch row, kv head): it owns that head's dk/dv rows, summed over its query heads and blocks
   parallel_tasks(s, s.B * s.Hkv, [&](Scratch& w, int64_t task) {
     const int64_t b = task / s.Hkv, hk = task % s.Hkv;
     const int32_t* sg = seg + b * s.S;
     first_keys(sg, s.S, w.first);
-    for (int64_t j = 0; j < s.S; ++j) {
-      std::fill_n(dk + s.kv_at(b, j, hk), s.D, 0.0f);
-      std::fill_n(dv + s.kv_at(b, j, hk), s.D, 0.0f);
-    }
     for (int64_t h = hk * s.group(); h < (hk + 1) * s.group(); ++h) {
       for (int64_t i0 = 0; i0 < s.S; i0 += BQ) {
         const int rows = static_cast<int>(std::min<int64_t>(BQ, s.S - i0));
@@ -226,7 +231,7 @@ extern "C" int mindlab_attention_backward(int nparam, void** params, int* ndims,
           for (int64_t d = 0; d < s.D; ++d) dot += x[d] * y[d];
           w.rowdot[r] = dot;
         }
-        key_chunks(klo, end, [&](int64_t c0, int n, bool first) {
+        key_chunks(klo, end, [&](int64_t c0, int n, bool) {
           scores(s, q, k, sg, b, h, i0, rows, c0, n, w.P.data());
           for (int r = 0; r < rows; ++r) exp_row(w.P.data() + r * n, visible(i0 + r, c0, n), n, row_lse[r]);
           // dP = dO V^T, then dS = P (dP - rowdot): zero where masked since P is
@@ -238,8 +243,8 @@ extern "C" int mindlab_attention_backward(int nparam, void** params, int* ndims,
             for (int c = 0; c < n; ++c) ds[c] = p[c] * (ds[c] - w.rowdot[r]);
           }
           // dQ (+)= dS K / sqrt(D); dK += dS^T Q / sqrt(D); dV += P^T dO
-          dnnl_sgemm('N', 'N', rows, s.D, n, scale, w.dS.data(), n, k + s.kv_at(b, c0, hk), s.ldkv(),
-                     first ? 0.0f : 1.0f, dq + s.q_at(b, i0, h), s.ldq());
+          dnnl_sgemm('N', 'N', rows, s.D, n, scale, w.dS.data(), n, k + s.kv_at(b, c0, hk), s.ldkv(), 1.0f,
+                     dq + s.q_at(b, i0, h), s.ldq());
           dnnl_sgemm('T', 'N', n, s.D, rows, scale, w.dS.data(), n, q + s.q_at(b, i0, h), s.ldq(), 1.0f,
                      dk + s.kv_at(b, c0, hk), s.ldkv());
           dnnl_sgemm('T', 'N', n, s.D, rows, 1.0f, w.P.data(), n, dO, s.ldq(), 1.0f, dv + s.kv_at(b, c0, hk),

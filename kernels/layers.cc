@@ -5,19 +5,23 @@
 // Each is one pass over its rows where MindSpore's ops take several kernels with a temporary array each: the
 // RMSNorm's square, mean, rsqrt, two broadcasts and products (and twice as many in its gradient), SiLU's sigmoid
 // and two products (its gradient recomputes the sigmoid), RoPE's slices, negation, concatenation, two products
-// and a sum. Rows are split into one contiguous range per core (threads.h).
+// and a sum. Rows are split into one contiguous range per core (threads.h). The gradients are written to memory by
+// non-temporal stores (stream.h).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
 #include "rope.h"
+#include "stream.h"
 #include "threads.h"
 
 namespace {
 
 using mindlab::parallel_ranges;
 using mindlab::rope_row;
+using mindlab::stream_to;
+using mindlab::streamed;
 
 int64_t rows(int ndim, const int64_t* shape) {  // the product of all but the last dimension
   int64_t n = 1;
@@ -64,9 +68,24 @@ void rope(void** params, int* ndims, int64_t** shapes, bool transpose) {
   const int64_t D = shapes[0][ndims[0] - 1];
   const TableRows table(ndims[0], shapes[0], ndims[1], shapes[1]);
   const int64_t n = rows(ndims[0], shapes[0]);
+  if (!transpose) {
+    parallel_ranges(n, n * D, [&](int64_t lo, int64_t hi, int64_t) {
+      for (int64_t r = lo; r < hi; ++r)
+        rope_row(x + r * D, cos + table.offset(r), sin + table.offset(r), y + r * D, D / 2, false);
+    });
+    return;
+  }
+  // the gradient: a chunk of rows at a time into L1, then streamed out (stream.h)
+  const int64_t chunk = std::max<int64_t>(1, mindlab::kChunk / D);
   parallel_ranges(n, n * D, [&](int64_t lo, int64_t hi, int64_t) {
-    for (int64_t r = lo; r < hi; ++r)
-      rope_row(x + r * D, cos + table.offset(r), sin + table.offset(r), y + r * D, D / 2, transpose);
+    std::vector<float> out(chunk * D);
+    for (int64_t r0 = lo; r0 < hi; r0 += chunk) {
+      const int64_t r1 = std::min(hi, r0 + chunk);
+      for (int64_t r = r0; r < r1; ++r)
+        rope_row(x + r * D, cos + table.offset(r), sin + table.offset(r), &out[(r - r0) * D], D / 2, true);
+      stream_to(y + r0 * D, out.data(), (r1 - r0) * D);
+    }
+    mindlab::stream_fence();
   });
 }
 
@@ -122,6 +141,7 @@ extern "C" int mindlab_rms_norm_backward(int nparam, void** params, int* ndims, 
   std::vector<std::vector<float>> partial(mindlab::cores(), std::vector<float>(H, 0.0f));  // dweight per range
   parallel_ranges(n, n * H, [&](int64_t lo, int64_t hi, int64_t part) {
     float* acc = partial[part].data();
+    std::vector<float> row(H);
     for (int64_t r = lo; r < hi; ++r) {
       const float* xr = x + r * H;
       const float* g = dy + r * H;
@@ -130,10 +150,12 @@ extern "C" int mindlab_rms_norm_backward(int nparam, void** params, int* ndims, 
       for (int64_t i = 0; i < H; ++i) dot += w[i] * g[i] * xr[i];
       const float k = v * v * v * dot / H;
       for (int64_t i = 0; i < H; ++i) {
-        dx[r * H + i] = v * w[i] * g[i] - k * xr[i];
+        row[i] = v * w[i] * g[i] - k * xr[i];
         acc[i] += g[i] * xr[i] * v;
       }
+      stream_to(dx + r * H, row.data(), H);
     }
+    mindlab::stream_fence();
   });
   for (int64_t i = 0; i < H; ++i) {
     float sum = 0.0f;
@@ -167,12 +189,20 @@ extern "C" int mindlab_swiglu_backward(int nparam, void** params, int* ndims, in
   float* dg = static_cast<float*>(params[3]);
   float* du = static_cast<float*>(params[4]);
   const int64_t n = elements(ndims[0], shapes[0]);
+  float* const out[2] = {dg, du};
   parallel_ranges(n, n, [&](int64_t lo, int64_t hi, int64_t) {
-    for (int64_t i = lo; i < hi; ++i) {
-      const float s = sigmoid(g[i]);
-      dg[i] = dy[i] * u[i] * s * (1.0f + g[i] * (1.0f - s));
-      du[i] = dy[i] * g[i] * s;
-    }
+    streamed(lo, hi, out, [&](int64_t i0, int64_t c, float* const* o) {
+      const float* __restrict gi = g + i0;
+      const float* __restrict ui = u + i0;
+      const float* __restrict dyi = dy + i0;
+      float* __restrict a = o[0];
+      float* __restrict b = o[1];
+      for (int64_t k = 0; k < c; ++k) {
+        const float s = sigmoid(gi[k]);
+        a[k] = dyi[k] * ui[k] * s * (1.0f + gi[k] * (1.0f - s));
+        b[k] = dyi[k] * gi[k] * s;
+      }
+    });
   });
   return 0;
 }
@@ -231,12 +261,16 @@ extern "C" int mindlab_cross_entropy_backward(int nparam, void** params, int* nd
   const int64_t V = shapes[0][1];
   parallel_ranges(shapes[0][0], shapes[0][0] * V, [&](int64_t lo, int64_t hi, int64_t) {
     for (int64_t r = lo; r < hi; ++r) {
-      const float* xr = x + r * V;
-      float* dr = dx + r * V;
       const bool counted = t[r] >= 0 && t[r] < V;  // else the nll is the constant 0
       const float g = counted ? dnll[r] : 0.0f, shift = lse[r];
-      for (int64_t j = 0; j < V; ++j) dr[j] = std::exp(xr[j] - shift) * g;
-      if (counted) dr[t[r]] -= g;
+      const int64_t target = counted ? r * V + t[r] : -1;
+      float* const out[1] = {dx};
+      streamed(r * V, (r + 1) * V, out, [&](int64_t i, int64_t c, float* const* o) {
+        float* __restrict d = o[0];
+        const float* __restrict xi = x + i;
+        for (int64_t k = 0; k < c; ++k) d[k] = std::exp(xi[k] - shift) * g;
+        if (target >= i && target < i + c) d[target - i] -= g;
+      });
     }
   });
   return 0;

@@ -106,3 +106,58 @@ def test_a_forked_child_gets_workers_of_its_own():
         proc.communicate()
         pytest.fail("the forked child waited a minute for its parent's workers")
     assert proc.returncode == 0, err[-2000:]
+
+
+def _rotate_half_transposed(z):
+    h = z.shape[-1] // 2
+    return np.concatenate((z[..., h:], -z[..., :h]), -1)
+
+
+def _backward_cases(rng):
+    """{op: (inputs, output shapes, numpy float64 reference of the outputs)} at sizes the workers split, with rows of
+    odd lengths: every output has partial 64-byte lines at its ends and at its rows' and ranges' ends."""
+    def normal(*shape):
+        return rng.standard_normal(shape, dtype=np.float32)
+
+    gate, up, dy = normal(2, 40001), normal(2, 40001), normal(2, 40001)
+    s = 1 / (1 + np.exp(-gate.astype(np.float64)))
+    x, w, g = normal(300, 221), normal(221), normal(300, 221)
+    inv = (1 / np.sqrt((x.astype(np.float64) ** 2).mean(-1) + 1e-5)).astype(np.float32)
+    dot = (w * g * x).astype(np.float64).sum(-1, keepdims=True)
+    grad, cos, sin = normal(4, 301, 6, 10), normal(301, 1, 10), normal(301, 1, 10)
+    logits, targets = normal(9, 8191), rng.integers(0, 8191, 9).astype(np.int32)
+    targets[3] = -100  # an ignored row: zero gradient
+    lse = np.log(np.exp(logits.astype(np.float64)).sum(-1)).astype(np.float32)
+    dnll = normal(9)
+    probs = np.exp(logits - lse[:, None].astype(np.float64)) * np.where(targets >= 0, dnll, 0)[:, None]
+    probs[np.arange(9)[targets >= 0], targets[targets >= 0]] -= dnll[targets >= 0]
+    return {
+        "swiglu_backward": ([gate, up, dy], [gate.shape] * 2, [dy * up * s * (1 + gate * (1 - s)), dy * gate * s]),
+        "rms_norm_backward": ([x, w, inv, g], [x.shape, w.shape],
+                              [inv[:, None] * w * g - x * inv[:, None] ** 3 * dot / 221,
+                               (g * x * inv[:, None]).astype(np.float64).sum(0)]),
+        "rope_backward": ([grad, cos, sin], [grad.shape], [grad * cos + _rotate_half_transposed(grad * sin)]),
+        "cross_entropy_backward": ([logits, targets, lse, dnll], [logits.shape], [probs]),
+    }
+
+
+@pytest.mark.parametrize("op", ["swiglu_backward", "rms_norm_backward", "rope_backward", "cross_entropy_backward"])
+def test_the_backward_kernels_write_whole_outputs_wherever_they_start(op):
+    """The backward kernels write whole 64-byte lines by non-temporal stores and the partial lines at the ends by
+    plain ones (kernels/stream.h). Outputs starting at each of a line's 16 floats: every element right, and the
+    floats just before and after each output untouched."""
+    inputs, shapes, want = _backward_cases(np.random.default_rng(2))[op]
+    for shift in range(16):
+        bufs, outs = [], []
+        for shape in shapes:
+            n = math.prod(shape)
+            buf = np.full(n + 48, np.nan, np.float32)
+            start = (-buf.ctypes.data % 64) // 4 + shift + 1  # a guard float before the output, more after it
+            bufs.append((buf, start, n))
+            outs.append(buf[start:start + n].reshape(shape))
+        kernel_call(kernels.library("layers")[0], op, [*inputs, *outs])()
+        for out, ref in zip(outs, want):
+            np.testing.assert_allclose(out, ref, rtol=2e-4, atol=2e-5, err_msg=f"{op}, output at float {shift}")
+        for buf, start, n in bufs:
+            assert np.isnan(buf[start - 1]) and np.isnan(buf[start + n]), \
+                f"{op} wrote outside its output (starting at float {shift} of a line)"
