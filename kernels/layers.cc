@@ -20,6 +20,7 @@ namespace {
 
 using mindlab::parallel_ranges;
 using mindlab::rope_row;
+using mindlab::stream_fence;
 using mindlab::stream_to;
 using mindlab::streamed;
 
@@ -85,7 +86,7 @@ void rope(void** params, int* ndims, int64_t** shapes, bool transpose) {
         rope_row(x + r * D, cos + table.offset(r), sin + table.offset(r), &out[(r - r0) * D], D / 2, true);
       stream_to(y + r0 * D, out.data(), (r1 - r0) * D);
     }
-    mindlab::stream_fence();
+    stream_fence();
   });
 }
 
@@ -155,7 +156,7 @@ extern "C" int mindlab_rms_norm_backward(int nparam, void** params, int* ndims, 
       }
       stream_to(dx + r * H, row.data(), H);
     }
-    mindlab::stream_fence();
+    stream_fence();
   });
   for (int64_t i = 0; i < H; ++i) {
     float sum = 0.0f;
@@ -203,6 +204,7 @@ extern "C" int mindlab_swiglu_backward(int nparam, void** params, int* ndims, in
         b[k] = dyi[k] * gi[k] * s;
       }
     });
+    stream_fence();
   });
   return 0;
 }
@@ -272,6 +274,7 @@ extern "C" int mindlab_cross_entropy_backward(int nparam, void** params, int* nd
         if (target >= i && target < i + c) d[target - i] -= g;
       });
     }
+    stream_fence();
   });
   return 0;
 }

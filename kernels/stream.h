@@ -67,7 +67,8 @@ inline void stream_zero(float* dst, int64_t n) {
 }
 
 // body(i, c, out) for elements lo..hi-1 of N outputs of the same shape, c <= kChunk at a time: out[j][k] (an L1
-// buffer) is element i + k of dst[j]. Chunks after the first start on a line of dst[0].
+// buffer) is element i + k of dst[j]. Chunks after the first start on a line of dst[0]. Like stream_to, it leaves
+// stream_fence() to the end of the caller's part.
 template <int N, class Body>
 void streamed(int64_t lo, int64_t hi, float* const (&dst)[N], Body body) {
   alignas(64) float buf[N][kChunk];
@@ -79,7 +80,6 @@ void streamed(int64_t lo, int64_t hi, float* const (&dst)[N], Body body) {
     for (int j = 0; j < N; ++j) stream_to(dst[j] + i, buf[j], c);
     i += c;
   }
-  stream_fence();
 }
 
 }  // namespace mindlab
