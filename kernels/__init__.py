@@ -2,10 +2,13 @@
 
     attention.cc   causal self-attention forward and backward, and a decoding step against a KV cache
                    (kernels/attention.py: their MindSpore ops)
-    layers.cc      RMSNorm, SwiGLU, RoPE and cross-entropy forward and backward (kernels/layers.py: their ops)
+    layers.cc      RMSNorm, SwiGLU, RoPE and cross-entropy forward and backward, and a Linear's products
+                   (kernels/layers.py: their ops)
     optimizer.cc   the gradient norm and AdamW's in-place update, each over all parameters in one op
                    (kernels/optimizer.py: their ops; trainer/step.py ClipAndUpdate and trainer/optimizer.py AdamW)
     threads.h      the thread-per-core helpers they use
+    sgemm.h        oneDNN's sgemm, for attention.cc's and layers.cc's products
+    stream.h       non-temporal stores, for the backward kernels' outputs
     rope.h         one row of RoPE, for layers.cc's RoPE op and attention.cc's decoding step
 
 scripts/venv.sh runs `python -m kernels` after creating or finding the venv: each source is compiled once into

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "rope.h"
+#include "sgemm.h"
 #include "stream.h"
 #include "threads.h"
 
@@ -36,12 +37,6 @@ constexpr int BQ = 64;   // query rows per block
 constexpr int BK = 512;  // keys per chunk: a longer block row is taken a chunk at a time (online softmax)
 // a masked score: finite, so the file can be built with -ffast-math (vectorized exp), and exp(MASKED - max) = 0
 constexpr float MASKED = -1e30f;
-
-// oneDNN's sgemm, exported by the libdnnl.so.3 that MindSpore ships and has already loaded (its CPU MatMul):
-// C = alpha op(A) op(B) + beta C, row-major, op = transpose for 'T'. Called from our worker threads, it runs on
-// the calling thread.
-extern "C" int dnnl_sgemm(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-                          int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
 struct View {
   int64_t B, S, H, Hkv, D;

@@ -1,18 +1,19 @@
-// RMSNorm, SwiGLU, RoPE and token cross-entropy for MindSpore's CPU backend, forward and backward, and a Linear at
-// one row (decoding), as AOT custom ops (kernels/layers.py wraps them; kernels/__init__.py builds this file at
-// install time). fp32 throughout.
+// RMSNorm, SwiGLU, RoPE and token cross-entropy for MindSpore's CPU backend, forward and backward, and a Linear's
+// products (at a training step's shapes and at one row, decoding), as AOT custom ops (kernels/layers.py wraps
+// them; kernels/__init__.py builds this file at install time). fp32 throughout.
 //
 // Each is one pass over its rows where MindSpore's ops take several kernels with a temporary array each: the
 // RMSNorm's square, mean, rsqrt, two broadcasts and products (and twice as many in its gradient), SiLU's sigmoid
 // and two products (its gradient recomputes the sigmoid), RoPE's slices, negation, concatenation, two products
-// and a sum. Rows are split into one contiguous range per core (threads.h). The gradients are written to memory by
-// non-temporal stores (stream.h).
+// and a sum. Rows are split into one contiguous range per core (threads.h). Their gradients are written to memory
+// by non-temporal stores (stream.h); the Linear's products are oneDNN's sgemm (sgemm.h).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
 #include "rope.h"
+#include "sgemm.h"
 #include "stream.h"
 #include "threads.h"
 
@@ -102,6 +103,53 @@ void dot_rows(const float* __restrict w, const float* __restrict x, float* __res
 }
 
 }  // namespace
+
+// A Linear's three products at a training step's shapes (models/llama/model.py Linear), each on oneDNN's sgemm with
+// one range of output rows per core: y = x w^T, dx = dy w, dw = dy^T x for x [..., K], w [N, K], dy [..., N]. On
+// the 2-core EPYC boxes of issue 15 this ran model=small's products 2-35% faster than MindSpore's MatMul
+// (benchmarks/gemm_backends.py), a small training step 1-4% faster and a medium one 4-7% (benchmarks/HISTORY.md's
+// twenty-fourth pass). The two gradients are separate ops, so a frozen weight's (LoRA's base) is pruned from the
+// graph as MatMul's is.
+extern "C" int mindlab_linear(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
+                              void* stream, void* extra) {
+  if (nparam != 3) return 1;
+  const float* x = static_cast<const float*>(params[0]);
+  const float* w = static_cast<const float*>(params[1]);
+  float* y = static_cast<float*>(params[2]);
+  const int64_t M = rows(ndims[0], shapes[0]), N = shapes[1][0], K = shapes[1][1];
+  parallel_ranges(M, M * N, [&](int64_t lo, int64_t hi, int64_t) {
+    dnnl_sgemm('N', 'T', hi - lo, N, K, 1.0f, x + lo * K, K, w, K, 0.0f, y + lo * N, N);
+  });
+  return 0;
+}
+
+// inputs dy [..., N], w [N, K]; output dx [..., K] = dy w
+extern "C" int mindlab_linear_input_grad(int nparam, void** params, int* ndims, int64_t** shapes,
+                                         const char** dtypes, void* stream, void* extra) {
+  if (nparam != 3) return 1;
+  const float* dy = static_cast<const float*>(params[0]);
+  const float* w = static_cast<const float*>(params[1]);
+  float* dx = static_cast<float*>(params[2]);
+  const int64_t M = rows(ndims[0], shapes[0]), N = shapes[1][0], K = shapes[1][1];
+  parallel_ranges(M, M * K, [&](int64_t lo, int64_t hi, int64_t) {
+    dnnl_sgemm('N', 'N', hi - lo, K, N, 1.0f, dy + lo * N, N, w, K, 0.0f, dx + lo * K, K);
+  });
+  return 0;
+}
+
+// inputs dy [..., N], x [..., K]; output dw [N, K] = dy^T x (the rows of dw split: each core reads all of x)
+extern "C" int mindlab_linear_weight_grad(int nparam, void** params, int* ndims, int64_t** shapes,
+                                          const char** dtypes, void* stream, void* extra) {
+  if (nparam != 3) return 1;
+  const float* dy = static_cast<const float*>(params[0]);
+  const float* x = static_cast<const float*>(params[1]);
+  float* dw = static_cast<float*>(params[2]);
+  const int64_t M = rows(ndims[0], shapes[0]), N = shapes[0][ndims[0] - 1], K = shapes[1][ndims[1] - 1];
+  parallel_ranges(N, N * K, [&](int64_t lo, int64_t hi, int64_t) {
+    dnnl_sgemm('T', 'N', hi - lo, K, M, 1.0f, dy + lo, N, x, K, 0.0f, dw + lo * K, K);
+  });
+  return 0;
+}
 
 // inputs x [..., H], weight [H], eps [1]; outputs y [..., H], inv_rms [rows]: y = x * inv_rms * weight,
 // inv_rms = 1 / sqrt(mean(x^2) + eps) per row

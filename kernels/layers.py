@@ -6,6 +6,8 @@ custom op forward and one backward (registered as the forward op's `bprop`).
     RoPEKernel()(x [..., D], cos, sin)              x cos + rotate_half(x) sin, cos/sin broadcastable to x
     CrossEntropyKernel()(logits [N, V], targets [N]) -log softmax(logits)[target] per row [N] (0 where the
                                                     target is outside [0, V))
+    LinearKernel()(x [..., K], weight [N, K])       x @ weight^T by sgemm, each gradient one op of its own
+                                                    (models/llama/model.py Linear: a training step's products)
     RowLinearKernel()(x [1, K], weight [N, K])      x @ weight^T for one row: a decoding step's projections at
                                                     batch 1 (models/llama/model.py Linear)
 
@@ -13,7 +15,8 @@ What autodiff keeps for the backward: RMSNorm's input and each row's 1/rms [rows
 kernel's logsumexp); SwiGLU's two inputs (the sigmoid is recomputed); RoPE nothing but the tables (its gradient is
 the transposed rotation of the output gradient); the cross-entropy its logits and each row's logsumexp, its
 backward writing (softmax - onehot) x the row's gradient in one pass. cos/sin are constants: their gradients are
-zeros, as are the targets'. RowLinearKernel's gradient is MindSpore's two MatMuls (it is built for inference;
+zeros, as are the targets'. LinearKernel keeps x and the weight, like MatMul; its gradients dy W and dy^T x are
+two ops, so a frozen weight's (LoRA's base) is left out of the graph. RowLinearKernel's gradient is MindSpore's two MatMuls (it is built for inference;
 the gradient keeps it correct wherever a one-row product is trained).
 """
 import mindspore as ms
@@ -101,6 +104,21 @@ class RowLinearKernel(nn.Cell):
             return input_grad(dout, weight), weight_grad(dout, x)
 
         self.forward = _op("row_linear", lambda x, w: [x[0], w[0]], lambda x, w: x, bprop)
+
+    def construct(self, x, weight):
+        return self.forward(x, weight)
+
+
+class LinearKernel(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        input_grad = _op("linear_input_grad", lambda dy, w: dy[:-1] + [w[1]], lambda dy, w: dy)
+        weight_grad = _op("linear_weight_grad", lambda dy, x: [dy[-1], x[-1]], lambda dy, x: dy)
+
+        def bprop(x, weight, out, dout):
+            return input_grad(dout, weight), weight_grad(dout, x)
+
+        self.forward = _op("linear", lambda x, w: x[:-1] + [w[0]], lambda x, w: x, bprop)
 
     def construct(self, x, weight):
         return self.forward(x, weight)

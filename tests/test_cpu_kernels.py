@@ -214,16 +214,18 @@ def _torch_rope(x, cos, sin):
 
 
 @pytest.mark.parametrize("op", ["rms_norm", "swiglu", "rope [B,S,H,D] x [S,1,D]", "rope [B,S,H,D] x [B,S,1,D]",
-                                "rope [B,H,S,D] x [S,D]", "cross_entropy", "row_linear", "rms_norm, threaded",
-                                "swiglu, threaded", "cross_entropy, threaded"])
+                                "rope [B,H,S,D] x [S,D]", "cross_entropy", "row_linear", "linear", "rms_norm, threaded",
+                                "swiglu, threaded", "cross_entropy, threaded", "linear, threaded"])
 def test_each_layer_kernel_matches_pytorch(op):
     """Output and input gradients against torch autograd in float64 (graph mode); RoPE's tables in each layout
     the model passes, with sin/cos halves that differ (as no real table does), so a transposed rotation would show;
     the cross-entropy with large logits (a naive exp overflows) and an ignored target (-100: nll 0, no gradient);
-    the one-row product with an inner size that is no multiple of a vector's 16 floats (the loop's tail).
-    "threaded": inputs past threads.h's kThreadedWork (2^16 floats), split over a thread per core, the RMSNorm's
-    weight gradient summed over the threads' ranges; the small ones run on the calling thread."""
-    from kernels.layers import CrossEntropyKernel, RMSNormKernel, RoPEKernel, RowLinearKernel, SwiGLUKernel
+    the one-row product with an inner size that is no multiple of a vector's 16 floats (the loop's tail); the
+    Linear's product on 3-D x. "threaded": inputs past threads.h's kThreadedWork (2^16 floats), split over a thread
+    per core, the RMSNorm's weight gradient summed over the threads' ranges, the Linear's 301 rows (its output and
+    x's gradient) and 300 weight rows (its gradient) split unevenly; the small ones run on the calling thread."""
+    from kernels.layers import (CrossEntropyKernel, LinearKernel, RMSNormKernel, RoPEKernel, RowLinearKernel,
+                                SwiGLUKernel)
 
     rng = np.random.default_rng(2)
     threaded = op.endswith(", threaded")
@@ -240,6 +242,11 @@ def test_each_layer_kernel_matches_pytorch(op):
         x = rng.standard_normal((1, 37), dtype=np.float32)
         inputs, constants, cell = (x, rng.standard_normal((53, 37), dtype=np.float32)), (), RowLinearKernel()
         ref = lambda x, w: x @ w.T
+    elif op == "linear":
+        *lead, k, n = (7, 43, 230, 300) if threaded else (2, 5, 37, 53)
+        x = rng.standard_normal((*lead, k), dtype=np.float32)
+        inputs, constants, cell = (x, rng.standard_normal((n, k), dtype=np.float32) * 0.1), (), LinearKernel()
+        ref = lambda x, w: x @ w.T
     elif op == "rms_norm":
         inputs, constants, cell = (x, rng.standard_normal(x.shape[-1], dtype=np.float32)), (), RMSNormKernel(1e-5)
         ref = lambda x, w: x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-5) * w
@@ -252,6 +259,8 @@ def test_each_layer_kernel_matches_pytorch(op):
         inputs, constants, cell = (x,), tuple(map(Tensor, tables)), RoPEKernel()
         ref = lambda x: _torch_rope(x, *(torch.tensor(t, dtype=torch.float64) for t in tables))
     out_shape = {"cross_entropy": x.shape[:1], "row_linear": (1, 53)}.get(op, x.shape)
+    if op == "linear":
+        out_shape = x.shape[:-1] + inputs[1].shape[:1]
     weights = rng.standard_normal(out_shape, dtype=np.float32)
     loss, grads = Gradients(SumOf(cell, constants))(Tensor(weights), *map(Tensor, inputs))
     torch_inputs = [torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in inputs]

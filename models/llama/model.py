@@ -36,8 +36,9 @@ RMSNorm, SwiGLU and RoPE (`model.layer_kernels`, chosen by models/llama/__init__
 fp32, kernels/layers.cc does each in one pass forward and one backward, where the MindSpore ops below take 5-12
 kernels and as many temporaries (the RMSNorm keeps only its input and each row's 1/rms for the backward). The
 ops stay for other devices and dtypes, and for the tp/pp plan (plan.py sets its strategies on them). With them,
-a Linear over one row (a decoding step at batch 1) is kernels/layers.cc's product too: reading the weights is
-all it does, and the kernel streams them faster than MindSpore's MatMul.
+a Linear's products are kernels/layers.cc's too: oneDNN's sgemm with a range of rows per core, faster than
+MindSpore's MatMul at a training step's shapes, and over one row (a decoding step at batch 1) a loop that reads
+the weights once, in order, faster than MatMul there.
 
 Inference (`LlamaForCausalLM.generate`, models/llama/generation.py) goes through the `cached` methods: the same
 weights and operations as `construct`, plus a static-shape KV cache per layer ([B, n_kv_heads, L, head_dim] for
@@ -61,9 +62,17 @@ def _init(rng: np.random.Generator, shape, std: float) -> Parameter:
     return Parameter(Tensor(rng.normal(0.0, std, size=shape).astype(np.float32)))
 
 
+# Rows of x from which a Linear with `kernel` is kernels/layers.cc's sgemm product (LinearKernel): below it (a
+# decoding step's few rows) the product splits a wide weight's reads over the cores and trails MatMul (at [8, 512] x
+# [512, 32000] 8.2 ms against 5.0); from 64 rows on it is level or ahead (16.0 against 16.2, at 256 rows 43 against
+# 55; benchmarks/HISTORY.md's twenty-fourth pass).
+KERNEL_ROWS = 64
+
+
 class Linear(nn.Cell):
-    """y = x @ W^T with W [out, in] (no bias), computed in `compute_dtype`. `kernel`: one row of x (a decoding
-    step at batch 1) is kernels/layers.cc's product (RowLinearKernel), in fp32."""
+    """y = x @ W^T with W [out, in] (no bias), computed in `compute_dtype`. `kernel` (fp32): one row of x (a
+    decoding step at batch 1) is kernels/layers.cc's one-row product (RowLinearKernel), KERNEL_ROWS rows or more
+    (a training step, a prefill) its sgemm product (LinearKernel)."""
 
     def __init__(self, in_features: int, out_features: int, std: float, rng, compute_dtype, kernel: bool = False):
         super().__init__()
@@ -72,15 +81,18 @@ class Linear(nn.Cell):
         self.matmul = ops.MatMul(transpose_b=True)
         self.row_kernel = kernel
         if kernel:
-            from kernels.layers import RowLinearKernel
+            from kernels.layers import LinearKernel, RowLinearKernel
 
             self.row = RowLinearKernel()
+            self.rows = LinearKernel()
 
     def construct(self, x):
         shape = x.shape
         x = x.reshape(-1, shape[-1]).astype(self.compute_dtype)
         if self.row_kernel and x.shape[0] == 1:
             y = self.row(x.astype(ms.float32), self.weight).astype(self.compute_dtype)
+        elif self.row_kernel and x.shape[0] >= KERNEL_ROWS:
+            y = self.rows(x, self.weight)
         else:
             y = self.matmul(x, self.weight.astype(self.compute_dtype))
         return y.reshape(shape[:-1] + (-1,))
