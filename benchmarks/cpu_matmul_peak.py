@@ -1,7 +1,9 @@
-"""Achieved fp32 matmul FLOP/s on this machine: MindSpore's CPU kernel, PyTorch (OpenBLAS/oneDNN) and numpy
-(OpenBLAS), square n x n GEMMs, best of 5 after a warm-up, 2 threads for PyTorch. The best of all is the
+"""Achieved fp32 matmul FLOP/s on this machine: MindSpore's CPU kernel, PyTorch (OpenBLAS/oneDNN), numpy
+(OpenBLAS) and oneDNN's sgemm as mindlab's kernels call it (kernels/sgemm.h: the rows split over the threads, one
+call each), square n x n GEMMs, best of 5 after a warm-up, 2 threads for PyTorch and oneDNN. The best of all is the
 measured peak that benchmarks/speed_memory.py takes MFU against (conf/device/cpu.yaml's `peak_tflops` is a
-datasheet figure: cores x clock x FLOPs/cycle).
+datasheet figure: cores x clock x FLOPs/cycle). oneDNN joined in the twenty-fourth pass, when the native model's
+products moved onto it (before, its step measured 100% MFU at medium against MindSpore's 0.203).
 
 The table also prints the FMA units' own ceiling where gcc is present: a C loop of independent fused
 multiply-adds on registers only (no memory traffic; `-O3 -march=native`, 16-float vectors), one thread per CPU,
@@ -16,12 +18,14 @@ it to ask whether replacing MindSpore's MatMul could pay (benchmarks/HISTORY.md)
 """
 import boot  # noqa: F401
 
+import ctypes
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -42,21 +46,49 @@ def best_seconds(fn, repeats: int = 5) -> float:
     return min(times)
 
 
+def sgemm_function():
+    """oneDNN's `dnnl_sgemm` (row-major C = alpha op(A) op(B) + beta C) from the libdnnl.so.3 MindSpore ships."""
+    f = ctypes.CDLL(os.path.join(os.path.dirname(ms.__file__), "lib", "libdnnl.so.3")).dnnl_sgemm
+    i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+    f.argtypes = [ctypes.c_char, ctypes.c_char, i64, i64, i64, f32, ptr, i64, ptr, i64, f32, ptr, i64]
+    return f
+
+
+def sgemm_by_rows(sgemm, a, b, out, threads: int) -> None:
+    """out = a @ b with a's rows cut into one range per thread, as kernels/layers.cc's LinearKernel does (ctypes
+    lets go of the GIL during each call)."""
+    (m, k), n = a.shape, b.shape[1]
+
+    def part(p):
+        lo, hi = m * p // threads, m * (p + 1) // threads
+        sgemm(b"N", b"N", hi - lo, n, k, 1.0, a.ctypes.data + lo * k * 4, k, b.ctypes.data, n, 0.0,
+              out.ctypes.data + lo * n * 4, n)
+
+    others = [threading.Thread(target=part, args=(p,)) for p in range(1, threads)]
+    for t in others:
+        t.start()
+    part(0)
+    for t in others:
+        t.join()
+
+
 def matmul_flops(sizes=SIZES, threads: int = 2) -> dict:
-    """{library: {n: achieved FLOP/s}} for mindspore, pytorch (`threads` threads) and numpy."""
+    """{library: {n: achieved FLOP/s}} for mindspore, pytorch and onednn (`threads` threads) and numpy."""
     import torch
 
     torch.set_num_threads(threads)
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
-    out = {"mindspore": {}, "pytorch": {}, "numpy": {}}
+    sgemm = sgemm_function()
+    out = {"mindspore": {}, "pytorch": {}, "numpy": {}, "onednn": {}}
     for n in sizes:
         a = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
-        ta, tt = Tensor(a), torch.from_numpy(a)
+        ta, tt, c = Tensor(a), torch.from_numpy(a), np.empty_like(a)
         flops = 2 * n ** 3
         out["mindspore"][n] = flops / best_seconds(lambda: ops.matmul(ta, ta).asnumpy())
         out["pytorch"][n] = flops / best_seconds(lambda: torch.mm(tt, tt))
         out["numpy"][n] = flops / best_seconds(lambda: a @ a)
+        out["onednn"][n] = flops / best_seconds(lambda: sgemm_by_rows(sgemm, a, a, c, threads))
     return out
 
 

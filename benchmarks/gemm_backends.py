@@ -6,11 +6,10 @@ by rows (M), columns (N) or the inner dimension (K, two partial products added).
 
 MindSpore's time is ten MatMuls in one graph divided by ten (outputs kept, no copy to the host), so the launch is
 not what is timed. Each line prints ms and GFLOP/s per product (the best of 5 calls, cpu_matmul_peak's
-best_seconds) and the sgemm result's error against numpy's. It asks whether a Linear kernel on sgemm (forward and
-both gradients) would pay: see the tenth pass in benchmarks/HISTORY.md.
+best_seconds) and the sgemm result's error against numpy's. It asked whether a Linear kernel on sgemm (forward and
+both gradients) would pay: the tenth pass's head alone gave nothing in the step; the twenty-fourth pass's every
+Linear, split by M, is kernels/layers.cc's LinearKernel (benchmarks/HISTORY.md).
 """
-import ctypes
-import os
 import threading
 
 import numpy as np
@@ -18,7 +17,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from benchmarks.cpu_matmul_peak import best_seconds
+from benchmarks.cpu_matmul_peak import best_seconds, sgemm_function
 
 T, H, I, V = 2048, 384, 1024, 8192
 # (name, M, N, K, transpose A, transpose B): C [M, N] = op(A) op(B)
@@ -36,13 +35,6 @@ class TenMatMuls(nn.Cell):
 
     def construct(self, lefts, b):
         return tuple(self.mm(a, b) for a in lefts)
-
-
-def sgemm_function():
-    f = ctypes.CDLL(os.path.join(os.path.dirname(ms.__file__), "lib", "libdnnl.so.3")).dnnl_sgemm
-    i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
-    f.argtypes = [ctypes.c_char, ctypes.c_char, i64, i64, i64, f32, ptr, i64, ptr, i64, f32, ptr, i64]
-    return f
 
 
 def split_sgemm(sgemm, A, B, ta: bool, tb: bool, axis: str, out, scratch) -> None:
