@@ -10,8 +10,9 @@ those durations are summed per kernel type, per scope (forward = Default/loss_ne
 the expanded *Grad composites, optimizer = the clip-and-update graph) and per custom kernel (kernels/*.cc: the
 cell that calls it and the scope, all layers together). PyTorch side: torch.profiler's self CPU
 time per aten op over the same number of steps, `eager` and `sdpa` attention. The matmul share is the time in
-GEMM kernels (MindSpore MatMul/BatchMatMul, aten mm/bmm/addmm/baddbmm) over the summed kernel time; the
-profiled steps' wall time is printed next to it (kernels run one after another, each on all threads).
+GEMM kernels (MindSpore MatMul/BatchMatMul, kernels/layers.cc's LinearKernel, aten mm/bmm/addmm/baddbmm) over
+the summed kernel time; the profiled steps' wall time is printed next to it (kernels run one after another, each
+on all threads).
 """
 import argparse
 import glob
@@ -26,7 +27,8 @@ from typing import Dict, Iterable, Tuple
 from benchmarks.measure import ROOT
 
 DEFAULTS = ["model=small", "data.seq_len=256", "trainer.micro_batch_size=8"]
-MS_MATMULS = ("MatMul", "BatchMatMul", "MatMulExt", "BatchMatMulExt")
+GEMM_CELLS = ("LinearKernel",)  # custom kernels that are GEMMs (kernels/layers.cc's sgemm products)
+MS_MATMULS = ("MatMul", "BatchMatMul", "MatMulExt", "BatchMatMulExt", *(f"Custom ({c})" for c in GEMM_CELLS))
 TORCH_MATMULS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm")
 
 
@@ -35,7 +37,8 @@ def parse_ms_timestamps(lines: Iterable[str]) -> Tuple[Dict[str, float], Dict[st
     cpu_op_execute_timestamp_<rank>.txt lines
     `Default/loss_net-CausalLMLoss/.../MatMul-op12;HostCpuOps;<start_ns>,<ms>,<tid> <start_ns>,<ms>,<tid> ...`.
     A custom kernel (kernels/*.cc, type Custom) is named by the cell that calls it and its scope, e.g.
-    "FusedAttention, backward": one entry for all layers."""
+    "FusedAttention, backward": one entry for all layers; a GEMM_CELLS one is a type of its own, "Custom
+    (LinearKernel)", which counts in the matmul share."""
     by_type, by_scope, by_custom = defaultdict(float), defaultdict(float), defaultdict(float)
     for line in lines:
         if not line.strip():
@@ -44,11 +47,13 @@ def parse_ms_timestamps(lines: Iterable[str]) -> Tuple[Dict[str, float], Dict[st
         ms = sum(float(record.split(",")[1]) for record in records.split())
         kind = name.rsplit("/", 1)[-1].rsplit("-op", 1)[0]
         scope = ms_scope(name)
-        by_type[kind] += ms
-        by_scope[scope] += ms
         if kind == "Custom":
             cells = [part.split("-", 1)[1] for part in name.split("/")[:-1] if "-" in part]
-            by_custom[f"{cells[-1] if cells else '?'}, {scope.split(' ')[0]}"] += ms
+            cell = cells[-1] if cells else "?"
+            by_custom[f"{cell}, {scope.split(' ')[0]}"] += ms
+            kind = f"Custom ({cell})" if cell in GEMM_CELLS else kind
+        by_type[kind] += ms
+        by_scope[scope] += ms
     return dict(by_type), dict(by_scope), dict(by_custom)
 
 
