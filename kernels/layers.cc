@@ -102,6 +102,14 @@ void dot_rows(const float* __restrict w, const float* __restrict x, float* __res
   }
 }
 
+// c [m, n] = op(a) op(b), c's rows split over the cores; a_row: how far apart op(a)'s rows are in a
+void product_by_rows(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, int64_t a_row,
+                     const float* b, int64_t ldb, float* c) {
+  parallel_ranges(m, m * n, [&](int64_t lo, int64_t hi, int64_t) {
+    dnnl_sgemm(ta, tb, hi - lo, n, k, 1.0f, a + lo * a_row, lda, b, ldb, 0.0f, c + lo * n, n);
+  });
+}
+
 }  // namespace
 
 // A Linear's three products at a training step's shapes (models/llama/model.py Linear), each on oneDNN's sgemm with
@@ -110,16 +118,14 @@ void dot_rows(const float* __restrict w, const float* __restrict x, float* __res
 // (benchmarks/gemm_backends.py), a small training step 1-4% faster and a medium one 4-7% (benchmarks/HISTORY.md's
 // twenty-fourth pass). The two gradients are separate ops, so a frozen weight's (LoRA's base) is pruned from the
 // graph as MatMul's is.
+//
+// inputs x [..., K], w [N, K]; output y [..., N] = x w^T
 extern "C" int mindlab_linear(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
                               void* stream, void* extra) {
   if (nparam != 3) return 1;
-  const float* x = static_cast<const float*>(params[0]);
-  const float* w = static_cast<const float*>(params[1]);
-  float* y = static_cast<float*>(params[2]);
   const int64_t M = rows(ndims[0], shapes[0]), N = shapes[1][0], K = shapes[1][1];
-  parallel_ranges(M, M * N, [&](int64_t lo, int64_t hi, int64_t) {
-    dnnl_sgemm('N', 'T', hi - lo, N, K, 1.0f, x + lo * K, K, w, K, 0.0f, y + lo * N, N);
-  });
+  product_by_rows('N', 'T', M, N, K, static_cast<const float*>(params[0]), K, K,
+                  static_cast<const float*>(params[1]), K, static_cast<float*>(params[2]));
   return 0;
 }
 
@@ -127,27 +133,19 @@ extern "C" int mindlab_linear(int nparam, void** params, int* ndims, int64_t** s
 extern "C" int mindlab_linear_input_grad(int nparam, void** params, int* ndims, int64_t** shapes,
                                          const char** dtypes, void* stream, void* extra) {
   if (nparam != 3) return 1;
-  const float* dy = static_cast<const float*>(params[0]);
-  const float* w = static_cast<const float*>(params[1]);
-  float* dx = static_cast<float*>(params[2]);
   const int64_t M = rows(ndims[0], shapes[0]), N = shapes[1][0], K = shapes[1][1];
-  parallel_ranges(M, M * K, [&](int64_t lo, int64_t hi, int64_t) {
-    dnnl_sgemm('N', 'N', hi - lo, K, N, 1.0f, dy + lo * N, N, w, K, 0.0f, dx + lo * K, K);
-  });
+  product_by_rows('N', 'N', M, K, N, static_cast<const float*>(params[0]), N, N,
+                  static_cast<const float*>(params[1]), K, static_cast<float*>(params[2]));
   return 0;
 }
 
-// inputs dy [..., N], x [..., K]; output dw [N, K] = dy^T x (the rows of dw split: each core reads all of x)
+// inputs dy [..., N], x [..., K]; output dw [N, K] = dy^T x (dw's rows are dy's columns: each core reads all of x)
 extern "C" int mindlab_linear_weight_grad(int nparam, void** params, int* ndims, int64_t** shapes,
                                           const char** dtypes, void* stream, void* extra) {
   if (nparam != 3) return 1;
-  const float* dy = static_cast<const float*>(params[0]);
-  const float* x = static_cast<const float*>(params[1]);
-  float* dw = static_cast<float*>(params[2]);
   const int64_t M = rows(ndims[0], shapes[0]), N = shapes[0][ndims[0] - 1], K = shapes[1][ndims[1] - 1];
-  parallel_ranges(N, N * K, [&](int64_t lo, int64_t hi, int64_t) {
-    dnnl_sgemm('T', 'N', hi - lo, K, M, 1.0f, dy + lo, N, x, K, 0.0f, dw + lo * K, K);
-  });
+  product_by_rows('T', 'N', N, K, M, static_cast<const float*>(params[0]), N, 1,
+                  static_cast<const float*>(params[1]), K, static_cast<float*>(params[2]));
   return 0;
 }
 

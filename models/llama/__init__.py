@@ -56,9 +56,9 @@ def attention_kernel(cfg: Config, compute_dtype: str, use_flash: bool, device_ta
 
 
 def layer_kernels(cfg: Config, compute_dtype: str, device_target: str, sharded: bool = False) -> bool:
-    """Whether RMSNorm, SwiGLU, RoPE (and the objectives' cross-entropy over the logits) run as kernels/layers.cc:
-    model.layer_kernels' auto where it applies (the native model in fp32 on CPU, no tp/pp layout: the plan's
-    strategies are set on the plain ops) and is built."""
+    """Whether RMSNorm, SwiGLU, RoPE, the Linears' products (and the objectives' cross-entropy over the logits) run
+    as kernels/layers.cc: model.layer_kernels' auto where it applies (the native model in fp32 on CPU, no tp/pp
+    layout: the plan's strategies are set on the plain ops) and is built."""
     import kernels
 
     if cfg.layer_kernels == "plain":

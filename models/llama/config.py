@@ -51,9 +51,9 @@ class LlamaConfig:
     # keys computed, no [S, S] array kept), plain (MindSpore ops, model.py CoreAttention), or auto: fused where
     # it applies (CPU, native impl, fp32 compute, attention_chunk=0, the kernel built by scripts/venv.sh)
     attention_kernel: str = "auto"
-    # RMSNorm, SwiGLU, RoPE and the objectives' cross-entropy: fused (kernels/layers.cc: one pass each, forward
-    # and backward), plain (MindSpore ops), or auto: fused where it applies (CPU, native impl, fp32 compute, no
-    # tp/pp, the kernels built)
+    # RMSNorm, SwiGLU, RoPE, the objectives' cross-entropy and the Linears' products: fused (kernels/layers.cc: one
+    # pass each, forward and backward; the products on oneDNN's sgemm), plain (MindSpore ops), or auto: fused where
+    # it applies (CPU, native impl, fp32 compute, no tp/pp, the kernels built)
     layer_kernels: str = "auto"
     recompute: str = "none"  # none | full (whole decoder layer) | selective (attention core only)
     # query rows per attention block (0: all S at once); with recompute=selective only one block's scores are
