@@ -13,11 +13,11 @@ custom op forward and one backward (registered as the forward op's `bprop`).
 
 What autodiff keeps for the backward: RMSNorm's input and each row's 1/rms [rows] (its output, like the attention
 kernel's logsumexp); SwiGLU's two inputs (the sigmoid is recomputed); RoPE nothing but the tables (its gradient is
-the transposed rotation of the output gradient); the cross-entropy its logits and each row's logsumexp, its
-backward writing (softmax - onehot) x the row's gradient in one pass. cos/sin are constants: their gradients are
-zeros, as are the targets'. LinearKernel keeps x and the weight, like MatMul; its gradients dy W and dy^T x are
-two ops, so a frozen weight's (LoRA's base) is left out of the graph. RowLinearKernel's gradient is MindSpore's two MatMuls (it is built for inference;
-the gradient keeps it correct wherever a one-row product is trained).
+the transposed rotation of the output gradient); the cross-entropy its logits and each row's logsumexp, its backward
+writing (softmax - onehot) x the row's gradient in one pass. cos/sin are constants: their gradients are zeros, as are
+the targets'. LinearKernel keeps x and the weight, like MatMul; its gradients dy W and dy^T x are two ops, so a
+frozen weight's (LoRA's base) is left out of the graph. RowLinearKernel's gradient is MindSpore's two MatMuls (it is
+built for inference; the gradient keeps it correct wherever a one-row product is trained).
 """
 import mindspore as ms
 import numpy as np

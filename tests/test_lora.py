@@ -253,7 +253,7 @@ def test_one_prompt_generates_through_the_adapters_as_the_full_forward():
     RowLinearKernel); a LoRA cell runs that base product and adds its branch. Cached logits equal the adapted
     model's full forward at every step."""
     model = llama(seed=3)
-    assert model.model.layers[0].attention.wq.row_kernel  # the one-row op is what this test goes through
+    assert model.model.layers[0].attention.wq.kernels  # the one-row op is what this test goes through
     apply_lora(model, OmegaConf.structured(LoraConfig), seed=0)
     randomize_b(model)
     prompt = [5, 9, 300, 41, 7, 12, 90]

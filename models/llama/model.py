@@ -79,20 +79,20 @@ class Linear(nn.Cell):
         self.weight = _init(rng, (out_features, in_features), std)
         self.compute_dtype = compute_dtype
         self.matmul = ops.MatMul(transpose_b=True)
-        self.row_kernel = kernel
+        self.kernels = kernel
         if kernel:
             from kernels.layers import LinearKernel, RowLinearKernel
 
-            self.row = RowLinearKernel()
-            self.rows = LinearKernel()
+            self.one_row = RowLinearKernel()
+            self.product = LinearKernel()
 
     def construct(self, x):
         shape = x.shape
         x = x.reshape(-1, shape[-1]).astype(self.compute_dtype)
-        if self.row_kernel and x.shape[0] == 1:
-            y = self.row(x.astype(ms.float32), self.weight).astype(self.compute_dtype)
-        elif self.row_kernel and x.shape[0] >= KERNEL_ROWS:
-            y = self.rows(x, self.weight)
+        if self.kernels and x.shape[0] == 1:
+            y = self.one_row(x.astype(ms.float32), self.weight).astype(self.compute_dtype)
+        elif self.kernels and x.shape[0] >= KERNEL_ROWS:
+            y = self.product(x, self.weight)
         else:
             y = self.matmul(x, self.weight.astype(self.compute_dtype))
         return y.reshape(shape[:-1] + (-1,))
