@@ -1,6 +1,6 @@
 """Achieved fp32 matmul FLOP/s on this machine: MindSpore's CPU kernel, PyTorch (OpenBLAS/oneDNN), numpy
-(OpenBLAS) and oneDNN's sgemm as mindlab's kernels call it (kernels/sgemm.h: the rows split over the threads, one
-call each), square n x n GEMMs, best of 5 after a warm-up, 2 threads for PyTorch and oneDNN. The best of all is the
+(OpenBLAS) and oneDNN's sgemm as mindlab's kernels call it (kernels/sgemm.h: the rows split over the two cores,
+one call each), square n x n GEMMs, best of 5 after a warm-up, 2 threads for PyTorch and oneDNN. The best of all is the
 measured peak that benchmarks/speed_memory.py takes MFU against (conf/device/cpu.yaml's `peak_tflops` is a
 datasheet figure: cores x clock x FLOPs/cycle). oneDNN joined in the twenty-fourth pass, when the native model's
 products moved onto it (before, its step measured 100% MFU at medium against MindSpore's 0.203).
@@ -54,26 +54,34 @@ def sgemm_function():
     return f
 
 
-def sgemm_by_rows(sgemm, a, b, out, threads: int) -> None:
-    """out = a @ b with a's rows cut into one range per thread, as kernels/layers.cc's LinearKernel does (ctypes
-    lets go of the GIL during each call)."""
-    (m, k), n = a.shape, b.shape[1]
+def split_sgemm(sgemm, A, B, ta: bool, tb: bool, axis: str, out, scratch) -> None:
+    """out = op(A) op(B), the `axis` dimension (M, N or K) cut in two halves, one per thread (K: the second
+    half's product goes to `scratch` and is added)."""
+    (M, N), K = out.shape, (A.shape[0] if ta else A.shape[1])
+    lda, ldb, fl = A.shape[1], B.shape[1], 4  # row-major leading dimensions; bytes per float
+    ops_ = (b"T" if ta else b"N", b"T" if tb else b"N")
+    size = {"M": M, "N": N, "K": K}[axis]
 
-    def part(p):
-        lo, hi = m * p // threads, m * (p + 1) // threads
-        sgemm(b"N", b"N", hi - lo, n, k, 1.0, a.ctypes.data + lo * k * 4, k, b.ctypes.data, n, 0.0,
-              out.ctypes.data + lo * n * 4, n)
+    def half(p):
+        lo, hi = size * p // 2, size * (p + 1) // 2
+        m, n, k = (hi - lo if axis == d else full for d, full in (("M", M), ("N", N), ("K", K)))
+        a_at = {"M": lo if ta else lo * lda, "K": lo * lda if ta else lo}.get(axis, 0)
+        b_at = {"N": lo * ldb if tb else lo, "K": lo if tb else lo * ldb}.get(axis, 0)
+        c, c_at = (scratch, 0) if axis == "K" and p else (out, {"M": lo * N, "N": lo}.get(axis, 0))
+        sgemm(*ops_, m, n, k, 1.0, A.ctypes.data + a_at * fl, lda, B.ctypes.data + b_at * fl, ldb, 0.0,
+              c.ctypes.data + c_at * fl, N)
 
-    others = [threading.Thread(target=part, args=(p,)) for p in range(1, threads)]
-    for t in others:
-        t.start()
-    part(0)
-    for t in others:
-        t.join()
+    other = threading.Thread(target=half, args=(1,))
+    other.start()
+    half(0)
+    other.join()
+    if axis == "K":
+        np.add(out, scratch, out=out)
 
 
 def matmul_flops(sizes=SIZES, threads: int = 2) -> dict:
-    """{library: {n: achieved FLOP/s}} for mindspore, pytorch and onednn (`threads` threads) and numpy."""
+    """{library: {n: achieved FLOP/s}} for mindspore, pytorch (`threads` threads), numpy and onednn (its rows in
+    two halves, one per thread)."""
     import torch
 
     torch.set_num_threads(threads)
@@ -88,7 +96,7 @@ def matmul_flops(sizes=SIZES, threads: int = 2) -> dict:
         out["mindspore"][n] = flops / best_seconds(lambda: ops.matmul(ta, ta).asnumpy())
         out["pytorch"][n] = flops / best_seconds(lambda: torch.mm(tt, tt))
         out["numpy"][n] = flops / best_seconds(lambda: a @ a)
-        out["onednn"][n] = flops / best_seconds(lambda: sgemm_by_rows(sgemm, a, a, c, threads))
+        out["onednn"][n] = flops / best_seconds(lambda: split_sgemm(sgemm, a, a, False, False, "M", c, None))
     return out
 
 

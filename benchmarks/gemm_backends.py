@@ -10,14 +10,12 @@ best_seconds) and the sgemm result's error against numpy's. It asked whether a L
 both gradients) would pay: the tenth pass's head alone gave nothing in the step; the twenty-fourth pass's every
 Linear, split by M, is kernels/layers.cc's LinearKernel (benchmarks/HISTORY.md).
 """
-import threading
-
 import numpy as np
 
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from benchmarks.cpu_matmul_peak import best_seconds, sgemm_function
+from benchmarks.cpu_matmul_peak import best_seconds, sgemm_function, split_sgemm
 
 T, H, I, V = 2048, 384, 1024, 8192
 # (name, M, N, K, transpose A, transpose B): C [M, N] = op(A) op(B)
@@ -35,31 +33,6 @@ class TenMatMuls(nn.Cell):
 
     def construct(self, lefts, b):
         return tuple(self.mm(a, b) for a in lefts)
-
-
-def split_sgemm(sgemm, A, B, ta: bool, tb: bool, axis: str, out, scratch) -> None:
-    """out = op(A) op(B), the `axis` dimension (M, N or K) cut in two halves, one per thread (K: the second
-    half's product goes to `scratch` and is added)."""
-    (M, N), K = out.shape, (A.shape[0] if ta else A.shape[1])
-    lda, ldb, fl = A.shape[1], B.shape[1], 4  # row-major leading dimensions; bytes per float
-    ops_ = (b"T" if ta else b"N", b"T" if tb else b"N")
-    size = {"M": M, "N": N, "K": K}[axis]
-
-    def half(p):
-        lo, hi = size * p // 2, size * (p + 1) // 2
-        m, n, k = (hi - lo if axis == d else full for d, full in (("M", M), ("N", N), ("K", K)))
-        a_at = {"M": lo if ta else lo * lda, "K": lo * lda if ta else lo}.get(axis, 0)
-        b_at = {"N": lo * ldb if tb else lo, "K": lo if tb else lo * ldb}.get(axis, 0)
-        c, c_at = (scratch, 0) if axis == "K" and p else (out, {"M": lo * N, "N": lo}.get(axis, 0))
-        sgemm(*ops_, m, n, k, 1.0, A.ctypes.data + a_at * fl, lda, B.ctypes.data + b_at * fl, ldb, 0.0,
-              c.ctypes.data + c_at * fl, N)
-
-    other = threading.Thread(target=half, args=(1,))
-    other.start()
-    half(0)
-    other.join()
-    if axis == "K":
-        np.add(out, scratch, out=out)
 
 
 def main() -> None:
