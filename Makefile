@@ -9,7 +9,7 @@ TEST_WORKERS ?= 3
 FAST_TEST_WORKERS ?= 2
 
 train:  ## pretrain model=tiny on the default real data (CPython stdlib + Shakespeare) on CPU
-	scripts/venv.sh python train.py experiment=tiny_pretrain
+	scripts/venv.sh python train.py stage=tiny_pretrain
 
 test:  ## the test suite (what .ci/run calls); a test file runs whole on one worker (its fixtures are shared)
 	scripts/venv.sh python -m pytest -q -n $(TEST_WORKERS) --dist loadfile

@@ -8,7 +8,7 @@ position in the context, and lm-evaluation-harness style tasks (data/tasks.py); 
         eval.context_lengths=[1024] tasks=[]
 
 Config. The arguments after CKPT are train.py's Hydra overrides, composed the same way (conf/, the typed
-schema, conf/validate.py), except that:
+schema, base/validate.py), except that:
   - `model` is the checkpoint's (CKPT/config.yaml), registered as the preset `model=_checkpoint`, so single
     keys still override it (`model.rope_scaling.factor=4`) but `model=<preset>` is refused. The native Llama
     is built whatever `model.impl` was (the same weights and logits as MindFormers', any sequence length).
@@ -70,8 +70,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from argparse import RawDescriptionHelpFormatter
 
-from conf.errors import ArgumentParser, ConfigError, entry_point
-from conf.schema import REPO_ROOT, register
+from base.errors import ArgumentParser, ConfigError, entry_point
+from base.schema import REPO_ROOT
+from plugins import register
 from trainer.module import LocalModule
 
 register()
@@ -138,7 +139,7 @@ def split_arguments(overrides: Sequence[str]) -> Tuple[EvalConfig, Optional[List
 
 
 def _sample_data(data) -> bool:
-    from conf.schema import SAMPLE_KINDS
+    from base.schema import SAMPLE_KINDS
 
     return any(s.kind in SAMPLE_KINDS for s in data.sources)
 
@@ -150,8 +151,8 @@ def compose_config(ckpt: str, overrides: Sequence[str]) -> DictConfig:
     from hydra.core.config_store import ConfigStore
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from conf.schema import DataConfig
-    from conf.validate import validate
+    from base.schema import DataConfig
+    from base.validate import validate
     from models import family
     from objectives import objective as objective_plugin
 
@@ -230,7 +231,7 @@ def checkpoint_tokenizer(data_cfg, ckpt: str) -> str:
 
 def load_model(cfg: DictConfig, ckpt: str):
     """The checkpoint's model (a LoRA checkpoint: its base at stage.init_from plus its adapters)."""
-    import checkpoint
+    from base import checkpoint
     from models import build_model
 
     model = build_model(cfg.model, cfg.data.seq_len, cfg.precision.compute_dtype, cfg.device.target,
@@ -772,7 +773,7 @@ def format_report(results: dict) -> str:
 # --------------------------------------------------------------------------------------------------- main
 
 def run(ckpt: str, cfg: DictConfig, eval_cfg: EvalConfig, tasks: list, log=print) -> dict:
-    import checkpoint
+    from base import checkpoint
     from data import Tokenizer
     from trainer.runtime import init_runtime
 

@@ -28,7 +28,7 @@ from argparse import RawDescriptionHelpFormatter
 
 from omegaconf import OmegaConf
 
-from conf.errors import ArgumentParser, UsageError, entry_point
+from base.errors import ArgumentParser, UsageError, entry_point
 
 
 def parse_args(argv: Optional[List[str]]):
@@ -201,7 +201,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 def build(model_cfg, path: str, device: str):
     import mindspore as ms
 
-    import checkpoint
+    from base import checkpoint
     from models import llama
 
     ms.set_context(mode=ms.GRAPH_MODE)

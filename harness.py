@@ -27,7 +27,7 @@ import tempfile
 from argparse import RawDescriptionHelpFormatter
 from typing import List, Optional, Sequence, Tuple
 
-from conf.errors import ArgumentParser, ConfigError, UserError, entry_point
+from base.errors import ArgumentParser, ConfigError, UserError, entry_point
 
 
 def rolling_windows(tokens: Sequence[int], prefix: int, max_len: int) -> List[Tuple[List[int], int]]:

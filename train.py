@@ -15,9 +15,10 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from conf.errors import UserError, entry_point
-from conf.schema import register
-from conf.validate import validate
+from base.errors import UserError, entry_point
+from base.schema import REPO_ROOT
+from plugins import register
+from base.validate import validate
 from trainer.runtime import launched_rank, launched_world_size
 
 register()
@@ -34,9 +35,9 @@ def swept_values(hydra_cfg) -> str:
     return ",".join(f"{o.key_or_group}={o.get_value_element_as_str()}" for o in job)
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+@hydra.main(version_base="1.3", config_path=os.path.join(REPO_ROOT, "conf"), config_name="config")
 def run(cfg: DictConfig):
-    """A user error (conf/errors.py) propagates to `main`, which prints it as one line."""
+    """A user error (base/errors.py) propagates to `main`, which prints it as one line."""
     p = cfg.parallel
     processes = p.dp * p.tp * p.pp
     relaunch = launched_world_size() == 1 and processes > 1 and not cfg.dry_run  # e.g. parallel=dp2 on one box

@@ -3,6 +3,7 @@
 from dataclasses import dataclass
 
 from adapters.lora import LoraConfig
+from base.registry import PEFT
 
 
 @dataclass
@@ -10,4 +11,5 @@ class NoneConfig:
     name: str = "none"  # full fine-tuning: every weight trains
 
 
-PEFT = {"none": NoneConfig, "lora": LoraConfig}  # peft.name -> its typed config
+PEFT.add("none", NoneConfig)
+PEFT.add("lora", LoraConfig)

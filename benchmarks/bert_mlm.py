@@ -1,4 +1,4 @@
-"""BERT masked-LM pretraining, measured: `experiment=bert_tiny_mlm` on data=wiki, its validation MLM accuracy
+"""BERT masked-LM pretraining, measured: `stage=bert_tiny_mlm` on data=wiki, its validation MLM accuracy
 curve next to the unigram baseline (always predicting the training text's most frequent token), NSP accuracy,
 tokens/s and peak RSS.
 
@@ -19,9 +19,10 @@ import numpy as np
 from hydra import compose, initialize_config_dir
 
 from benchmarks.measure import train_and_measure
-from conf.schema import REPO_ROOT, register
+from base.schema import REPO_ROOT
+from plugins import register
 
-DEFAULTS = ["experiment=bert_tiny_mlm", "logger.progress_bar=false"]
+DEFAULTS = ["stage=bert_tiny_mlm", "logger.progress_bar=false"]
 
 
 def unigram_baseline(cfg) -> float:

@@ -19,7 +19,8 @@ import numpy as np
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from conf.schema import REPO_ROOT, register
+from base.schema import REPO_ROOT
+from plugins import register
 from data import build_data
 from data.cache import prepare
 from models import build_model

@@ -7,7 +7,7 @@ Each cell is what `python train.py model=M parallel=P device=D precision=bf16 da
 trainer.micro_batch_size=1 dry_run=true` plans: the same composed and validated config, the same memory_plan
 call. Recompute is the model preset's (none). Flash attention is auto, on for ascend910b and off for h100
 (MindSpore has no GPU kernel), so activations and totals are given per device as "910B / H100". Fits: total
-<= the device's memory_gb in GiB, as format_plan decides. Layouts conf/validate.py refuses show its reason.
+<= the device's memory_gb in GiB, as format_plan decides. Layouts base/validate.py refuses show its reason.
 """
 import boot  # noqa: F401  (first: MindSpore before anything that loads protobuf)
 
@@ -16,8 +16,9 @@ import os
 
 from hydra import compose, initialize_config_dir
 
-from conf.schema import REPO_ROOT, register
-from conf.validate import ConfigError, validate
+from base.schema import REPO_ROOT
+from plugins import register
+from base.validate import ConfigError, validate
 from planner.dry_run import config_plan
 from planner.layout import Layout
 from planner.memory import GIB

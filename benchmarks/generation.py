@@ -107,7 +107,7 @@ def main() -> None:
 
     import mindspore as ms
 
-    import checkpoint
+    from base import checkpoint
     from models.convert import export_hf
     from models.llama.model import LlamaForCausalLM
 

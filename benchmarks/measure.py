@@ -67,8 +67,8 @@ def compose_config(overrides: list):
     """train.py's config for `overrides`, validated, for benchmarks that build the pieces in-process."""
     from hydra import compose, initialize_config_dir
 
-    from conf.schema import register
-    from conf.validate import validate
+    from plugins import register
+    from base.validate import validate
 
     register()
     with initialize_config_dir(os.path.join(ROOT, "conf"), version_base="1.3"):

@@ -74,7 +74,7 @@ def main(argv):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from hydra import compose, initialize_config_dir
 
-    from conf.schema import register
+    from plugins import register
     from models import build_model
     from objectives import objective as objective_plugin
     from trainer.module import local_module

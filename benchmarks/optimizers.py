@@ -10,7 +10,7 @@ import tempfile
 
 from benchmarks.measure import train_and_measure
 
-PRESETS = ("adamw", "adamw_bert", "came")  # optim=muon is refused (conf/validate.py says why)
+PRESETS = ("adamw", "adamw_bert", "came")
 DEFAULTS = ["model=small", "trainer.max_steps=30", "trainer.log_every=10", "trainer.eval_every=0",
             "trainer.eval_batches=1", "optim.warmup_steps=5", "logger.progress_bar=false"]
 

@@ -29,8 +29,8 @@ def held_out_before(base: str, overrides: list) -> dict:
     import mindspore as ms
     from hydra import compose, initialize_config_dir
 
-    import checkpoint
-    from conf.schema import register
+    from base import checkpoint
+    from plugins import register
     from data import build_data
     from models import build_model
     from objectives import objective

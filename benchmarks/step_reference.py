@@ -21,10 +21,10 @@ import boot  # noqa: F401  (MindSpore first, as in train.py)
 import numpy as np
 
 FIRST_STEPS, EARLY_TOL, LATE_STEP, LATE_TOL = 20, 1e-5, 100, 1e-3
-DEFAULTS = {  # per model family: a small run of its README experiment, dropout off (the two sides draw differently)
-    "llama": ["experiment=tiny_pretrain", "trainer.micro_batch_size=4", "data.seq_len=128", "optim.lr=2e-3",
+DEFAULTS = {  # per model family: a small run of its README stage preset, dropout off (the two sides draw differently)
+    "llama": ["stage=tiny_pretrain", "trainer.micro_batch_size=4", "data.seq_len=128", "optim.lr=2e-3",
               "optim.min_lr=2e-4", "optim.warmup_steps=5"],
-    "bert": ["experiment=bert_tiny_mlm", "trainer.micro_batch_size=8", "optim.lr=2e-3", "optim.min_lr=2e-4",
+    "bert": ["stage=bert_tiny_mlm", "trainer.micro_batch_size=8", "optim.lr=2e-3", "optim.min_lr=2e-4",
              "optim.warmup_steps=5", "model.hidden_dropout=0", "model.attention_dropout=0"]}
 
 
@@ -150,8 +150,9 @@ def compare(overrides: List[str], steps: int, family: str = "llama", floor: bool
     floor: how far PyTorch drifts from itself for rounding reasons alone."""
     from hydra import compose, initialize_config_dir
 
-    from conf.schema import REPO_ROOT, register
-    from conf.validate import validate
+    from base.schema import REPO_ROOT
+    from plugins import register
+    from base.validate import validate
 
     register()
     with initialize_config_dir(os.path.join(REPO_ROOT, "conf"), version_base="1.3"):

@@ -1,7 +1,7 @@
 """Data pipeline: raw sources -> cleaning and dedup -> sentencepiece -> tokenized documents -> MindRecord
 rows -> blended, dp-sharded, resumable batches.
 
-`build_data` is the entry point for training; `python -m data.prepare data=...` prepares without training.
+`build_data` is the entry point for training; `python prepare.py data=...` prepares without training.
 Modules, in pipeline order: sources, cleaning (+ minhash, dedup), tokenizer, documents (stage 1), packing
 (stage 2), cache (prepare: both stages, cached), mixing (the blended order), loader (MindDataset reading).
 """
@@ -12,7 +12,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from conf.schema import DataConfig
+from base.schema import DataConfig
 from data import cache
 from data.cache import PreparedData
 from data.errors import DataError
@@ -38,7 +38,7 @@ def build_data(cfg: DataConfig, micro_batch_size: int, dp_rank: int = 0, dp_size
     """Prepare (or reuse) the cache for `cfg` in the row layout `spec` (the objective's) and open this rank's
     training and validation batches over it."""
     check_weights(cfg.weights, [s.name for s in cfg.sources])  # before the work of preparing
-    prepared = cache.prepare(cfg, spec)  # not `prepare`: python -m data.prepare's module shadows that name
+    prepared = cache.prepare(cfg, spec)
     train = BlendedBatches(prepared, cfg.weights, micro_batch_size, dp_rank, dp_size, seed, cfg.allow_weight_change)
     meta = {**prepared.meta, "cache_dir": str(prepared.rows_dir), "weights": train.weights}
     return DataBundle(prepared.tokenizer(), train, validation_batches(prepared, micro_batch_size, eval_batches), meta)

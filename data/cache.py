@@ -28,7 +28,7 @@ import numpy as np
 import sentencepiece as spm
 from omegaconf import OmegaConf
 
-from conf.schema import SAMPLE_KINDS, DataConfig
+from base.schema import SAMPLE_KINDS, DataConfig
 from data.documents import build_documents
 from data.errors import DataError
 from data.packing import PACKED, pack_sources

@@ -15,7 +15,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from conf.schema import CleaningConfig
+from base.schema import CleaningConfig
 from data.minhash import signature
 
 FILTERS = ("min_chars", "max_symbol_fraction", "max_repeated_line_fraction")

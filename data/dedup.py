@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Optional, Set
 
-from conf.schema import CleaningConfig
+from base.schema import CleaningConfig
 from data.cleaning import CleanedDoc
 from data.minhash import NearDuplicateIndex
 

@@ -22,7 +22,7 @@ import numpy as np
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from conf.schema import CleaningConfig, DataConfig, TokenizerConfig
+from base.schema import CleaningConfig, DataConfig, TokenizerConfig
 from data.cleaning import FILTERS, UNICODE_FORMS, clean_batch
 from data.dedup import STEPS, Deduplicator
 from data.errors import DataError

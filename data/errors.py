@@ -1,5 +1,5 @@
 """The one exception the data pipeline raises for bad inputs or settings."""
-from conf.errors import UserError
+from base.errors import UserError
 
 
 class DataError(UserError, ValueError):

@@ -81,9 +81,9 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from conf.errors import ArgumentParser, UserError, entry_point
+from base.errors import ArgumentParser, UserError, entry_point
+from base.paths import corpora_dir, data_dir
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 MAX_OUTPUT_CHARS = 1000
 DEFINITION_CHARS = 300
 PARAGRAPH_CHARS = 600
@@ -559,14 +559,9 @@ def read_documents(paths: Iterable[os.PathLike]) -> Iterator[Doc]:
                     yield {"text": doc["text"], "source": doc["source"], "id": doc["id"]}
 
 
-def corpora_dir() -> Path:
-    """$MINDLAB_CORPORA, else ../shared/corpora beside this checkout (as conf/data/corpora_tiny.yaml)."""
-    return Path(os.environ.get("MINDLAB_CORPORA") or REPO_ROOT.parent / "shared" / "corpora")
-
-
 def default_out_dir() -> Path:
-    """<data cache dir>/instructions: ${MINDLAB_DATA_DIR:-~/.cache/mindlab/data}/instructions."""
-    return Path(os.environ.get("MINDLAB_DATA_DIR") or Path.home() / ".cache" / "mindlab" / "data") / "instructions"
+    """<data dir>/instructions: ${MINDLAB_DATA_DIR:-~/.cache/mindlab/data}/instructions."""
+    return data_dir() / "instructions"
 
 
 class MissingCorpora(UserError, FileNotFoundError):

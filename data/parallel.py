@@ -2,7 +2,7 @@
 
 Workers are started with `spawn`, not `fork`: forking a process in which MindSpore's threads run can
 deadlock. Spawned workers re-import the main script, so a script that prepares data needs the usual
-`if __name__ == "__main__":` guard (train.py and data/prepare.py have it).
+`if __name__ == "__main__":` guard (train.py and prepare.py have it).
 """
 from __future__ import annotations
 

@@ -61,7 +61,7 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from conf.errors import ArgumentParser, UsageError, entry_point
+from base.errors import ArgumentParser, UsageError, entry_point
 from data.errors import DataError
 from data.tasks import alpaca_item, exact_match, rouge_l
 

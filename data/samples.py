@@ -44,7 +44,7 @@ from typing import Dict, Iterator, List, Tuple
 
 import numpy as np
 
-from conf.schema import INSTRUCTION_KINDS, PREFERENCE_KINDS, DataConfig, TemplateConfig
+from base.schema import INSTRUCTION_KINDS, PREFERENCE_KINDS, DataConfig, TemplateConfig
 from data.documents import split_documents
 from data.errors import DataError
 from data.rows import RowSpec, Split, best_fit

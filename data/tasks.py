@@ -55,7 +55,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from conf.errors import ArgumentParser, UserError, entry_point
+from base.errors import ArgumentParser, UserError, entry_point
+from base.paths import default_tasks_dir, task_path
 from data import instructions as I
 
 VAL_FRACTION = 0.05  # data/instructions.py's default --val-fraction: items come from its val split only
@@ -85,18 +86,6 @@ class Task:
 
 
 # ------------------------------------------------------------------------------------------------ loading
-
-def default_tasks_dir() -> Path:
-    """${MINDLAB_DATA_DIR:-~/.cache/mindlab/data}/tasks (beside data/instructions.py's output)."""
-    return I.default_out_dir().parent / "tasks"
-
-
-def task_path(name: str, tasks_dir: Optional[os.PathLike] = None) -> Path:
-    """A task name ('definitions_mc') -> <tasks_dir>/<name>.jsonl; a path ending in .jsonl is taken as it is."""
-    if name.endswith(".jsonl"):
-        return Path(name)
-    return Path(tasks_dir or default_tasks_dir()) / f"{name}.jsonl"
-
 
 def _check_item(item, where: str) -> str:
     """The item's kind, after checking its fields; TaskError naming `where` (file:line) otherwise."""

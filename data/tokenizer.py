@@ -16,7 +16,7 @@ from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, 
 import numpy as np
 import sentencepiece as spm
 
-from conf.schema import TokenizerConfig
+from base.schema import TokenizerConfig
 from data.errors import DataError
 
 MAX_LINE_CHARS = 4096  # longer training lines are cut

@@ -21,8 +21,8 @@ import numpy as np
 import boot  # noqa: F401  (mindspore first)
 from distributed.sharded_checkpoint import OPTIMIZER_STATE, layout_for, load_tensors, merge_checkpoint, \
     reshard_checkpoint, save_tensors, split_checkpoint
-from checkpoint import CONFIG, OPTIMIZER, STATE, TOKENIZER, WEIGHTS, CheckpointError, write_state
-from conf.errors import ArgumentParser, UsageError, entry_point
+from base.checkpoint import CONFIG, OPTIMIZER, STATE, TOKENIZER, WEIGHTS, CheckpointError, write_state
+from base.errors import ArgumentParser, UsageError, entry_point
 from models import plan_of
 
 METADATA = (STATE, CONFIG, TOKENIZER)

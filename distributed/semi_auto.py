@@ -1,5 +1,5 @@
 """Tensor / pipeline / sequence parallelism and optimizer sharding: MindSpore's SEMI_AUTO_PARALLEL, applied to
-the plain model from outside (the model file holds no parallel code). Used when conf.schema.is_sharded.
+the plain model from outside (the model file holds no parallel code). Used when base.schema.is_sharded.
 
     shard_model(model, cfg)        the family's plan (models/<family>/plan.py): shard() strategies on its
                                    primitives, pipeline_stage on its parts
@@ -21,7 +21,7 @@ from mindspore.parallel import merge_pipeline_strategys
 from mindspore.parallel.auto_parallel import AutoParallel
 from omegaconf import DictConfig
 
-from checkpoint import CheckpointError
+from base.checkpoint import CheckpointError
 from distributed.sharded_checkpoint import SLICE, STRATEGY
 from models import plan_of
 

@@ -26,7 +26,7 @@ import mindspore as ms
 from mindspore.parallel import merge_pipeline_strategys, transform_checkpoints
 from mindspore.train.node_strategy_pb2 import ParallelStrategyMap
 
-from checkpoint import CheckpointError
+from base.checkpoint import CheckpointError
 from planner.layout import Layout
 
 SLICE, STRATEGY, PREFIX = "checkpoint.safetensors", "strategy.ckpt", "model"

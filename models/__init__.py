@@ -1,5 +1,6 @@
-"""Model families: one folder each (models/<family>/), found by `model.family`. FAMILIES lists the folders,
-so a new family is its folder (and its conf/model presets) and nothing else.
+"""Model families: one folder each (models/<family>/), found by `model.family`. Importing this package registers
+every family folder in base/registry.py FAMILIES, so a new family is its folder (and its conf/model presets) and
+nothing else.
 
 A family package exposes `Config` (its typed `model` group), `build(cfg, seq_len, compute_dtype, use_flash,
 seed)`, `check(cfg)` (its config rules), `describe(m, count)` (dry-run lines), `recompute_cells(model, mode)`,
@@ -11,13 +12,17 @@ import importlib
 import pkgutil
 from types import ModuleType
 
-FAMILIES = {m.name: f"models.{m.name}" for m in pkgutil.iter_modules(__path__) if m.ispkg}
+from base.registry import FAMILIES
+from base.schema import use_flash_attention
+
+for _info in pkgutil.iter_modules(__path__):
+    if _info.ispkg:  # the family packages are cheap to import (no MindSpore)
+        FAMILIES.add(_info.name, importlib.import_module(f"models.{_info.name}"))
 
 
 def family(name: str) -> ModuleType:
-    if name not in FAMILIES:
-        raise ValueError(f"model.family={name!r} is unknown; available: {', '.join(FAMILIES)}")
-    return importlib.import_module(FAMILIES[name])
+    """The family package named by `model.family` (a ConfigError naming the choices for an unknown one)."""
+    return FAMILIES[name]
 
 
 def plan_of(name: str) -> ModuleType:
@@ -25,22 +30,10 @@ def plan_of(name: str) -> ModuleType:
     return importlib.import_module(family(name).__name__ + ".plan")
 
 
-def use_flash_attention(cfg, device_target: str) -> bool:
-    """null (auto) picks the fused kernel where it exists (Ascend); validation refuses `true` elsewhere."""
-    if cfg.flash_attention is None:
-        return device_target == "Ascend"
-    return cfg.flash_attention
-
-
 def attention_kind(cfg, device_target: str, compute_dtype: str, sharded: bool) -> str:
-    """flash, fused (a family's own CPU kernel, e.g. models/llama attention_kernel) or plain: the first two keep
-    no [S, S] probabilities for the backward (the dry-run planner's activation term). `sharded`: tp or pp > 1."""
-    if use_flash_attention(cfg, device_target):
-        return "flash"
-    fam = family(cfg.family)
-    if not hasattr(fam, "attention_kernel"):
-        return "plain"
-    return fam.attention_kernel(cfg, compute_dtype, False, device_target, sharded)
+    """flash, fused (a family's own CPU kernel) or plain: the family's `attention_kind` (the first two keep no
+    [S, S] probabilities for the backward: the dry-run planner's activation term). `sharded`: tp or pp > 1."""
+    return family(cfg.family).attention_kind(cfg, device_target, compute_dtype, sharded)
 
 
 def build_model(cfg, seq_len: int, compute_dtype: str, device_target: str, seed: int):

@@ -20,8 +20,8 @@ from argparse import RawDescriptionHelpFormatter
 import numpy as np
 from omegaconf import OmegaConf
 
-from checkpoint import CheckpointError
-from conf.errors import ArgumentParser, UsageError, entry_point
+from base.checkpoint import CheckpointError
+from base.errors import ArgumentParser, UsageError, entry_point
 from models import FAMILIES, family
 
 ADAPTER_CONFIG = "adapter_config.json"  # in a LoRA run's checkpoints (adapters only)

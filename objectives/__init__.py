@@ -1,9 +1,9 @@
 """Training objectives as plug-ins: one module each (objectives/<name>.py), found by `objective.name`.
-OBJECTIVES lists the modules, so adding one is that module plus conf/objective/<name>.yaml; nothing else
+Importing this package registers every module in base/registry.py OBJECTIVES, so adding one is that module; nothing else
 changes.
 
 An objective module exposes:
-  Config                 its typed `objective` group (presets start from `base_objective_<name>`)
+  Config                 its typed `objective` group, registered as the preset `objective=<name>`
   check(cfg)             its config rules, e.g. which model families it trains (ConfigError naming the key)
   row_spec(cfg)          data/rows.RowSpec: the prepared rows it reads (columns written to MindRecord)
   Objective(cfg, tokenizer, seed), with
@@ -32,14 +32,13 @@ import importlib
 import pkgutil
 from types import ModuleType
 
-OBJECTIVES = {m.name: f"objectives.{m.name}" for m in pkgutil.iter_modules(__path__)
-              if not m.name.startswith("_")}  # _name.py: helpers several objectives share
+from base.registry import OBJECTIVES
 
 
 def check_fine_tuning(cfg, name: str, kinds, data_hint: str) -> None:
     """The rules every fine-tuning objective of a causal decoder shares: the native model, a starting
     checkpoint (or random weights on purpose) and data sources of `kinds`."""
-    from conf.errors import require
+    from base.errors import require
     from models import family
 
     require(family(cfg.model.family).CAUSAL, "objective", f"objective={name} fine-tunes a causal decoder; "
@@ -55,6 +54,10 @@ def check_fine_tuning(cfg, name: str, kinds, data_hint: str) -> None:
 
 
 def objective(name: str) -> ModuleType:
-    if name not in OBJECTIVES:
-        raise ValueError(f"objective={name!r} is unknown; available: {', '.join(OBJECTIVES)}")
-    return importlib.import_module(OBJECTIVES[name])
+    """The objective module named by `objective.name` (a ConfigError naming the choices for an unknown one)."""
+    return OBJECTIVES[name]
+
+
+for _info in pkgutil.iter_modules(__path__):
+    if not _info.name.startswith("_"):  # _name.py: helpers several objectives share
+        OBJECTIVES.add(_info.name, importlib.import_module(f"objectives.{_info.name}"))

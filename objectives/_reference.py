@@ -27,7 +27,7 @@ def token_logps(logits, tokens):
 
 def check(cfg, key: str, modes=MODES) -> None:
     """`modes`: those the objective supports (PPO cannot precompute: it samples its sequences while training)."""
-    from conf.errors import require
+    from base.errors import require
 
     mode = cfg.objective.reference
     require(mode in modes, key, f"got {mode!r}; objective={cfg.objective.name} takes one of {', '.join(modes)}")

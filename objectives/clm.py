@@ -12,7 +12,7 @@ import mindspore as ms
 from mindspore import nn
 from omegaconf import MISSING
 
-from conf.errors import require
+from base.errors import require
 from data.packing import DOCUMENT_PACKED, PACKED
 from objectives._cross_entropy import cross_entropy_for, masked_mean_nll
 

@@ -42,8 +42,8 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 from omegaconf import MISSING
 
-from conf.errors import require
-from conf.schema import PREFERENCE_KINDS
+from base.errors import require
+from base.schema import PREFERENCE_KINDS
 from data.preferences import COLUMNS, DATA_HINT, pair_row_spec
 from data.samples import IGNORE_INDEX
 from objectives import _reference, check_fine_tuning

@@ -27,7 +27,7 @@ import mindspore as ms
 from mindspore import nn, ops
 from omegaconf import MISSING
 
-from conf.errors import require
+from base.errors import require
 from data.pairs import MODES, pair_schema, sentence_end_ids, sentence_pairs
 from data.rows import RowSpec
 from objectives._cross_entropy import cross_entropy_for, masked_mean_nll

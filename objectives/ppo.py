@@ -48,8 +48,8 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 from omegaconf import MISSING, OmegaConf
 
-from conf.errors import ConfigError, require
-from conf.schema import INSTRUCTION_KINDS
+from base.errors import ConfigError, require
+from base.schema import INSTRUCTION_KINDS
 from data.samples import prompt_row_spec
 from models.llama.generation import PROMPT_BUCKET
 from objectives import _reference, check_fine_tuning
@@ -258,7 +258,7 @@ class Objective:
     # --- the loop's hooks -----------------------------------------------------------------------------------
 
     def attach(self, model: nn.Cell, cfg) -> nn.Cell:
-        import checkpoint
+        from base import checkpoint
         from models import build_model, family
 
         self.reference = _reference.build_reference(model, cfg, self.cfg.reference)

@@ -34,8 +34,8 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 from omegaconf import MISSING
 
-from conf.errors import require
-from conf.schema import PREFERENCE_KINDS
+from base.errors import require
+from base.schema import PREFERENCE_KINDS
 from data.preferences import DATA_HINT, last_labelled, pair_row_spec
 from objectives import check_fine_tuning
 
@@ -112,7 +112,7 @@ class Objective:
 def val_reward_stats(path: str) -> Optional[Tuple[float, float]]:
     """(val_reward_mean, val_reward_std) from a stage=rm checkpoint's state.json, or None when it has none (no
     held-out pairs, a zero spread, or a checkpoint written before they were saved)."""
-    import checkpoint
+    from base import checkpoint
 
     state = checkpoint.read_state(path).get("objective", {})
     if state.get("val_reward_std", 0.0) > 0:

@@ -14,8 +14,8 @@ import mindspore as ms
 from mindspore import nn
 from omegaconf import MISSING
 
-from conf.errors import require
-from conf.schema import INSTRUCTION_KINDS
+from base.errors import require
+from base.schema import INSTRUCTION_KINDS
 from data.samples import IGNORE_INDEX, sft_row_spec
 from objectives import check_fine_tuning
 from objectives._cross_entropy import cross_entropy_for, masked_mean_nll

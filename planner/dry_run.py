@@ -5,10 +5,9 @@ Pure Python, so it answers for a 70B model on 64 devices from a laptop.
 import textwrap
 from typing import Any
 
-from conf.schema import global_batch_size, pipeline_micro_batches
-from models import attention_kind, family
+from base.registry import FAMILIES, OBJECTIVES
+from base.schema import global_batch_size, pipeline_micro_batches
 from planner.layout import Layout
-from objectives import objective
 from planner.memory import MemoryPlan, ObjectiveMemory, format_plan, memory_plan
 
 
@@ -20,7 +19,7 @@ def _count(n: float) -> str:
 
 
 def _model_section(m: Any) -> str:
-    fam = family(m.family)
+    fam = FAMILIES[m.family]
     total = fam.parameter_count(m)["total"]
     return "\n".join([f"model {m.name}: {_count(total)} parameters ({total:,})",
                       *fam.describe(m, _count)])
@@ -28,7 +27,7 @@ def _model_section(m: Any) -> str:
 
 def _compute_section(cfg: Any, world: int) -> str:
     m, seq_len = cfg.model, cfg.data.seq_len
-    fam = family(m.family)
+    fam = FAMILIES[m.family]
     flops = fam.flops_per_token(m, seq_len)
     dense = 6 * fam.matmul_parameter_count(m)
     tokens = global_batch_size(cfg) * seq_len
@@ -44,16 +43,17 @@ def _compute_section(cfg: Any, world: int) -> str:
 
 
 def _attention(cfg: Any) -> str:
-    """The attention kind the composed Config's model would build on its device (models.attention_kind)."""
+    """The attention kind the composed Config's model would build on its device (its family's attention_kind)."""
     p = cfg.parallel
-    return attention_kind(cfg.model, cfg.device.target, cfg.precision.compute_dtype, p.tp * p.pp > 1)
+    return FAMILIES[cfg.model.family].attention_kind(cfg.model, cfg.device.target, cfg.precision.compute_dtype,
+                                                     p.tp * p.pp > 1)
 
 
 def config_plan(cfg: Any) -> MemoryPlan:
     """The memory plan of a composed Config: its attention kind (no [S, S] activations unless plain) and what its
     objective adds (a reference model, a value head...)."""
     m, p = cfg.model, cfg.parallel
-    plugin = objective(cfg.objective.name)
+    plugin = OBJECTIVES[cfg.objective.name]
     needs = plugin.memory(cfg) if hasattr(plugin, "memory") else ObjectiveMemory()
     return memory_plan(m, p, cfg.data.seq_len, cfg.trainer.micro_batch_size, cfg.precision.compute_dtype,
                        m.recompute, _attention(cfg) != "plain", needs)

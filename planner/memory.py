@@ -6,7 +6,7 @@ Conventions (bytes per device):
   * Parameters on a device: its pipeline stage's L/pp layers with every matmul weight split over tp
     (norm weights replicated), plus the vocab-parallel embedding (first stage) and lm head and final norm
     (last stage), each / tp. A tied head is a second copy on the last stage when pp > 1. Every stage is
-    planned and the one with the largest total is reported. conf/validate.py checks that tp divides the
+    planned and the one with the largest total is reported. base/validate.py checks that tp divides the
     heads, KV heads, ffn width and vocabulary, so every shard is exact.
   * Weights: fp32 master weights, 4 B/param (mindlab keeps fp32 params and casts to the compute dtype
     inside the matmuls), divided by dp when optimizer_shard: MindSpore's optimizer parallel (semi-auto,
@@ -28,7 +28,7 @@ Conventions (bytes per device):
     fp32 under bf16 compute, the 4 norm-side elements cost 4 B each and this undercounts).
     With tp = t the attention and MLP terms are / t while the 4 stay replicated; sequence parallelism
     splits those too, so everything is / t. Selective recompute and flash attention drop the a*s/h term
-    (flash's per-row logsumexp is ignored; the same for the CPU fused kernel, models attention_kind). Full recompute keeps only each layer's input (1 element,
+    (flash's per-row logsumexp is ignored; the same for the CPU fused kernel, the family's attention_kind). Full recompute keeps only each layer's input (1 element,
     / t under sequence parallelism) plus, in the backward, one layer's activations being recomputed.
     This is what a layer has to keep; an eager implementation keeps more. models/llama/model.py, under bf16,
     keeps its residual stream and RMSNorm in fp32, the softmax in fp32 plus its bf16 copy, and K, V
@@ -54,7 +54,7 @@ s*b*h*(18 + 4*f/h)/t bytes per layer (4*f/h + 4*kv/a - 6 fewer: GeLU width, MHA,
 from dataclasses import dataclass
 from typing import Any, Dict, List, Tuple
 
-from models import family
+from base.registry import FAMILIES
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 RECOMPUTE_MODES = ("none", "selective", "full")
@@ -93,7 +93,7 @@ class MemoryPlan:
 
 def stage_parameters(m: Any, p: Any) -> List[int]:
     """Parameters held by one device of each pipeline stage (the family's accounting)."""
-    return family(m.family).stage_parameters(m, p)
+    return FAMILIES[m.family].stage_parameters(m, p)
 
 
 def layer_activation_bytes(m: Any, p: Any, seq_len: int, micro_batch_size: int, compute_dtype: str,
@@ -103,7 +103,7 @@ def layer_activation_bytes(m: Any, p: Any, seq_len: int, micro_batch_size: int, 
     sbh = s * b * h * DTYPE_BYTES[compute_dtype]
     if recompute == "full":
         return sbh / t if p.sequence_parallel else sbh
-    replicated, sharded = family(m.family).layer_activation_factors(m)
+    replicated, sharded = FAMILIES[m.family].layer_activation_factors(m)
     if recompute == "none" and not flash_attention:
         sharded += a * s / h  # softmax output
     if p.sequence_parallel:

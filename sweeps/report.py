@@ -12,7 +12,7 @@ from typing import Optional
 
 from omegaconf import OmegaConf
 
-from conf.errors import ArgumentParser, UsageError, UserError, entry_point
+from base.errors import ArgumentParser, UsageError, UserError, entry_point
 from sweeps import table
 from sweeps.page import render
 from sweeps.plots import curves, png, val_by_source

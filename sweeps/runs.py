@@ -7,8 +7,8 @@ from typing import Optional
 
 from omegaconf import OmegaConf
 
-from conf.errors import UserError
-from conf.schema import global_batch_size
+from base.errors import UserError
+from base.schema import global_batch_size
 
 SKIP_DIRS = {".hydra", ".submitit", "checkpoints", "wandb"}
 

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from conf.schema import register  # noqa: E402
+from plugins import register  # noqa: E402
 
 register()  # the ConfigStore schema and the ${repo:} resolver, as train.py does
 CORPORA = os.environ.get("MINDLAB_CORPORA", os.path.join(ROOT, "..", "shared", "corpora"))
@@ -35,7 +35,7 @@ def compose_cfg(*overrides):
 # entry point -> (module, how a user runs it)
 ENTRIES = {
     "train": ("train", "python train.py"),
-    "prepare": ("data.prepare", "python -m data.prepare"),
+    "prepare": ("prepare", "python prepare.py"),
     "convert": ("models.convert", "python -m models.convert"),
     "reshard": ("distributed.reshard", "python -m distributed.reshard"),
     "report": ("sweeps.report", "python -m sweeps.report"),
@@ -131,7 +131,7 @@ def synthetic_pairs(n, seed):
 
 def load_preset(group: str, name: str):
     """A preset merged onto its schema, as Hydra would compose it."""
-    from conf import schema
+    from base import schema
     from models import family
 
     raw = OmegaConf.load(os.path.join(ROOT, "conf", group, f"{name}.yaml"))
@@ -162,7 +162,7 @@ def tokenizer_file():
     """A real 4096-piece sentencepiece tokenizer trained on Shakespeare (the default data's second source). It
     comes from the shared data cache (data.cache_dir's default, keyed by what builds it, built under a lock), as
     the suite's train.py runs read the default data: each xdist worker trained it afresh before, ~10 s of CPU."""
-    from conf.schema import DataConfig, SourceConfig
+    from base.schema import DataConfig, SourceConfig
     from data.cache import prepare
 
     cfg = OmegaConf.merge(OmegaConf.structured(DataConfig), {
@@ -176,7 +176,7 @@ def base_checkpoint(tmp_path_factory, tokenizer_file):
     """A model=tiny checkpoint with the Shakespeare tokenizer, as a pretraining run leaves it."""
     import mindspore as ms
 
-    import checkpoint
+    from base import checkpoint
     from models import build_model
 
     tmp = tmp_path_factory.mktemp("base")

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from conf.validate import ConfigError, validate
+from base.validate import ConfigError, validate
 from conftest import compose_cfg, load_preset, pair_cfg, synthetic_pairs, write_jsonl
 from data import DataError
 from data.samples import IGNORE_INDEX
@@ -340,7 +340,7 @@ def test_reward_model_exports_as_a_sequence_classifier_with_equal_scores(tmp_pat
     import torch
     from transformers import LlamaForSequenceClassification
 
-    import checkpoint
+    from base import checkpoint
     from models.convert import export_hf
     from models.llama.hf import EOS_ID, PAD_ID
     from objectives.rm import RewardModel

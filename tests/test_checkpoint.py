@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from conftest import ROOT, load_preset, train_main
 from models import build_model
-import checkpoint
+from base import checkpoint
 
 COMMON = ["model=tiny", "data.seq_len=64", "trainer.micro_batch_size=4", "trainer.grad_accum=2",
           "trainer.max_steps=24", "optim.warmup_steps=4", "optim.schedule=cosine", "optim.lr=3e-3",

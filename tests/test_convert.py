@@ -12,7 +12,7 @@ from mindspore import Tensor
 from conftest import load_preset
 from models import build_model
 from models.convert import export_hf, export_mindformers, import_hf
-import checkpoint
+from base import checkpoint
 
 pytestmark = pytest.mark.usefixtures("pynative")
 TEXT = "To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer"

@@ -13,7 +13,7 @@ import torch
 from mindspore import Parameter, Tensor, nn, ops
 
 import kernels
-from conf.errors import ConfigError
+from base.errors import ConfigError
 from conftest import compose_cfg, load_preset
 from models import attention_kind, build_model
 from models.llama import attention_kernel, layer_kernels
@@ -360,7 +360,7 @@ def test_the_adamw_kernel_steps_as_the_graph_of_mindspore_ops(mode):
     and torch's, tests/test_step.py): norms, weights, both moments and the update count over six steps of warmup,
     with a decayed and an exempt group, clipping active and a loss scale of 4. A step the host refuses (allow
     False) and one with a NaN gradient leave everything as it was and do not advance the count."""
-    from conf.schema import OPTIMIZERS
+    from base.schema import OPTIMIZERS
     from omegaconf import OmegaConf
     from mindspore import Parameter
     from trainer.optimizer import AdamW, adamw_kernel_applies, build_schedule, param_groups

@@ -16,7 +16,7 @@ import pytest
 from mindspore.mindrecord import FileReader
 from omegaconf import OmegaConf
 
-from conf.schema import CleaningConfig, DataConfig, SourceConfig
+from base.schema import CleaningConfig, DataConfig, SourceConfig
 from data import DataError
 from data.cache import prepare
 from data.cleaning import clean_batch, repeated_line_fraction, symbol_fraction
@@ -410,7 +410,7 @@ def test_concurrent_prepares_build_once(corpus):
 def test_prepare_command_line(tmp_path):
     if not (REPO / "../shared/corpora/tiny").is_dir():
         pytest.skip("../shared/corpora/tiny is absent")
-    run = lambda *args: subprocess.run([sys.executable, "-m", "data.prepare", "data=corpora_tiny", "data.num_workers=0",
+    run = lambda *args: subprocess.run([sys.executable, "prepare.py", "data=corpora_tiny", "data.num_workers=0",
                                         f"data.cache_dir={tmp_path}", *args], cwd=REPO, capture_output=True, text=True)
     done = run()
     assert done.returncode == 0, done.stderr[-2000:]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from conf.validate import ConfigError, validate
+from base.validate import ConfigError, validate
 from conftest import compose_cfg
 from data import BlendedBatches, DataError, build_data
 from data.cache import prepare

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from conf.validate import validate
+from base.validate import validate
 from conftest import compose_cfg, pair_cfg, synthetic_pairs, write_jsonl
 
 
@@ -17,7 +17,7 @@ def test_a_precomputed_reference_gives_the_copy_references_loss_and_metrics(tmp_
     precomputed reference's loss and metrics equal those against a copy (all but kl, which it does not log)."""
     import mindspore as ms
 
-    import checkpoint
+    from base import checkpoint
     from data import build_data
     from models import build_model
     from objectives import objective

@@ -81,7 +81,7 @@ class World:
         self.write("ckpt/lora/adapter_config.json", b'{"peft_type": "LORA"}\n')
         self.rm_no_stats = self.copy_ckpt("rm_no_stats", {"objective": {"name": "rm"}})  # a reward model from
         # before its checkpoints held the val reward statistics, its config's new size recorded
-        from checkpoint import read_state, write_state
+        from base.checkpoint import read_state, write_state
 
         write_state(self.rm_no_stats, {k: v for k, v in read_state(self.ckpt).items() if k != "file_sizes"})
         self.no_ckpt = self.path("ckpt/not_a_checkpoint")
@@ -148,7 +148,7 @@ CASES = [
     C("unknown preset", "train", lambda w: w.train("data=nope"), ["data=nope", "corpora_5dom"], 2),
     C("unknown precision preset", "train", lambda w: w.train("precision=fp8"), ["precision=fp8", "bf16"], 2,
       "a preset that does not exist"),
-    C("unknown experiment", "train", lambda w: w.train("experiment=nope"), ["experiment=nope", "tiny_pretrain"], 2),
+    C("unknown stage", "train", lambda w: w.train("stage=nope"), ["stage=nope", "tiny_pretrain"], 2),
     C("override syntax", "train", lambda w: w.train("optim.lr=1e-3)"), ["optim.lr=1e-3)"], 2),
     C("batch arithmetic", "train", lambda w: w.train("trainer.global_batch_size=100"),
       ["trainer.global_batch_size"], 2),
@@ -161,7 +161,7 @@ CASES = [
     C("wandb online without key", "train", lambda w: w.train("logger=wandb", "logger.mode=online"),
       ["WANDB_API_KEY", "logger.mode"], 2, "W&B online without credentials",
       env={"WANDB_API_KEY": None, "NETRC": "/nonexistent/netrc", "WANDB_MODE": None}),
-    C("eval tasks on BERT", "train", lambda w: w.train("experiment=bert_tiny_mlm", "trainer.eval_tasks=[x]"),
+    C("eval tasks on BERT", "train", lambda w: w.train("stage=bert_tiny_mlm", "trainer.eval_tasks=[x]"),
       ["trainer.eval_tasks", "causal"], 2, "evaluation tasks for a model that is not a causal decoder"),
     C("dpo without a checkpoint", "train", lambda w: w.train("stage=dpo"), ["stage.init_from"], 2,
       "an alignment stage without the model it starts from"),
@@ -325,7 +325,7 @@ def snapshot(*roots: str) -> dict:
 def world(tmp_path_factory, tokenizer_file):
     import mindspore as ms
 
-    import checkpoint
+    from base import checkpoint
     from conftest import compose_cfg
     from models import build_model
 
@@ -372,7 +372,7 @@ def test_a_checkpoint_with_a_stage_head_still_loads(world, pynative):
     import numpy as np
     from safetensors.numpy import load_file, save_file
 
-    import checkpoint
+    from base import checkpoint
     from conftest import compose_cfg
     from models import build_model
 
@@ -388,7 +388,7 @@ def test_a_checkpoint_with_a_stage_head_still_loads(world, pynative):
 
 def test_a_bug_still_shows_its_traceback(monkeypatch):
     """Not a user error: the contract must not swallow it."""
-    prepare_cli = importlib.import_module("data.prepare")  # the CLI module (the function is data.cache.prepare)
+    prepare_cli = importlib.import_module("prepare")  # the CLI module (the function is data.cache.prepare)
 
     def broken(*args, **kwargs):
         raise KeyError("a bug")

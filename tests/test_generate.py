@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 import mindspore as ms
 from mindspore import Tensor
 
-import checkpoint
+from base import checkpoint
 import generate as cli
 from conftest import ROOT, load_preset
 from data.tokenizer import Tokenizer

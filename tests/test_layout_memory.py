@@ -5,7 +5,7 @@ from omegaconf import OmegaConf
 from conftest import compose_cfg, load_preset
 from planner.layout import Coords, Layout
 from planner.memory import GIB, ObjectiveMemory, format_plan, layer_activation_bytes, memory_plan
-from models import use_flash_attention
+from base.schema import use_flash_attention
 from planner.dry_run import dry_run_report
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from conf.validate import ConfigError, validate
+from base.validate import ConfigError, validate
 from conftest import CORPORA, compose_cfg
 from test_checkpoint import finish, losses, wait_for_step, weights
 
@@ -160,7 +160,7 @@ def test_hf_export_of_an_mlm_checkpoint_gives_our_logits_on_real_text(mlm_run, t
     export_hf(ckpt, str(tmp_path / "hf"))
     cfg = OmegaConf.load(os.path.join(ckpt, "config.yaml"))
     ours = build_model(cfg.model, 64, "fp32", "CPU", seed=0)
-    import checkpoint
+    from base import checkpoint
 
     checkpoint.load_weights(ckpt, ours)
     data = build_data(cfg.data, 8, eval_batches=1, spec=row_spec(cfg.objective))

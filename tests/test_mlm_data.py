@@ -6,7 +6,7 @@ import pytest
 import sentencepiece as spm
 from omegaconf import OmegaConf
 
-from conf.schema import SourceConfig
+from base.schema import SourceConfig
 from data.errors import DataError
 from data.pairs import pair_schema, sentence_end_ids, sentence_pairs
 from data.sources import read_documents

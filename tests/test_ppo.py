@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from conf.validate import ConfigError, validate
+from base.validate import ConfigError, validate
 from conftest import compose_cfg, load_preset
 
 
@@ -89,7 +89,7 @@ def reward_checkpoint(tmp_path_factory, base_checkpoint, tokenizer_file):
     """A reward-model checkpoint (the base model's trunk and a random head), as a stage=rm run leaves it."""
     import mindspore as ms
 
-    import checkpoint
+    from base import checkpoint
     from models import build_model
     from objectives.rm import RewardModel
 
@@ -172,7 +172,7 @@ def test_ppo_normalizes_scores_by_the_reward_models_val_statistics(tmp_path, bas
 
     import mindspore as ms
 
-    import checkpoint
+    from base import checkpoint
     from data import build_data
     from models import build_model
     from objectives import objective
@@ -210,7 +210,7 @@ def signed_vocabulary(tmp_path_factory, base_checkpoint, tokenizer_file):
     4096 tokens give it no other)."""
     import mindspore as ms
 
-    import checkpoint
+    from base import checkpoint
     from models import build_model
     from objectives.rm import RewardModel
 

@@ -5,8 +5,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import compose_cfg, load_preset
-from conf.errors import ConfigError
-from conf.validate import validate
+from base.errors import ConfigError
+from base.validate import validate
 from models.llama import hf, rope
 from models.llama.model import rope_tables
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-import checkpoint
-from conf.validate import ConfigError, validate
+from base import checkpoint
+from base.validate import ConfigError, validate
 from conftest import compose_cfg, load_preset
 from data import DataError
 from data.rows import Split

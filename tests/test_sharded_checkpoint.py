@@ -13,13 +13,13 @@ import pytest
 import mindspore as ms
 
 from conftest import compose_cfg
-from checkpoint import CheckpointError
+from base.checkpoint import CheckpointError
 from distributed import reshard
 from planner.layout import Layout
 from distributed.sharded_checkpoint import STRATEGY, SLICE, load_tensors, merge_checkpoint, rank_slice
 from models import build_model
 from models.llama import plan as llama_plan
-import checkpoint
+from base import checkpoint
 from trainer.optimizer import build_optimizer
 
 

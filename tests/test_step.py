@@ -9,11 +9,11 @@ import mindspore as ms
 from mindspore import Tensor
 from omegaconf import OmegaConf
 
-from conf.schema import OPTIMIZERS
+from base.schema import OPTIMIZERS
 from conftest import load_preset
 from models import build_model
 from objectives.clm import CausalLMLoss
-import checkpoint
+from base import checkpoint
 from trainer.guard import SpikeGuard
 from trainer.module import LocalModule
 from trainer.optimizer import build_optimizer, build_schedule, param_groups

@@ -16,7 +16,7 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from conf.validate import validate
+from base.validate import validate
 from conftest import ROOT, invoke
 from sweeps.report import build
 

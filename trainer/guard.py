@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from conf.errors import UserError
+from base.errors import UserError
 
 
 class TrainingStopped(UserError, RuntimeError):

@@ -8,9 +8,9 @@ import uuid
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-import checkpoint
-from conf.errors import ConfigError
-from conf.schema import global_batch_size, is_sharded, pipeline_micro_batches
+from base import checkpoint
+from base.errors import ConfigError
+from base.schema import global_batch_size, is_sharded, pipeline_micro_batches
 from data import build_data
 from models import build_model
 from objectives import objective as objective_plugin
@@ -37,7 +37,7 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     os.makedirs(run_dir, exist_ok=True)
     ckpt_root = os.path.join(run_dir, "checkpoints")
     resume_from = _resume_path(cfg.trainer.resume, ckpt_root)
-    if resume_from:  # its optimizer state is this preset's (checkpoint.py check_optimizer says why it must be)
+    if resume_from:  # its optimizer state is this preset's (base/checkpoint.py check_optimizer says why it must be)
         checkpoint.check_optimizer(resume_from, cfg.optim.name)
     t, dp = cfg.trainer, cfg.parallel.dp
     sharded = is_sharded(cfg.parallel)  # tp/pp/optimizer sharding (Ascend/GPU): one semi-auto graph per step

@@ -19,7 +19,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor
 
-import checkpoint
+from base import checkpoint
 from trainer.step import ApplyUpdate, ForwardBackward, TrainStep
 
 

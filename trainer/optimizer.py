@@ -21,7 +21,7 @@ import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore.common.initializer import initializer
 
-from conf.schema import OptimConfig
+from base.schema import OptimConfig
 from trainer.schedules import WarmupConstant, WarmupCosine, WarmupStableDecay
 
 
@@ -78,7 +78,7 @@ def build_optimizer(params: List, cfg: OptimConfig, max_steps: int) -> nn.Optimi
         came = Came(params, learning_rate=lr, eps=(cfg.eps[0], 1e-3, cfg.eps[1]), clip_threshold=cfg.clip_threshold,
                     decay_rate=cfg.decay_rate, beta1=cfg.beta1, beta3=cfg.beta3)
         return GroupWeightDecay(came, [p for p in params if decays(p.name, cfg)], cfg.weight_decay)
-    raise ValueError(f"optim.name={cfg.name!r} has no builder (conf/validate.py admits only buildable ones)")
+    raise ValueError(f"optim.name={cfg.name!r} has no builder (base/validate.py admits only buildable ones)")
 
 
 _adamw_update = ops.MultitypeFuncGraph("adamw_update")

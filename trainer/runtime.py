@@ -15,7 +15,7 @@ import mindspore as ms
 from omegaconf import DictConfig, OmegaConf
 
 import kernels
-from conf.schema import is_sharded
+from base.schema import is_sharded
 
 
 @dataclass

@@ -4,7 +4,7 @@ import os
 import mindspore  # noqa: F401  (must precede wandb's protobuf; see boot.py)
 from omegaconf import DictConfig, OmegaConf
 
-from conf.errors import ConfigError
+from base.errors import ConfigError
 
 
 def wandb_mode(requested: str) -> str:

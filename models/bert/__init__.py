@@ -7,7 +7,7 @@ MindSpore (MindFormers 1.9 ships no BERT).
 Importing this package is cheap (no MindSpore): the config schema and the dry run use it. BERT has no
 tensor/pipeline plan yet (no plan.py): validation refuses tp/pp for it.
 """
-from conf.errors import require
+from base.errors import require
 from models.bert import hf
 from models.bert.accounting import flops_per_token, layer_activation_factors, matmul_parameter_count, \
     parameter_count, stage_parameters
@@ -30,8 +30,13 @@ def recompute_cells(model, mode: str) -> list:
     return [layer if mode == "full" else layer.attention.self.core for layer in model.layers()]
 
 
+def attention_kind(cfg: Config, device_target: str, compute_dtype: str, sharded: bool) -> str:
+    """Always plain: BERT attends under a padding mask, which flash attention is not used for here (check())."""
+    return "plain"
+
+
 def check(cfg) -> None:
-    """Rules of this family's keys (conf/validate.py calls it; each failure names the key)."""
+    """Rules of this family's keys (base/validate.py calls it; each failure names the key)."""
     m, p = cfg.model, cfg.parallel
     for key in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size", "type_vocab_size"):
         require(m[key] > 0, f"model.{key}", f"must be positive, got {m[key]}")

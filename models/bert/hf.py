@@ -15,7 +15,7 @@ from typing import Any, Dict
 
 import numpy as np
 
-from conf.errors import UserError
+from base.errors import UserError
 
 ARCHITECTURES = ("BertForPreTraining", "BertForMaskedLM")  # config.json architectures this adapter imports
 WORD_EMBEDDING = "bert.embeddings.word_embeddings.weight"

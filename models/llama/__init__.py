@@ -6,7 +6,7 @@
 
 Importing this package is cheap (no MindSpore): the config schema and the dry run use it.
 """
-from conf.errors import require
+from base.errors import require
 from models.llama import hf, rope
 from models.llama.accounting import flops_per_token, layer_activation_factors, matmul_parameter_count, \
     parameter_count, stage_parameters
@@ -33,6 +33,13 @@ def build(cfg: Config, seq_len: int, compute_dtype: str, use_flash: bool, seed: 
                              layer_kernels(cfg, compute_dtype, target, sharded))
     model.model.set_rope_length(seq_len)  # dynamic NTK: the tables of the training length
     return model
+
+
+def attention_kind(cfg: Config, device_target: str, compute_dtype: str, sharded: bool) -> str:
+    """flash, fused or plain for this config on `device_target` (attention_kernel below decides the last two)."""
+    from base.schema import use_flash_attention
+
+    return attention_kernel(cfg, compute_dtype, use_flash_attention(cfg, device_target), device_target, sharded)
 
 
 def attention_kernel(cfg: Config, compute_dtype: str, use_flash: bool, device_target: str,
@@ -80,7 +87,7 @@ def recompute_cells(model, mode: str) -> list:
 
 
 def check(cfg) -> None:
-    """Rules of this family's keys (conf/validate.py calls it; each failure names the key)."""
+    """Rules of this family's keys (base/validate.py calls it; each failure names the key)."""
     m = cfg.model
     for key in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
         require(m[key] > 0, f"model.{key}", f"must be positive, got {m[key]}")

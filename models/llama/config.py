@@ -1,6 +1,6 @@
 """The Llama family's typed config (`conf/model/<preset>.yaml` with `defaults: [base_model_llama]`).
 
-Pure Python: conf/schema.py registers it with Hydra before anything heavy is imported.
+Pure Python: base/schema.py registers it with Hydra before anything heavy is imported.
 """
 from dataclasses import dataclass, field
 from typing import Optional

@@ -11,7 +11,7 @@ from typing import Dict
 
 import numpy as np
 
-from conf.errors import UserError
+from base.errors import UserError
 from models.llama import rope
 
 ARCHITECTURES = ("LlamaForCausalLM",)  # config.json architectures this adapter imports

@@ -16,7 +16,7 @@ A strategy is one tuple per input, giving how many ways each dimension is split 
 sharded dimension).
 
 Pipeline parallelism: each decoder layer gets a `pipeline_stage`; stages own contiguous, equal runs of layers
-(conf/validate.py requires pp | num_layers); the embedding sits on the first stage, the final norm and LM head
+(base/validate.py requires pp | num_layers); the embedding sits on the first stage, the final norm and LM head
 on the last. MindSpore compiles sharded graphs only for Ascend/GPU: on CPU this plan is built and checked
 (tests do), not executed.
 """

@@ -1,6 +1,6 @@
 """Cross-field rules checked before anything is built: each failure is one ConfigError naming the key.
 
-Single-field typos and wrong types are already caught by the typed schema (conf/schema.py) while Hydra
+Single-field typos and wrong types are already caught by the typed schema (base/schema.py) while Hydra
 composes; what is left here are rules that relate several keys, or a key to the machine.
 """
 import dataclasses
@@ -9,8 +9,10 @@ import typing
 
 from omegaconf import DictConfig, OmegaConf
 
-from conf.errors import ConfigError, require as _require
-from conf.schema import OPTIMIZERS, SAMPLE_KINDS, Config, global_batch_size, is_sharded
+from base.errors import ConfigError, require as _require
+from base.paths import task_path
+from base.registry import FAMILIES, OBJECTIVES
+from base.schema import OPTIMIZERS, SAMPLE_KINDS, Config, global_batch_size, is_sharded
 
 __all__ = ["ConfigError", "validate"]
 CHOICES = {
@@ -77,16 +79,10 @@ def _check_known_keys(cfg: DictConfig) -> None:
 
 
 def _check_plugins(cfg: DictConfig) -> None:
-    """The model family's and the objective's own rules (models/<family>/, objectives/<name>.py)."""
-    from models import FAMILIES, family
-    from objectives import OBJECTIVES, objective
-
-    _require(cfg.model.family in FAMILIES, "model.family", f"got {cfg.model.family!r}; choose one of "
-             f"{', '.join(FAMILIES)}")
-    _require(cfg.objective.name in OBJECTIVES, "objective.name", f"got {cfg.objective.name!r}; choose one of "
-             f"{', '.join(OBJECTIVES)}")
-    family(cfg.model.family).check(cfg)
-    objective(cfg.objective.name).check(cfg)
+    """The model family's and the objective's own rules (models/<family>/, objectives/<name>.py), found in the
+    registries (an unknown name is refused there, naming the key and the choices)."""
+    FAMILIES[cfg.model.family].check(cfg)
+    OBJECTIVES[cfg.objective.name].check(cfg)
     if cfg.peft.name == "lora":
         lora = cfg.peft
         _require(lora.r >= 1, "peft.r", f"must be >= 1, got {lora.r}")
@@ -141,17 +137,10 @@ def _check_batch(cfg: DictConfig) -> None:
              f"grad_accum ({t.grad_accum}) = {derived}; fix one of them or leave global_batch_size unset")
 
 
-MUON_REFUSED = ("MindFormers 1.9's Muon (mindformers/core/optim/muon.py) runs only on a MindFormers mcore GPTModel "
-                "with multi-latent attention (it asks the model for its transformer config, Muon split/merge functions "
-                "and tp dims) and opens communication groups at construction; mindlab's Llama and BERT have none of "
-                "these. Choose optim=adamw, adamw_bert or came")
-
-
 def _check_optim(cfg: DictConfig) -> None:
     o, t = cfg.optim, cfg.trainer
     _require(o.name in OPTIMIZERS and OmegaConf.get_type(o) is OPTIMIZERS[o.name], "optim.name",
              f"got {o.name!r}; choose a preset: optim={', '.join(OPTIMIZERS)}")
-    _require(o.name != "muon", "optim", MUON_REFUSED)
     _require(0 < o.lr <= 1.0, "optim.lr", f"must be in (0, 1], got {o.lr}")
     _require(0 <= o.min_lr <= o.lr, "optim.min_lr", f"must be in [0, optim.lr={o.lr}], got {o.min_lr}")
     _require(o.warmup_steps is None or 0 <= o.warmup_steps < t.max_steps, "optim.warmup_steps",
@@ -203,18 +192,14 @@ def _check_data(cfg: DictConfig) -> None:
 
 
 def _check_eval_tasks(cfg: DictConfig) -> None:
-    from models import family
-
     t = cfg.trainer
     _require(t.eval_task_items >= 0, "trainer.eval_task_items", f"must be >= 0 (0: every item), got {t.eval_task_items}")
     if t.eval_tasks:
-        _require(family(cfg.model.family).CAUSAL, "trainer.eval_tasks", f"tasks score a causal decoder's "
+        _require(FAMILIES[cfg.model.family].CAUSAL, "trainer.eval_tasks", f"tasks score a causal decoder's "
                  f"log-likelihoods; model.family={cfg.model.family} is not one (set trainer.eval_tasks=[])")
         _require(not is_sharded(cfg.parallel), "trainer.eval_tasks", "tasks run the model outside the sharded "
                  "step graph, which tp/pp/optimizer sharding does not allow; score the checkpoints with "
                  "`python -m evaluate CKPT tasks=[...]` instead (set trainer.eval_tasks=[])")
-        from data.tasks import task_path
-
         for name in t.eval_tasks:
             _require(task_path(name).is_file(), "trainer.eval_tasks", f"{task_path(name)}: no such task file (build "
                      "the real tasks with `python -m data.tasks build`, or give a .jsonl path)")

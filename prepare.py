@@ -1,4 +1,5 @@
-"""Prepare a data config's cache without training: `python -m data.prepare data=corpora_5dom [key=value ...]`.
+"""Prepare a data config's cache without training: `python prepare.py data=corpora_5dom [key=value ...]`
+(or `python -m prepare ...`).
 
 Takes the same overrides as train.py (it composes the same config) and builds whichever stage is missing:
 cleaned and tokenized documents, then the MindRecord rows for data.seq_len in the objective's row layout
@@ -12,11 +13,12 @@ import sys
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from conf.errors import entry_point
-from conf.schema import REPO_ROOT, register
-from conf.validate import validate
+from base.errors import entry_point
+from base.schema import REPO_ROOT
+from base.validate import validate
 from data.cache import prepare
 from objectives import objective
+from plugins import register
 
 
 @entry_point

@@ -24,7 +24,7 @@ import mindspore as ms
 from mindspore import nn
 from omegaconf import DictConfig, OmegaConf
 
-from conf.errors import UserError
+from base.errors import UserError
 
 WEIGHTS, OPTIMIZER, STATE, CONFIG, TOKENIZER, LATEST = "model.safetensors", "optimizer.safetensors", \
     "state.json", "config.yaml", "tokenizer.model", "latest"

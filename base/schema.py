@@ -2,11 +2,12 @@
 
 Each YAML preset starts from one of these dataclasses (its `defaults: [base_<group>]`), so Hydra rejects
 unknown keys (including `+key=` typos) and wrongly typed values while composing. Rules that span
-several fields live in conf/validate.py.
+several fields live in base/validate.py.
 
-Two groups are plug-ins with one dataclass per choice: `model` (each family's Config in models/<family>/,
-presets start from `base_model_<family>`) and `objective` (each objective's Config in objectives/<name>.py,
-presets start from `base_objective_<name>`). register() finds them through the two registries.
+Three groups are plug-ins with one dataclass per choice: `model` (each family's Config in models/<family>/,
+presets start from `base_model_<family>`), `objective` (each objective's Config in objectives/<name>.py is itself
+the preset `objective=<name>`: no YAML) and `peft` (adapters/). register() finds them in base/registry.py, where
+the plug-ins put themselves; this module imports none of them.
 """
 import os
 from dataclasses import dataclass, field
@@ -15,7 +16,9 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from base.paths import REPO_ROOT as _ROOT
+
+REPO_ROOT = str(_ROOT)
 
 
 @dataclass
@@ -152,19 +155,8 @@ class CameConfig(OptimConfig):
     clip_threshold: float = 1.0  # the update's RMS is clipped to this
 
 
-@dataclass
-class MuonConfig(OptimConfig):
-    """MindFormers' Muon keys. Not buildable here: conf/validate.py refuses it and says why."""
-
-    momentum: float = 0.95
-    nesterov: bool = True
-    ns_steps: int = 5  # Newton-Schulz iterations
-    matched_adamw_rms: float = 0.2
-    adamw_betas: List[float] = field(default_factory=lambda: [0.95, 0.95])  # for the non-matrix parameters
-
-
 # optim.name -> its typed config (presets start from base_optim_<config name>, e.g. base_optim_adamw)
-OPTIMIZERS = {"adamw": AdamWConfig, "adamw_bert": AdamWConfig, "came": CameConfig, "muon": MuonConfig}
+OPTIMIZERS = {"adamw": AdamWConfig, "adamw_bert": AdamWConfig, "came": CameConfig}
 
 
 @dataclass
@@ -253,6 +245,14 @@ def is_sharded(parallel) -> bool:
     return parallel.tp > 1 or parallel.pp > 1 or (parallel.optimizer_shard and parallel.dp > 1)
 
 
+def use_flash_attention(model_cfg, device_target: str) -> bool:
+    """model.flash_attention: null (auto) picks the fused kernel where it exists (Ascend); validation refuses
+    `true` elsewhere."""
+    if model_cfg.get("flash_attention") is None:
+        return device_target == "Ascend"
+    return bool(model_cfg.flash_attention)
+
+
 def pipeline_micro_batches(cfg) -> int:
     """Micro-batches a pipeline step feeds through its stages (MindFormers' micro_batch_num); 1 without pp."""
     return cfg.parallel.micro_batches if cfg.parallel.pp > 1 else 1
@@ -273,10 +273,9 @@ def checkpoint_tokenizer(init_from: Optional[str]) -> Optional[str]:
 
 
 def register() -> None:
-    """Put the schema in Hydra's ConfigStore and define `${repo:}` (this checkout's root) for paths."""
-    from adapters import PEFT
-    from models import FAMILIES, family
-    from objectives import OBJECTIVES, objective
+    """Put the schema in Hydra's ConfigStore and define `${repo:}` (this checkout's root) for paths. The plug-ins'
+    own schemas come from base/registry.py: an entry point imports the plug-in packages first (plugins.py)."""
+    from base.registry import FAMILIES, OBJECTIVES, PEFT
 
     OmegaConf.register_new_resolver("repo", lambda: REPO_ROOT, replace=True)
     OmegaConf.register_new_resolver("tokenizer_of", checkpoint_tokenizer, replace=True)
@@ -289,8 +288,8 @@ def register() -> None:
     for node in dict.fromkeys(OPTIMIZERS.values()):
         cs.store(group="optim", name=f"base_optim_{node.__name__.removesuffix('Config').lower()}", node=node)
     for name in FAMILIES:
-        cs.store(group="model", name=f"base_model_{name}", node=family(name).Config)
+        cs.store(group="model", name=f"base_model_{name}", node=FAMILIES[name].Config)
     for name in OBJECTIVES:
-        cs.store(group="objective", name=f"base_objective_{name}", node=objective(name).Config)
-    for name, node in PEFT.items():
-        cs.store(group="peft", name=f"base_peft_{name}", node=node)
+        cs.store(group="objective", name=name, node=OBJECTIVES[name].Config(name=name))
+    for name in PEFT:
+        cs.store(group="peft", name=f"base_peft_{name}", node=PEFT[name])

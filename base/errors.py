@@ -7,7 +7,7 @@ trainer.guard.TrainingStopped) whose message names the key or file and the fix. 
 wrapped in `entry_point`, which prints such an error as `error: <what>, <where>; <how to fix>` (`config
 error: ...` for config values) and returns its exit code — 2 for what was typed (a value, a path, an
 argument), 1 for a file or the environment; anything else is a bug and propagates with its traceback.
-Shared by conf/validate.py, the plug-ins' own checks and every CLI; tests/test_errors.py is the table.
+Shared by base/validate.py, the plug-ins' own checks and every CLI; tests/test_errors.py is the table.
 """
 import argparse
 import functools
