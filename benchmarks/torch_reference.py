@@ -6,7 +6,7 @@
 `export` composes train.py's config, builds mindlab's data and native model as train.py does, and writes what a
 process without MindSpore needs to train the same run: the batches of every step (mindlab's loader, same order),
 the initial weights under Hugging Face names (models/llama/hf.py), the Hugging Face config, the decay group,
-the lr of every update (MindFormers' warmup-cosine as in benchmarks/step_reference.py) and the model's training
+the lr of every update (MindFormers' warmup-cosine as in parity/step.py) and the model's training
 FLOPs per token (models/llama/accounting.py). It also leaves the prepared data in the cache, so the timed runs
 that follow find it there.
 
@@ -26,7 +26,7 @@ import numpy as np
 
 def export(out_dir: str, overrides: list) -> None:
     from benchmarks.measure import compose_config, native_pieces
-    from benchmarks.step_reference import reference_lr
+    from parity.step import reference_lr
     from models import family
     from models.llama import hf
     from trainer.optimizer import decays

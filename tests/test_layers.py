@@ -8,7 +8,7 @@ import its own layer or the layers below it, never one above. The README's layou
     4 evaluation  evaluation/
     5 trainer     trainer/, distributed/
     6 entry       train.py, prepare.py, evaluate.py, generate.py, harness.py, plugins.py, builders/, sweeps/,
-                  benchmarks/, recipe/
+                  benchmarks/, parity/, recipe/
 
 Inside a layer, no two folders may import each other (a folder-level cycle), and the plug-ins are found through
 base/registry.py, never imported by the layers below them.
@@ -31,7 +31,7 @@ LAYERS = {
     "evaluation": 4,
     "trainer": 5, "distributed": 5,
     "train": 6, "prepare": 6, "evaluate": 6, "generate": 6, "harness": 6, "plugins": 6, "builders": 6,
-    "sweeps": 6, "benchmarks": 6, "recipe": 6,
+    "sweeps": 6, "benchmarks": 6, "recipe": 6, "parity": 6,
 }
 NAMES = {layer: name for name, layer in
          {"base": 0, "pipeline": 1, "models": 2, "objectives": 3, "evaluation": 4, "trainer": 5, "entry": 6}.items()}

@@ -1,9 +1,9 @@
 """The whole training step against an independent implementation: transformers' LlamaForCausalLM +
-torch.optim.AdamW from the same weights on the same batches (benchmarks/step_reference.py prints the table).
+torch.optim.AdamW from the same weights on the same batches (`python -m parity.step` prints the table).
 This is the check that would have caught optim=adamw lacking AdamW's bias correction."""
 import pytest
 
-from benchmarks.step_reference import FIRST_STEPS, compare, verdict
+from parity.step import FIRST_STEPS, compare, verdict
 from test_mlm import TINY_REF_DATA, needs_corpora
 
 pytestmark = pytest.mark.slow  # ~20 s each: a graph compile and 20 steps on each side

@@ -1,8 +1,8 @@
 """The whole training step against PyTorch: per-step losses of mindlab and of an independent reference.
 
-    scripts/venv.sh python -m benchmarks.step_reference [optim=adamw_bert] [trainer.grad_accum=2] [steps=120] ...
-    scripts/venv.sh python -m benchmarks.step_reference bert [steps=120] ...    # BERT MLM + NSP (data=wiki)
-    scripts/venv.sh python -m benchmarks.step_reference floor ...   # + PyTorch vs itself from weights 1 ulp away
+    scripts/venv.sh python -m parity.step [optim=adamw_bert] [trainer.grad_accum=2] [steps=120] ...
+    scripts/venv.sh python -m parity.step bert [steps=120] ...    # BERT MLM + NSP (data=wiki)
+    scripts/venv.sh python -m parity.step floor ...   # + PyTorch vs itself from weights 1 ulp away
 
 Both sides start from the same weights (mindlab's initialization, exported with the family's Hugging Face
 adapter, models/<family>/hf.py) and see the same micro-batches in the same order (mindlab's loader and
@@ -10,7 +10,7 @@ objective, masks included). mindlab runs its own step (trainer/module.py LocalMo
 loss tokens, global-norm clipping, the optimizer preset and its schedule); the reference is transformers'
 LlamaForCausalLM (clm) or BertForPreTraining (mlm) + torch.optim.AdamW over the same decay groups, the same
 warmup-cosine formula (MindFormers' CosineWithWarmUpLR) and torch.nn.utils.clip_grad_norm_. fp32 on CPU. The table prints the two losses and their relative difference;
-the pass criteria are the issue's: <= 1e-5 over the first 20 steps and <= 1e-3 from step 100 on.
+the pass criteria: <= 1e-5 over the first 20 steps and <= 1e-3 from step 100 on.
 """
 import math
 import os
