@@ -10,28 +10,63 @@
                       tokenizer.model        the sentencepiece model (so a checkpoint converts on its own)
         latest        name of the newest complete checkpoint, replaced last
 
+A checkpoint argument (stage.init_from, trainer.resume, every CLI's CKPT) may name the step directory, `latest`,
+the run's checkpoints/ or the run directory itself (`resolve`). state.json records the tokenizer's SHA-256, so a
+stage can check that the checkpoints and data it pairs speak the same tokenizer.
+
 Writing goes to `step_N.tmp-<pid>`, fsyncs every file, renames the directory into place and only then
 replaces `latest`: a crash at any moment leaves the previous checkpoint intact and nothing that looks
-complete but is not. Reading takes the newest checkpoint whose files have the sizes state.json recorded
-and whose tensors load; a damaged one is reported and the one before it is used.
+complete but is not; a full disk removes the partial directory and says so in one line (base/errors.py
+`writing`). Reading takes the newest checkpoint whose files have the sizes state.json recorded and whose tensors
+load; a damaged one is reported and the one before it is used.
+
+MindSpore is imported only by the functions that read or write tensors, so resolving paths and reading state is
+cheap (the config layer's `${tokenizer_of:...}` does it).
 """
+import hashlib
 import json
 import os
 import shutil
 from typing import Dict, List, Optional, Set
 
-import mindspore as ms
-from mindspore import nn
 from omegaconf import DictConfig, OmegaConf
 
-from base.errors import UserError
+from base.errors import CheckpointError, writing
 
+__all__ = ["CheckpointError", "load", "load_weights", "resolve", "save"]
 WEIGHTS, OPTIMIZER, STATE, CONFIG, TOKENIZER, LATEST = "model.safetensors", "optimizer.safetensors", \
     "state.json", "config.yaml", "tokenizer.model", "latest"
+CHECKPOINTS = "checkpoints"  # a run directory's checkpoint root
 
 
-class CheckpointError(UserError, ValueError):
-    """A checkpoint that cannot be used for this run; the message names the file and what differs."""
+def resolve(path: str) -> str:
+    """The step directory a checkpoint argument means: `path` itself when it is a step directory or a file, else
+    what `latest` names in the run directory, its checkpoints/, or the `latest` file given. A `latest` naming a
+    directory that is gone (deleted, pruned) is refused naming it and the newest intact checkpoint left."""
+    if os.path.basename(path) == LATEST and os.path.isfile(path):
+        root = os.path.dirname(path)
+    elif os.path.isfile(os.path.join(path, CHECKPOINTS, LATEST)):
+        root = os.path.join(path, CHECKPOINTS)
+    elif os.path.isfile(os.path.join(path, LATEST)):
+        root = path
+    else:
+        return path
+    with open(os.path.join(root, LATEST), encoding="utf-8") as f:
+        name = f.read().strip()
+    target = os.path.join(root, name)
+    if os.path.isdir(target):
+        return target
+    intact = latest_intact(root, log=lambda *_: None)
+    raise CheckpointError(f"{os.path.join(root, LATEST)}: points at {name}, which is gone (deleted or pruned); " + (
+        f"the newest intact checkpoint is {intact}: give that one (trainer.resume=auto resumes from it)" if intact
+        else f"no intact checkpoint is left in {root}"))
+
+
+def tokenizer_digest(path: str) -> str:
+    """SHA-256 of a tokenizer.model file: what two models or a model and its data must share to understand each
+    other (recorded in every checkpoint's state.json)."""
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
 
 
 def _fsync(path: str) -> None:
@@ -42,24 +77,32 @@ def _fsync(path: str) -> None:
         os.close(fd)
 
 
-def save(root: str, step: int, model: nn.Cell, optimizer: nn.Optimizer, state: dict, cfg: DictConfig,
-         tokenizer_file: Optional[str] = None, only: Optional[Set[str]] = None,
-         extra_files: Optional[Dict[str, dict]] = None) -> str:
+def save(root: str, step: int, model, optimizer, state: dict, cfg: DictConfig, tokenizer_file: Optional[str] = None,
+         only: Optional[Set[str]] = None, extra_files: Optional[Dict[str, dict]] = None) -> str:
     """`only`: the model weights to write (a LoRA run: its adapters; the frozen base stays at stage.init_from);
     `extra_files`: JSON files to write beside them (a LoRA run's PEFT adapter_config.json)."""
+    import mindspore as ms
+
     final = os.path.join(root, f"step_{step:06d}")
     tmp = f"{final}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
-    weights = set(model.parameters_dict())
-    ms.save_checkpoint(model, os.path.join(tmp, WEIGHTS), format="safetensors",
-                       choice_func=None if only is None else lambda name: name in only)
-    ms.save_checkpoint(optimizer, os.path.join(tmp, OPTIMIZER), format="safetensors",
-                       choice_func=lambda name: name not in weights)
-    for name, content in (extra_files or {}).items():
-        with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
-            json.dump(content, f, indent=2)
-    write_metadata(tmp, step, state, cfg, tokenizer_file)
+    weights = model.parameters_dict()
+    saved = [p for name, p in weights.items() if only is None or name in only] + \
+        [p for name, p in optimizer.parameters_dict().items() if name not in weights]
+    needed = sum(p.size * p.itemsize for p in saved)
+    intact = latest_intact(root, log=lambda *_: None)
+    kept = f"the earlier checkpoints are intact (latest: {os.path.basename(intact)})" if intact else \
+        "no checkpoint of this run was written yet"
+    with writing(tmp, needed, cleanup=lambda: shutil.rmtree(tmp, ignore_errors=True), kept=kept):
+        ms.save_checkpoint(model, os.path.join(tmp, WEIGHTS), format="safetensors",
+                           choice_func=None if only is None else lambda name: name in only)
+        ms.save_checkpoint(optimizer, os.path.join(tmp, OPTIMIZER), format="safetensors",
+                           choice_func=lambda name: name not in weights)
+        for name, content in (extra_files or {}).items():
+            with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
+                json.dump(content, f, indent=2)
+        write_metadata(tmp, step, state, cfg, tokenizer_file)
     shutil.rmtree(final, ignore_errors=True)  # a same-step leftover of a run that crashed after the rename
     os.replace(tmp, final)
     _fsync(root)
@@ -72,6 +115,7 @@ def write_metadata(directory: str, step: int, state: dict, cfg: DictConfig, toke
     OmegaConf.save(cfg, os.path.join(directory, CONFIG), resolve=True)
     if tokenizer_file:
         shutil.copy(tokenizer_file, os.path.join(directory, TOKENIZER))
+        state = {**state, "tokenizer_sha256": tokenizer_digest(tokenizer_file)}
     for name in write_state(directory, {"step": step, **state}):
         _fsync(os.path.join(directory, name))
     _fsync(os.path.join(directory, STATE))
@@ -148,7 +192,7 @@ def latest_intact(root: str, log=print) -> Optional[str]:
 def check_optimizer(path: str, name: str) -> None:
     """Refuse to resume optimizer state written by another optimizer preset: its update rule (and for some its
     tensors) differ, so the run would not continue as it was. Checkpoints written before state.json recorded
-    the optimizer are nn.AdamWeightDecay's, which optim=adamw was until issue 17 and optim=adamw_bert is now."""
+    the optimizer are nn.AdamWeightDecay's, which optim=adamw_bert is (and optim=adamw used to be)."""
     state = read_state(path)
     saved = state.get("optimizer", "adamw_bert")
     if saved != name:
@@ -159,9 +203,11 @@ def check_optimizer(path: str, name: str) -> None:
                               f"weights with a fresh optimizer: stage.init_from={path} trainer.resume=none")
 
 
-def _load_into(file: str, cell: nn.Cell, names: List[str], what: str, whole: bool = False) -> None:
+def _load_into(file: str, cell, names: List[str], what: str, whole: bool = False) -> None:
     """`whole`: the file may hold no more of this model's structure than `names` (a checkpoint of a bigger model
     is not loaded in part); weights outside it, such as a PPO value head (`value_head.*`), are left out."""
+    import mindspore as ms
+
     try:
         params = ms.load_checkpoint(file, format="safetensors")
     except Exception as err:  # MindSpore raises bare RuntimeError/ValueError for unreadable files
@@ -183,7 +229,9 @@ def _load_into(file: str, cell: nn.Cell, names: List[str], what: str, whole: boo
 
 
 def weights_file(path: str) -> str:
-    """The weights file of a checkpoint directory (or the .safetensors file given); CheckpointError if absent."""
+    """The weights file of a checkpoint (any form `resolve` takes, or the .safetensors file given); CheckpointError
+    if absent."""
+    path = resolve(path)
     file = os.path.join(path, WEIGHTS) if os.path.isdir(path) else path
     if not os.path.isfile(file):
         raise CheckpointError(f"{file}: no such checkpoint; give a checkpoint directory (.../checkpoints/step_N) "
@@ -191,7 +239,7 @@ def weights_file(path: str) -> str:
     return file
 
 
-def load_weights(path: str, model: nn.Cell, only: Optional[Set[str]] = None) -> None:
+def load_weights(path: str, model, only: Optional[Set[str]] = None) -> None:
     """Model weights (all, or the names in `only`) from a checkpoint directory or a .safetensors file
     (stage.init_from)."""
     file = weights_file(path)
@@ -199,7 +247,7 @@ def load_weights(path: str, model: nn.Cell, only: Optional[Set[str]] = None) -> 
                whole=only is None)
 
 
-def load(path: str, model: nn.Cell, optimizer: nn.Optimizer, only: Optional[Set[str]] = None) -> dict:
+def load(path: str, model, optimizer, only: Optional[Set[str]] = None) -> dict:
     """Weights (all, or those in `only`, as saved), optimizer state and the loop's state.json, for resuming."""
     state = read_state(path)
     load_weights(path, model, only)

@@ -2,7 +2,7 @@
 
 A user error is something the user can fix — a config value, a missing/unreadable/corrupt file, the wrong
 kind of checkpoint, a missing credential, a layout this machine cannot run. It is raised as a `UserError`
-(ConfigError, UsageError here; data.DataError, checkpoint.CheckpointError, data.tasks.TaskError,
+(ConfigError, UsageError, CheckpointError, DiskFull here; data.DataError, the task file's TaskError,
 trainer.guard.TrainingStopped) whose message names the key or file and the fix. Each CLI's `main(argv)` is
 wrapped in `entry_point`, which prints such an error as `error: <what>, <where>; <how to fix>` (`config
 error: ...` for config values) and returns its exit code — 2 for what was typed (a value, a path, an
@@ -10,11 +10,14 @@ argument), 1 for a file or the environment; anything else is a bug and propagate
 Shared by base/validate.py, the plug-ins' own checks and every CLI; tests/test_errors.py is the table.
 """
 import argparse
+import contextlib
+import errno
 import functools
 import os
+import shutil
 import sys
 import traceback
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 
 class UserError(Exception):
@@ -39,6 +42,54 @@ class UsageError(UserError):
     """Bad command-line arguments (exit code 2, as argparse's own)."""
 
     exit_code = 2
+
+
+class CheckpointError(UserError, ValueError):
+    """A checkpoint that cannot be used for this run; the message names the file and what differs."""
+
+
+class DiskFull(UserError, OSError):
+    """A write that ran out of disk space or quota (exit 1); the message names the path and the bytes it needed."""
+
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full(err: BaseException) -> bool:
+    """Whether `err` is a write running out of space or quota: an OSError's errno, or the text a library wraps it in
+    (safetensors raises 'I/O error: No space left on device (os error 28)')."""
+    if isinstance(err, OSError) and err.errno in NO_SPACE:
+        return True
+    text = str(err)
+    return any(f"os error {code}" in text for code in NO_SPACE) or any(
+        os.strerror(code) in text for code in NO_SPACE)
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+
+
+@contextlib.contextmanager
+def writing(path: str, needed: int, cleanup: Optional[Callable[[], None]] = None, kept: str = "") -> Iterator[None]:
+    """Turn a full disk (or quota) while writing `path` into one DiskFull line: the path, the bytes the write
+    needed (`needed`, an estimate) and what is free; `cleanup` removes the partial output first; `kept` says what
+    stays intact (e.g. the earlier checkpoints). Any other error propagates unchanged."""
+    try:
+        yield
+    except Exception as err:  # noqa: BLE001  (only a full disk is converted; the rest re-raised as it is)
+        if not disk_full(err):
+            raise
+        if cleanup is not None:
+            cleanup()
+        where = os.path.abspath(path)
+        while not os.path.exists(where):
+            where = os.path.dirname(where)
+        free = shutil.disk_usage(where).free
+        raise DiskFull(f"{path}: no space left on the device (or over quota): the write needs about {_size(needed)} "
+                       f"and {_size(free)} are free; {kept + '; ' if kept else ''}free space and run again") from None
 
 
 def require(ok: bool, key: str, message: str) -> None:
@@ -80,6 +131,16 @@ def _hydra_user_error(err: Exception) -> Optional[str]:
     return None
 
 
+def _wrapped_user_error(err: BaseException) -> Optional[UserError]:
+    """The UserError a library re-raised as its own error (OmegaConf wraps what a resolver raises), else None."""
+    seen = 0
+    while err is not None and seen < 8:
+        if isinstance(err, UserError):
+            return err
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return None
+
+
 def _raised_in_hydra(err: Exception) -> bool:
     """Whether the deepest frame that is Hydra's or this repository's is Hydra's (not a task's own I/O)."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -105,6 +166,10 @@ def entry_point(main: Callable[[Optional[Sequence[str]]], Optional[int]]) -> Cal
             print(f"{err.prefix}: {err}", file=sys.stderr, flush=True)
             return err.exit_code
         except Exception as err:
+            wrapped = _wrapped_user_error(err)  # e.g. raised inside a `${tokenizer_of:...}` resolver
+            if wrapped is not None:
+                print(f"{wrapped.prefix}: {wrapped}", file=sys.stderr, flush=True)
+                return wrapped.exit_code
             line = _hydra_user_error(err)
             if line is None:
                 raise

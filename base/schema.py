@@ -264,10 +264,14 @@ def global_batch_size(cfg) -> int:
 
 
 def checkpoint_tokenizer(init_from: Optional[str]) -> Optional[str]:
-    """`${tokenizer_of:${stage.init_from}}`: the tokenizer.model saved with a checkpoint (beside a .safetensors
+    """`${tokenizer_of:${stage.init_from}}`: the tokenizer.model saved with a checkpoint (any form base/checkpoint.py
+    `resolve` takes: a step directory, `latest`, the run's checkpoints/ or run directory; beside a .safetensors
     file), or None without a checkpoint."""
     if not init_from:
         return None
+    from base.checkpoint import resolve
+
+    init_from = resolve(init_from)
     directory = init_from if not init_from.endswith(".safetensors") else os.path.dirname(init_from)
     return os.path.join(directory, "tokenizer.model")
 

@@ -169,3 +169,85 @@ def test_too_many_consecutive_skips_stop_with_a_message_and_a_checkpoint(tmp_pat
     assert code == 1
     assert "3 consecutive steps skipped (last: non-finite loss); stopping" in err
     assert os.path.isdir(os.path.join(run_dir, "checkpoints", "step_000005"))
+
+
+def _tiny_checkpoints(root, steps):
+    """Real checkpoints of a tiny model at `steps` under `root` (the run's checkpoints/), SGD state."""
+    import mindspore as ms
+
+    from conftest import compose_cfg
+
+    cfg = compose_cfg("model=tiny")
+    model = build_model(cfg.model, 16, "fp32", "CPU", seed=0)
+    optimizer = ms.nn.SGD(model.trainable_params())
+    return model, optimizer, cfg, [checkpoint.save(str(root), s, model, optimizer, {}, cfg) for s in steps]
+
+
+def test_a_checkpoint_argument_may_be_the_run_its_checkpoints_latest_or_a_step(tmp_path):
+    run = tmp_path / "run"
+    *_, (first, second) = _tiny_checkpoints(run / "checkpoints", [2, 4])
+    for given in (run, run / "checkpoints", run / "checkpoints" / "latest", second):
+        assert checkpoint.resolve(str(given)) == second
+    assert checkpoint.resolve(first) == first
+    assert checkpoint.weights_file(str(run)) == os.path.join(second, checkpoint.WEIGHTS)
+
+
+def test_a_dangling_latest_names_the_step_and_the_newest_intact_one(tmp_path):
+    root = tmp_path / "run" / "checkpoints"
+    *_, (first, second) = _tiny_checkpoints(root, [2, 4])
+    shutil.rmtree(second)
+    with pytest.raises(checkpoint.CheckpointError) as err:
+        checkpoint.resolve(str(tmp_path / "run"))
+    assert str(err.value) == (f"{root}/latest: points at step_000004, which is gone (deleted or pruned); the newest "
+                              f"intact checkpoint is {first}: give that one (trainer.resume=auto resumes from it)")
+
+
+def test_a_full_disk_while_saving_is_one_line_and_keeps_the_earlier_checkpoint(tmp_path, monkeypatch):
+    """What safetensors raises on a full device (measured on a 1 MB tmpfs: 'I/O error: No space left on device (os
+    error 28)'), injected into the second save: one DiskFull line naming the directory and the bytes, the partial
+    directory removed, the first checkpoint and `latest` untouched."""
+    import mindspore as ms
+
+    from base.errors import DiskFull
+
+    root = tmp_path / "checkpoints"
+    model, optimizer, cfg, (first,) = _tiny_checkpoints(root, [2])
+    before = {name: open(os.path.join(first, name), "rb").read() for name in os.listdir(first)}
+
+    class SafetensorError(Exception):
+        pass
+
+    def full(*args, **kwargs):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(ms, "save_checkpoint", full)
+    with pytest.raises(DiskFull) as err:
+        checkpoint.save(str(root), 4, model, optimizer, {}, cfg)
+    needed = sum(p.size * 4 for p in model.get_parameters()) + sum(p.size * 4 for p in optimizer.parameters_dict().values()
+                                                                   if p.name not in model.parameters_dict())
+    message = str(err.value)
+    assert message.startswith(f"{root}/step_000004.tmp-{os.getpid()}: no space left on the device (or over quota): "
+                              f"the write needs about {needed / 1e6:.1f} MB and ")
+    assert message.endswith("are free; the earlier checkpoints are intact (latest: step_000002); free space and run "
+                            "again")
+    assert sorted(os.listdir(root)) == ["latest", "step_000002"]
+    assert {name: open(os.path.join(first, name), "rb").read() for name in os.listdir(first)} == before
+    assert checkpoint.resolve(str(root)) == first
+
+
+def test_a_real_full_filesystem_while_saving_is_the_same_one_line(tmp_path):
+    """The same on a real 1 MB tmpfs, where this machine lets the test mount one."""
+    from base.errors import DiskFull
+
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        model, optimizer, cfg, _ = _tiny_checkpoints(tmp_path / "elsewhere", [])
+        with pytest.raises(DiskFull, match="no space left on the device"):
+            checkpoint.save(str(mount), 2, model, optimizer, {}, cfg)
+        assert os.listdir(mount) == []
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)

@@ -84,6 +84,9 @@ class World:
         from base.checkpoint import read_state, write_state
 
         write_state(self.rm_no_stats, {k: v for k, v in read_state(self.ckpt).items() if k != "file_sizes"})
+        self.dangling = self.path("dangling_run")  # `latest` names a step that was deleted; step_000001 is intact
+        shutil.copytree(ckpt, os.path.join(self.dangling, "checkpoints", "step_000001"))
+        self.write("dangling_run/checkpoints/latest", b"step_000002\n")
         self.no_ckpt = self.path("ckpt/not_a_checkpoint")
         os.makedirs(self.no_ckpt)
         self.write("ckpt/not_a_checkpoint/notes.txt", b"just notes\n")
@@ -191,6 +194,10 @@ CASES = [
       lambda w: ["missing.jsonl"], 1, "a data file that is not there"),
     C("resume from missing dir", "train", lambda w: w.train(f"trainer.resume={w.path('nowhere')}"),
       lambda w: ["trainer.resume", w.path("nowhere")], 1),
+    C("init from a dangling latest", "train", lambda w: w.train(f"stage.init_from={w.dangling}"),
+      lambda w: [os.path.join(w.dangling, "checkpoints", "latest"), "step_000002",
+                 os.path.join(w.dangling, "checkpoints", "step_000001")], 1,
+      "a run whose `latest` names a deleted checkpoint"),
     C("init from a non-checkpoint", "train", lambda w: w.train(f"stage.init_from={w.no_ckpt}"),
       lambda w: [w.no_ckpt], 1, "a checkpoint path that is not a checkpoint"),
     # ---------------------------------------------------------------------------------------- data.prepare

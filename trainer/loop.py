@@ -198,9 +198,10 @@ def _resume_path(resume: str, ckpt_root: str):
         return None
     if resume == "auto":
         return checkpoint.latest_intact(ckpt_root)
-    if not os.path.isdir(resume):
+    path = checkpoint.resolve(resume)  # a step, `latest`, the run's checkpoints/ or the run directory
+    if not os.path.isdir(path):
         raise checkpoint.CheckpointError(f"trainer.resume: {resume} is not a checkpoint directory")
-    return resume
+    return path
 
 
 def save_resolved_config(cfg: DictConfig, run_dir: str) -> None:
