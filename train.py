@@ -16,6 +16,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from base.errors import UserError, entry_point
+from base.outputs import check_run_dir
 from base.schema import REPO_ROOT
 from plugins import register
 from base.validate import validate
@@ -47,6 +48,8 @@ def run(cfg: DictConfig):
 
         print(dry_run_report(cfg))
         return None
+    if launched_world_size() == 1:  # (the processes msrun starts write into the directory their parent checked)
+        check_run_dir(HydraConfig.get().runtime.output_dir)  # a new directory or an earlier run's, nothing else
     if relaunch:
         from distributed.launch import relaunch as launch
 

@@ -17,7 +17,7 @@ import os
 import shutil
 import sys
 import traceback
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence, Union
 
 
 class UserError(Exception):
@@ -73,23 +73,27 @@ def _size(n: float) -> str:
 
 
 @contextlib.contextmanager
-def writing(path: str, needed: int, cleanup: Optional[Callable[[], None]] = None, kept: str = "") -> Iterator[None]:
+def writing(path: str, needed: Union[int, Callable[[], int]], cleanup: Optional[Callable[[], None]] = None,
+            kept: str = "") -> Iterator[None]:
     """Turn a full disk (or quota) while writing `path` into one DiskFull line: the path, the bytes the write
-    needed (`needed`, an estimate) and what is free; `cleanup` removes the partial output first; `kept` says what
-    stays intact (e.g. the earlier checkpoints). Any other error propagates unchanged."""
+    needs (`needed`: an estimate, or a function giving what was written when it failed) and what is free;
+    `cleanup` removes the partial output first; `kept` says what stays intact (e.g. the earlier checkpoints).
+    Any other error propagates unchanged."""
     try:
         yield
     except Exception as err:  # noqa: BLE001  (only a full disk is converted; the rest re-raised as it is)
         if not disk_full(err):
             raise
+        size = f"the write needs about {_size(needed)}" if isinstance(needed, int) else \
+            f"{_size(needed())} were written when it filled"
         if cleanup is not None:
             cleanup()
         where = os.path.abspath(path)
         while not os.path.exists(where):
             where = os.path.dirname(where)
         free = shutil.disk_usage(where).free
-        raise DiskFull(f"{path}: no space left on the device (or over quota): the write needs about {_size(needed)} "
-                       f"and {_size(free)} are free; {kept + '; ' if kept else ''}free space and run again") from None
+        raise DiskFull(f"{path}: no space left on the device (or over quota): {size} and {_size(free)} are free; "
+                       f"{kept + '; ' if kept else ''}free space and run again") from None
 
 
 def require(ok: bool, key: str, message: str) -> None:

@@ -11,6 +11,7 @@
 Each model family's own adapter (`models/<family>/hf.py`) knows its names and config.json; this file only
 reads and writes the files. An HF directory is imported by the family whose adapter lists its architecture.
 """
+import functools
 import json
 import os
 import shutil
@@ -20,7 +21,8 @@ from argparse import RawDescriptionHelpFormatter
 import numpy as np
 from omegaconf import OmegaConf
 
-from base.checkpoint import CheckpointError
+from base.checkpoint import CheckpointError, resolve
+from base.outputs import output_dir
 from base.errors import ArgumentParser, UsageError, entry_point
 from models import FAMILIES, family
 
@@ -167,11 +169,13 @@ def main(argv=None) -> None:
                         help="a LoRA checkpoint: merge its adapters into its base (W += B A alpha/r) first")
     args = parser.parse_args(argv)
     if args.to == "hf":
-        export_hf(args.source, args.out, args.merge_lora)
+        export = functools.partial(export_hf, merge_lora=args.merge_lora)
     elif args.to == "mindlab" and args.merge_lora:
-        merge_to_mindlab(args.source, args.out)
+        export = merge_to_mindlab
     else:
-        {"mindformers": export_mindformers, "mindlab": import_hf}[args.to](args.source, args.out)
+        export = {"mindformers": export_mindformers, "mindlab": import_hf}[args.to]
+    with output_dir(args.out, "models.convert") as tmp:  # a new directory, or a previous export, replaced whole
+        export(resolve(args.source), str(tmp))
     print(f"wrote {args.out}")
 
 

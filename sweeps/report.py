@@ -13,6 +13,7 @@ from typing import Optional
 from omegaconf import OmegaConf
 
 from base.errors import ArgumentParser, UsageError, UserError, entry_point
+from base.outputs import owned_files
 from sweeps import table
 from sweeps.page import render
 from sweeps.plots import curves, png, val_by_source
@@ -36,15 +37,17 @@ def build(sweep_dir: str, use_wandb: bool = True) -> str:
     by_source = val_by_source(runs, varied, best)
     if by_source:
         figures.append(("final val loss per data source", "val_loss_by_source.png", png(by_source)))
-    for _, name, data in figures:
-        with open(os.path.join(sweep_dir, name), "wb") as f:
-            f.write(data)
-    markdown = table.markdown(runs, varied, best)
-    print(markdown)
-    wandb_url = _wandb_report(sweep_dir, runs, best, markdown) if use_wandb else None
     path = os.path.join(sweep_dir, "report.html")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(render(sweep_dir, runs, varied, best, figures, _command(sweep_dir), wandb_url))
+    # a file of these names that this tool did not write is refused, before anything is written or sent to W&B
+    with owned_files(sweep_dir, "sweeps.report", [name for _, name, _ in figures] + ["report.html"]):
+        markdown = table.markdown(runs, varied, best)
+        print(markdown)
+        wandb_url = _wandb_report(sweep_dir, runs, best, markdown) if use_wandb else None
+        for _, name, data in figures:
+            with open(os.path.join(sweep_dir, name), "wb") as f:
+                f.write(data)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(render(sweep_dir, runs, varied, best, figures, _command(sweep_dir), wandb_url))
     return path
 
 

@@ -87,6 +87,10 @@ class World:
         self.dangling = self.path("dangling_run")  # `latest` names a step that was deleted; step_000001 is intact
         shutil.copytree(ckpt, os.path.join(self.dangling, "checkpoints", "step_000001"))
         self.write("dangling_run/checkpoints/latest", b"step_000002\n")
+        self.stranger = self.path("stranger")  # a user's own directory: no tool may write into it
+        self.write("stranger/notes.txt", b"my notes\n")
+        self.write("sweep_foreign_report/0/.hydra/overrides.yaml", b"- optim.lr=0.001\n")
+        self.write("sweep_foreign_report/report.html", b"<p>my own report</p>\n")
         self.no_ckpt = self.path("ckpt/not_a_checkpoint")
         os.makedirs(self.no_ckpt)
         self.write("ckpt/not_a_checkpoint/notes.txt", b"just notes\n")
@@ -192,6 +196,8 @@ CASES = [
       lambda w: [w.path("nowhere.jsonl"), "data.tasks build"], 2, "a task file that is not there"),
     C("data file missing", "train", lambda w: w.train(w.source("jsonl", w.path("data", "missing.jsonl"))),
       lambda w: ["missing.jsonl"], 1, "a data file that is not there"),
+    C("run dir holding other files", "train", lambda w: w.train(f"hydra.run.dir={w.stranger}"),
+      lambda w: ["hydra.run.dir", w.stranger, "notes.txt"], 2, "hydra.run.dir pointing at a directory of other files"),
     C("resume from missing dir", "train", lambda w: w.train(f"trainer.resume={w.path('nowhere')}"),
       lambda w: ["trainer.resume", w.path("nowhere")], 1),
     C("init from a dangling latest", "train", lambda w: w.train(f"stage.init_from={w.dangling}"),
@@ -241,6 +247,8 @@ CASES = [
       lambda w: [w.lora, "stage.init_from"], 1, "LoRA adapters whose base checkpoint is gone"),
     C("convert: unknown HF architecture", "convert", lambda w: [w.hf_unknown, "--to", "mindlab", w.path("out")],
       ["GPT2LMHeadModel"], 2),
+    C("convert: into a user's directory", "convert", lambda w: [w.ckpt, w.stranger, "--to", "hf"],
+      lambda w: [w.stranger, "notes.txt"], 2, "an output directory holding someone else's files"),
     C("convert: bad --to", "convert", lambda w: [w.ckpt, "--to", "onnx", w.path("out")], ["--to", "onnx"], 2,
       "a bad command-line argument"),
     # ---------------------------------------------------------------------------------------- distributed.reshard
@@ -254,6 +262,8 @@ CASES = [
     # ---------------------------------------------------------------------------------------- sweeps.report
     C("report: missing dir", "report", lambda w: [w.path("nowhere")], lambda w: [w.path("nowhere")], 2,
       "a sweep dir that is not there"),
+    C("report: a report.html it did not write", "report", lambda w: [w.path("sweep_foreign_report")],
+      lambda w: [w.path("sweep_foreign_report", "report.html")], 2, "a file of the report's name that is not its own"),
     C("report: no runs", "report", lambda w: [w.sweep_empty], lambda w: [w.sweep_empty, "overrides.yaml"], 1),
     C("report: corrupt metrics", "report", lambda w: [w.path("sweep_bad_metrics")],
       lambda w: [w.path("sweep_bad_metrics", "0", "metrics.jsonl") + ":2"], 1, "a corrupt metrics.jsonl in a sweep"),
@@ -349,7 +359,7 @@ def world(tmp_path_factory, tokenizer_file):
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_bad_input_is_one_clear_line(case, world):
-    protected = (world.run, world.cache, world.ckpt)
+    protected = (world.run, world.cache, world.ckpt, world.stranger, world.path("sweep_foreign_report"))
     before = snapshot(*protected)
     out = invoke(case.entry, case.argv(world), case.env)
     assert not out.traceback, f"a traceback instead of one error line:\n{out.err[-3000:]}"

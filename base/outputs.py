@@ -1,0 +1,112 @@
+"""What a tool that writes a directory may touch: only its own output.
+
+    with output_dir("out/hf_model", "models.convert") as tmp:     # a whole directory, replaced atomically
+        write_everything_into(tmp)
+    with owned_files(sweep_dir, "sweeps.report", ["report.html", "curves.png"]):   # a few files in a shared one
+        write_those_files()
+
+A tool's output carries a marker file (MARKER, JSON: the tool and the files it wrote). `output_dir` writes into a
+temporary sibling and renames it into place, so a reader never sees half an output and a failure leaves the
+previous one; it replaces an existing directory only when that directory is empty or a previous output of the
+same tool (its marker says so). Anything else — a user's notes beside it, their home directory — is refused in
+one line naming it, before anything is written. `owned_files` does the same for named files inside a directory
+that holds other things (a multirun directory's report): it overwrites a file of those names only when its own
+marker lists it. A full disk during the write is one line too (base/errors.py `writing`).
+"""
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator, List, Sequence
+
+from base.errors import UsageError, writing
+
+MARKER = ".mindlab-output.json"
+
+
+def _marker(directory: Path) -> dict:
+    try:
+        return json.loads((directory / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def _size(directory: Path) -> int:
+    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
+
+
+def check_output_dir(out: os.PathLike, tool: str) -> None:
+    """Refuse (UsageError, naming the directory and one foreign entry) an existing `out` that is neither empty nor
+    a previous output of `tool`."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{out}: exists and is not a directory; give a new directory for {tool}'s output")
+    if not out.is_dir() or _marker(out).get("tool") == tool:
+        return
+    entries = sorted(os.listdir(out), key=lambda name: (name.startswith("."), name))  # name a visible one first
+    if entries:
+        raise UsageError(f"{out}: exists and holds files that {tool} did not write (e.g. {entries[0]}); give a new "
+                         f"or empty directory, or a previous output of {tool}: nothing there is replaced")
+
+
+@contextlib.contextmanager
+def output_dir(out: os.PathLike, tool: str) -> Iterator[Path]:
+    """A temporary directory to write `tool`'s whole output into; on success it replaces `out` atomically (with
+    its marker), on failure it is removed and `out` is as it was."""
+    out = Path(out)
+    check_output_dir(out, tool)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would stay on the renamed directory
+    try:
+        with writing(str(out), lambda: _size(tmp), kept=f"{out} is as it was (the partial output is removed)"):
+            yield tmp
+            files = sorted(str(f.relative_to(tmp)) for f in tmp.rglob("*") if f.is_file())
+            (tmp / MARKER).write_text(json.dumps({"tool": tool, "files": files}, indent=1), encoding="utf-8")
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old)
+        else:
+            tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def owned_files(directory: os.PathLike, tool: str, names: Sequence[str]) -> Iterator[None]:
+    """Write the files `names` into `directory` (which holds other things): each may replace a file only if this
+    tool's marker there lists it; the marker then lists them all."""
+    directory = Path(directory)
+    marker = _marker(directory)
+    ours: List[str] = marker.get("files", []) if marker.get("tool") == tool else []
+    foreign = [n for n in names if (directory / n).exists() and n not in ours]
+    if foreign:
+        raise UsageError(f"{directory / foreign[0]}: exists and was not written by {tool}; move it away (it is "
+                         "not replaced)")
+    with writing(str(directory), lambda: sum((directory / n).stat().st_size for n in names
+                                             if (directory / n).is_file())):
+        yield
+        (directory / MARKER).write_text(json.dumps({"tool": tool, "files": sorted(set(ours) | set(names))},
+                                                   indent=1), encoding="utf-8")
+
+
+HYDRA_WRITES = (".hydra", "train.log")  # what Hydra puts into a run directory before the run starts
+
+
+def check_run_dir(run_dir: os.PathLike) -> None:
+    """A training run writes into a new directory or an earlier run's (status.json, written first, marks one:
+    it resumes there); a directory holding anything else is refused naming it, e.g. hydra.run.dir=$HOME."""
+    from base.errors import ConfigError
+
+    run_dir = Path(run_dir)
+    entries = set(os.listdir(run_dir)) if run_dir.is_dir() else set()
+    foreign = sorted(entries - set(HYDRA_WRITES), key=lambda name: (name.startswith("."), name))
+    if foreign and "status.json" not in entries:
+        raise ConfigError("hydra.run.dir", f"{run_dir} holds files that are not a mindlab run's (e.g. {foreign[0]}); "
+                          "give a new directory, e.g. hydra.run.dir=outputs/my_run (hydra.sweep.dir with -m)")

@@ -1,0 +1,111 @@
+"""Nothing a user owns is deleted: every tool that writes a directory writes only its own (base/outputs.py). For
+each writer, a stranger's file in the target survives, and the refusal is one line naming the directory."""
+import json
+import os
+
+import pytest
+
+from base.errors import DiskFull, UsageError
+from base.outputs import MARKER, output_dir, owned_files
+from conftest import invoke, train_main
+from test_sweeps import SYNTHETIC, write_job
+
+
+def test_output_dir_writes_a_new_directory_and_replaces_only_its_own_output(tmp_path):
+    out = tmp_path / "out"
+    with output_dir(out, "tool") as tmp:
+        (tmp / "a.txt").write_text("first")
+    assert json.loads((out / MARKER).read_text()) == {"tool": "tool", "files": ["a.txt"]}
+    with output_dir(out, "tool") as tmp:  # a previous output of the same tool: replaced whole
+        (tmp / "b.txt").write_text("second")
+    assert sorted(os.listdir(out)) == [MARKER, "b.txt"]
+    assert oct(out.stat().st_mode & 0o777) != oct(0o700)  # not mkdtemp's private mode
+    with pytest.raises(UsageError, match=f"^{out}: exists and holds files that other did not write"):
+        with output_dir(out, "other"):
+            pass
+
+
+def test_output_dir_refuses_a_directory_with_a_strangers_file_and_leaves_it(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError) as err:
+        with output_dir(home, "tool") as tmp:
+            (tmp / "x").write_text("x")
+    assert str(err.value) == (f"{home}: exists and holds files that tool did not write (e.g. notes.txt); give a new "
+                              "or empty directory, or a previous output of tool: nothing there is replaced")
+    assert os.listdir(home) == ["notes.txt"] and (home / "notes.txt").read_text() == "mine"
+    assert sorted(os.listdir(tmp_path)) == ["home"]  # no temporary left behind
+
+
+def test_a_failure_or_a_full_disk_leaves_the_previous_output(tmp_path):
+    out = tmp_path / "out"
+    with output_dir(out, "tool") as tmp:
+        (tmp / "a.txt").write_text("first")
+    with pytest.raises(RuntimeError):
+        with output_dir(out, "tool") as tmp:
+            (tmp / "half").write_text("x")
+            raise RuntimeError("the writer broke")
+    with pytest.raises(DiskFull, match=f"^{out}: no space left on the device .* were written when it filled"):
+        with output_dir(out, "tool") as tmp:
+            (tmp / "half").write_text("x" * 100)
+            raise OSError(28, "No space left on device")
+    assert sorted(os.listdir(out)) == [MARKER, "a.txt"] and sorted(os.listdir(tmp_path)) == ["out"]
+
+
+def test_owned_files_overwrite_only_files_the_tool_wrote(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with owned_files(tmp_path, "report", ["report.html"]):
+        (tmp_path / "report.html").write_text("v1")
+    with owned_files(tmp_path, "report", ["report.html"]):  # its own file: replaced
+        (tmp_path / "report.html").write_text("v2")
+    (tmp_path / "curves.png").write_text("the user's picture")
+    with pytest.raises(UsageError, match="curves.png: exists and was not written by report"):
+        with owned_files(tmp_path, "report", ["report.html", "curves.png"]):
+            (tmp_path / "curves.png").write_text("overwritten")
+    assert (tmp_path / "curves.png").read_text() == "the user's picture"
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_convert_refuses_a_directory_with_a_strangers_file_and_replaces_its_own_export(base_checkpoint, tmp_path):
+    out = tmp_path / "hf"
+    assert invoke("convert", [base_checkpoint, str(out), "--to", "hf"]).code == 0
+    assert invoke("convert", [base_checkpoint, str(out), "--to", "hf"]).code == 0  # its own export: replaced
+    assert "model.safetensors" in os.listdir(out)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    outcome = invoke("convert", [base_checkpoint, str(mine), "--to", "hf"])
+    assert outcome.code == 2 and not outcome.traceback
+    assert outcome.err.strip().splitlines()[-1].startswith(f"error: {mine}: exists and holds files that "
+                                                           "models.convert did not write (e.g. notes.txt)")
+    assert os.listdir(mine) == ["notes.txt"]
+
+
+def test_the_sweep_report_keeps_a_strangers_files(tmp_path):
+    sweep = tmp_path / "multirun"
+    for num, (lr, lines, status, partial) in SYNTHETIC.items():
+        write_job(sweep, num, lr, lines, status, partial)
+    (sweep / "notes.txt").write_text("mine")
+    assert invoke("report", [str(sweep), "--no-wandb"]).code == 0
+    assert invoke("report", [str(sweep), "--no-wandb"]).code == 0  # its own report.html: replaced
+    assert (sweep / "notes.txt").read_text() == "mine"
+    other = tmp_path / "other"
+    write_job(other, 0, *SYNTHETIC[0][:3])
+    (other / "report.html").write_text("my own report")
+    outcome = invoke("report", [str(other), "--no-wandb"])
+    assert outcome.code == 2 and (other / "report.html").read_text() == "my own report"
+    assert outcome.err.strip().splitlines()[-1] == (f"error: {other / 'report.html'}: exists and was not written "
+                                                    "by sweeps.report; move it away (it is not replaced)")
+
+
+def test_a_run_directory_holding_other_files_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "notes.txt").write_text("mine")
+    code, _, err = train_main(tmp_path, monkeypatch, f"hydra.run.dir={home}", "trainer.max_steps=1")
+    assert code == 2
+    assert err.strip().splitlines()[-1] == (f"config error: hydra.run.dir: {home} holds files that are not a "
+                                            "mindlab run's (e.g. notes.txt); give a new directory, e.g. "
+                                            "hydra.run.dir=outputs/my_run (hydra.sweep.dir with -m)")
+    assert sorted(os.listdir(home)) == [".hydra", "notes.txt", "train.log"] and (home / "notes.txt").read_text() == "mine"
