@@ -1,0 +1,174 @@
+"""Recipes (recipe/): stages parsed and checked before anything runs, chained checkpoints, content-addressed stage
+directories shared by variants, resumable runs, one report."""
+import json
+import os
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from base.errors import ConfigError
+from base.paths import REPO_ROOT
+from recipe import runner
+from recipe.report import markdown, variants
+from recipe.spec import flatten, parse
+
+PRESETS = sorted(p.stem for p in (REPO_ROOT / "conf" / "stage").glob("*.yaml"))
+
+
+def recipe(stages: dict, **extra):
+    return OmegaConf.create({"name": "r", "metric": None, "goal": "max", "common": {}, "stages": stages, **extra})
+
+
+def stages_of(stages: dict, **extra):
+    return parse(recipe(stages, **extra), list(stages), PRESETS)
+
+
+def test_a_mapping_becomes_train_py_overrides():
+    assert flatten({"data": "instructions", "optim": {"lr": 3e-4}, "trainer": {"eval_tasks": ["a", "b"]},
+                    "model": {"rope_scaling": {"type": "yarn"}}, "stage": {"allow_random_init": True}}) == [
+        "data=instructions", "optim.lr=0.0003", "trainer.eval_tasks=[a,b]", "model.rope_scaling.type=yarn",
+        "stage.allow_random_init=true"]
+
+
+def test_stages_chain_in_order_with_common_keys_under_their_own():
+    stages = stages_of({"pretrain": {"stage": "tiny_pretrain"}, "sft": {"model": "small", "optim": {"lr": 1e-4}},
+                        "evaluate": {"kind": "evaluate", "data": "default", "eval": {"batches": 2}}},
+                       common={"model": "tiny", "optim": {"weight_decay": 0.0}})
+    assert [(s.dirname, s.kind, s.source) for s in stages] == [("01-pretrain", "train", None),
+                                                              ("02-sft", "train", "pretrain"),
+                                                              ("03-evaluate", "evaluate", "sft")]
+    assert stages[0].overrides == ["stage=tiny_pretrain", "model=tiny", "optim.weight_decay=0.0"]
+    assert stages[1].overrides == ["stage=sft", "model=small", "optim.weight_decay=0.0", "optim.lr=0.0001"]
+    assert stages[2].overrides == ["data=default", "eval.batches=2"]
+
+
+@pytest.mark.parametrize("stages, declared, key, message", [
+    ({"pretrain": {}, "sft": {"optim": {"lr": 1}}}, ["pretrain"], "recipe.stages.sft",
+     "recipe r has no stage sft; its stages are pretrain"),
+    ({"pretrain": {"stage": "pretrian"}}, None, "recipe.stages.pretrain.stage", "no stage preset 'pretrian'"),
+    ({"warmup": {}}, None, "recipe.stages.warmup.stage", "no stage preset 'warmup'"),
+    ({"evaluate": {"kind": "evaluate"}}, None, "recipe.stages.evaluate", "scores a training stage's checkpoint"),
+    ({"pretrain": {}, "evaluate": {"kind": "evaluate", "of": "sft"}}, None, "recipe.stages.evaluate.of",
+     "'sft' is not a training stage before it"),
+    ({"pretrain": {"kind": "build"}}, None, "recipe.stages.pretrain.kind", "choose one of train, evaluate"),
+    ({}, None, "recipe.stages", "lists no stages"),
+])
+def test_a_recipe_that_cannot_work_is_refused_naming_the_stage(stages, declared, key, message):
+    with pytest.raises(ConfigError) as err:
+        parse(recipe(stages), declared if declared is not None else list(stages), PRESETS)
+    assert err.value.key == key and message in str(err.value)
+
+
+def test_plan_keys_a_stage_by_its_config_and_the_stages_before_it(tmp_path):
+    base = {"pretrain": {"stage": "tiny_pretrain"}, "sft": {"data": "instructions"}}
+    a = runner.plan(stages_of(base), tmp_path)
+    b = runner.plan(stages_of({**base, "sft": {"data": "instructions", "optim": {"lr": 5e-4}}}), tmp_path)
+    c = runner.plan(stages_of({**base, "pretrain": {"stage": "tiny_pretrain", "optim": {"lr": 1e-3}}}), tmp_path)
+    assert a[0].key == b[0].key and a[1].key != b[1].key  # the same pretraining, another SFT
+    assert c[0].key != a[0].key and c[1].key != a[1].key  # another pretraining: every stage after it differs
+    assert f"stage.init_from={a[0].dir}" in a[1].args
+    assert a[1].config.optim.lr == 1e-4 and b[1].config.optim.lr == 5e-4
+    assert runner.plan(stages_of(base), tmp_path)[1].key == a[1].key  # stable
+
+
+def test_a_fine_tuning_stage_with_nothing_to_start_from_is_refused_before_anything_runs(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        runner.plan(stages_of({"dpo": {"data": "preferences"}}), tmp_path)
+    assert err.value.key == "recipe.stages.dpo" and "stage.init_from" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        runner.plan(stages_of({"pretrain": {"stage": "tiny_pretrain"}, "ppo": {"data": "instructions"}}), tmp_path)
+    assert err.value.key == "recipe.stages.ppo" and "put a reward-model stage (stage: rm) before it" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        runner.plan(stages_of({"pretrain": {"stage": "tiny_pretrain", "optim": {"lr": 7}}}), tmp_path)
+    assert err.value.key == "recipe.stages.pretrain" and "optim.lr: must be in (0, 1]" in str(err.value)
+    assert not os.listdir(tmp_path)
+
+
+def fake_execute(calls):
+    """Stands in for the stage commands: a training stage leaves a finished run with one checkpoint."""
+
+    def execute(command, log_file, stream):
+        calls.append(command)
+        if command[1].endswith("train.py"):
+            run_dir = Path(next(a for a in command if a.startswith("hydra.run.dir=")).split("=", 1)[1])
+            (run_dir / "checkpoints" / "step_000002").mkdir(parents=True, exist_ok=True)
+            (run_dir / "checkpoints" / "latest").write_text("step_000002\n")
+            (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 2, "loss": 1.5}) + "\n" +
+                                                   json.dumps({"step": 2, "val_loss": 1.25}) + "\n")
+            (run_dir / "status.json").write_text(json.dumps({"status": "finished", "step": 2}))
+        elif command[2] == "evaluate":
+            out = Path(command[command.index("--out") + 1])
+            out.write_text(json.dumps({"data_eval": {"all": {"loss": 2.0, "bits_per_byte": 1.1}}}))
+        return 0
+
+    return execute
+
+
+CHAIN = {"pretrain": {"stage": "tiny_pretrain"}, "sft": {"data": "instructions"},
+         "evaluate": {"kind": "evaluate", "data": "default"}}
+
+
+def test_a_recipe_runs_each_stage_once_and_a_rerun_reuses_them(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(runner, "execute", fake_execute(calls))
+    planned = runner.plan(stages_of(CHAIN), tmp_path)
+    records = runner.run(planned, tmp_path, "v")
+    assert [r["state"] for r in records] == ["ran", "ran", "ran"] and len(calls) == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["01-pretrain", "02-sft", "03-evaluate", "stages"]
+    assert os.readlink(tmp_path / "02-sft") == f"stages/{planned[1].dir.name}"
+    evaluate = calls[2]
+    assert evaluate[3] == str(planned[1].dir / "checkpoints" / "step_000002")  # the SFT stage's final checkpoint
+    assert [r["state"] for r in runner.run(runner.plan(stages_of(CHAIN), tmp_path), tmp_path, "v")] == ["reused"] * 3
+    assert len(calls) == 3
+
+
+def test_variants_share_the_stages_they_have_in_common(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(runner, "execute", fake_execute(calls))
+    for num, lr in enumerate([1e-4, 3e-4]):
+        stages = stages_of({**CHAIN, "sft": {"data": "instructions", "optim": {"lr": lr}}})
+        runner.run(runner.plan(stages, tmp_path), tmp_path / str(num), str(num))
+    trained = [c for c in calls if c[1].endswith("train.py")]
+    assert len(trained) == 3  # one pretraining, two SFTs
+    assert os.path.realpath(tmp_path / "0" / "01-pretrain") == os.path.realpath(tmp_path / "1" / "01-pretrain")
+    assert os.path.realpath(tmp_path / "0" / "02-sft") != os.path.realpath(tmp_path / "1" / "02-sft")
+
+
+def test_a_changed_stage_in_an_existing_recipe_directory_is_refused_and_nothing_is_replaced(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(runner, "execute", fake_execute(calls))
+    runner.run(runner.plan(stages_of(CHAIN), tmp_path), tmp_path, "v")
+    before = os.readlink(tmp_path / "02-sft")
+    with pytest.raises(ConfigError) as err:
+        runner.run(runner.plan(stages_of({**CHAIN, "sft": {"data": "instructions", "optim": {"lr": 5e-4}}}), tmp_path), tmp_path, "v")
+    assert err.value.key == "recipe.stages.sft" and "already ran this stage with another config" in str(err.value)
+    assert os.readlink(tmp_path / "02-sft") == before and len(calls) == 3
+
+
+def test_a_failed_stage_stops_the_recipe_with_one_line_and_keeps_what_finished(tmp_path, monkeypatch):
+    calls = []
+    done = fake_execute(calls)
+
+    def failing(command, log_file, stream):
+        return 1 if "stage=sft" in command else done(command, log_file, stream)
+
+    monkeypatch.setattr(runner, "execute", failing)
+    planned = runner.plan(stages_of(CHAIN), tmp_path)
+    with pytest.raises(runner.StageFailed, match="stage sft failed \\(exit 1; its log: .*stage.log\\)"):
+        runner.run(planned, tmp_path, "v")
+    assert runner.finished(planned[0]) and not runner.finished(planned[1])
+
+
+def test_the_report_puts_every_stage_of_every_variant_side_by_side(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "execute", fake_execute([]))
+    for num in range(2):
+        stages = stages_of({**CHAIN, "sft": {"data": "instructions", "optim": {"lr": 1e-4 * (num + 1)}}})
+        job = tmp_path / str(num)
+        records = runner.run(runner.plan(stages, tmp_path), job, f"lr{num}")
+        (job / "recipe.json").write_text(json.dumps({"recipe": "r", "variant": f"lr{num}", "metric": "sft/val_loss",
+                                                     "goal": "min", "stages": records}))
+    table = markdown(variants(tmp_path)).splitlines()
+    assert table[0] == ("| variant | pretrain/loss | pretrain/val_loss | sft/loss | sft/val_loss | evaluate/loss | "
+                        "evaluate/bits_per_byte |")
+    assert table[2].startswith("| lr0 (best) | 1.5000 | 1.2500 |") and table[3].startswith("| lr1 | 1.5000")
