@@ -161,9 +161,9 @@ OPTIMIZERS = {"adamw": AdamWConfig, "adamw_bert": AdamWConfig, "came": CameConfi
 
 @dataclass
 class PrecisionConfig:
-    name: str = MISSING
+    name: str = MISSING  # auto (the default): the device preset's compute_dtype | fp32 | fp16 | bf16
     compute_dtype: str = "fp32"  # fp32 | fp16 | bf16; weights and optimizer states stay fp32
-    loss_scale: str = "none"  # none | dynamic
+    loss_scale: str = "none"  # none | dynamic (fp16's: its 5-bit exponent underflows small gradients)
     init_scale: float = 65536.0
     growth_interval: int = 1000
     growth_factor: float = 2.0
@@ -172,10 +172,22 @@ class PrecisionConfig:
 
 @dataclass
 class DeviceConfig:
+    """One accelerator and the node it sits in; the presets cite each number. MFU divides by the compute dtype's
+    peak; the dry run's time model (planner/timing.py) uses the peaks, the efficiency and the links."""
+
     name: str = MISSING
     target: str = "CPU"  # CPU | Ascend | GPU
-    peak_tflops: float = MISSING  # per device, at the compute dtype used for MFU
-    memory_gb: float = MISSING  # per device, for the dry-run memory plan
+    compute_dtype: str = "fp32"  # what precision=auto computes in on this device
+    peak_tflops: Dict[str, float] = MISSING  # dense peak per device by compute dtype: {fp32: .., fp16: .., bf16: ..}
+    # fraction of the peak a training step's compute reaches before communication and pipeline bubbles
+    compute_efficiency: float = MISSING
+    memory_gb: float = MISSING  # per device (GiB), for the dry-run memory plan
+    reserved_gb: float = 0.0  # of memory_gb the runtime keeps for itself (context, collective buffers)
+    devices_per_node: int = 1  # one node's devices: tensor-parallel groups stay inside it
+    # link bandwidth per device, one direction, GB/s (10^9 bytes): between devices of a node and across nodes;
+    # 0: unknown, the dry run then predicts no communication time
+    intra_node_gb_per_s: float = 0.0
+    inter_node_gb_per_s: float = 0.0
 
 
 @dataclass
@@ -236,7 +248,10 @@ class Config:
     device: DeviceConfig = MISSING
     logger: LoggerConfig = MISSING
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    dry_run: bool = False  # print layout, parameter count and memory plan, then exit
+    # nodes of device.devices_per_node devices the run spans; null: as many as the layout needs (one device for
+    # parallel=auto). The dry run with parallel=auto ranks the layouts of nodes x devices_per_node devices.
+    nodes: Optional[int] = None
+    dry_run: bool = False  # print the plan (parallel=auto: the layouts that fit, fastest first), then exit
 
 
 def is_sharded(parallel) -> bool:
@@ -251,6 +266,16 @@ def use_flash_attention(model_cfg, device_target: str) -> bool:
     if model_cfg.get("flash_attention") is None:
         return device_target == "Ascend"
     return bool(model_cfg.flash_attention)
+
+
+def peak_tflops(cfg) -> float:
+    """The device's dense peak at the compute dtype, the denominator of MFU (bf16's on Ascend/GPU, fp32's on CPU)."""
+    return cfg.device.peak_tflops[cfg.precision.compute_dtype]
+
+
+def loss_scale_for(compute_dtype: str) -> str:
+    """`${loss_scale_for:...}` (precision=auto): dynamic loss scaling for fp16, none for bf16 and fp32."""
+    return "dynamic" if compute_dtype == "fp16" else "none"
 
 
 def pipeline_micro_batches(cfg) -> int:
@@ -283,6 +308,7 @@ def register() -> None:
 
     OmegaConf.register_new_resolver("repo", lambda: REPO_ROOT, replace=True)
     OmegaConf.register_new_resolver("tokenizer_of", checkpoint_tokenizer, replace=True)
+    OmegaConf.register_new_resolver("loss_scale_for", loss_scale_for, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
     for group, node in [("parallel", ParallelConfig), ("data", DataConfig), ("stage", StageConfig),

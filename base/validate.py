@@ -21,6 +21,7 @@ CHOICES = {
     "precision.compute_dtype": ("fp32", "fp16", "bf16"),
     "precision.loss_scale": ("none", "dynamic"),
     "device.target": ("CPU", "Ascend", "GPU"),
+    "device.compute_dtype": ("fp32", "fp16", "bf16"),
     "logger.name": ("console", "wandb"),
     "logger.mode": ("auto", "online", "offline", "disabled"),
     "trainer.mode": ("graph", "pynative"),
@@ -41,7 +42,9 @@ def validate(cfg: DictConfig, world_size: int = 1) -> None:
     for key, allowed in CHOICES.items():
         value = _get(cfg, key)
         _require(value in allowed, key, f"got {value!r}; choose one of {', '.join(map(str, allowed))}")
+    _check_device(cfg)
     _check_parallel(cfg)
+    _check_nodes(cfg)
     _check_plugins(cfg)
     _check_model(cfg)
     _check_batch(cfg)
@@ -54,6 +57,10 @@ def validate(cfg: DictConfig, world_size: int = 1) -> None:
                  "stage.init_from", "stage=long_context extends a pretrained model's context: set "
                  "stage.init_from=<checkpoint dir> (trained at model.max_position_embeddings), or "
                  "stage.allow_random_init=true")
+    peaks = cfg.device.peak_tflops
+    _require(cfg.precision.compute_dtype in peaks, "precision", f"device={cfg.device.name} gives no "
+             f"{cfg.precision.compute_dtype} peak (device.peak_tflops has {', '.join(peaks)}); use precision=auto or "
+             f"one of {', '.join(peaks)}")
 
 
 def _check_known_keys(cfg: DictConfig) -> None:
@@ -104,6 +111,45 @@ def _check_model(cfg: DictConfig) -> None:
     _require(cfg.data.seq_len >= 2, "data.seq_len", f"must be at least 2, got {cfg.data.seq_len}")
     _require(cfg.data.tokenizer.vocab_size == m.vocab_size, "data.tokenizer.vocab_size",
              f"{cfg.data.tokenizer.vocab_size} differs from model.vocab_size={m.vocab_size}")
+
+
+def _check_device(cfg: DictConfig) -> None:
+    """The device preset's numbers (conf/device/): MFU and the dry run's plan divide by them."""
+    d = cfg.device
+    for dtype, peak in d.peak_tflops.items():
+        _require(dtype in CHOICES["precision.compute_dtype"] and peak > 0, f"device.peak_tflops.{dtype}",
+                 f"must be a compute dtype ({', '.join(CHOICES['precision.compute_dtype'])}) with a peak > 0, got {peak}")
+    _require(d.compute_dtype in d.peak_tflops, "device.compute_dtype",
+             f"{d.compute_dtype} has no entry in device.peak_tflops ({', '.join(d.peak_tflops)})")
+    _require(0 < d.compute_efficiency <= 1, "device.compute_efficiency", f"must be in (0, 1], got {d.compute_efficiency}")
+    _require(d.memory_gb > 0, "device.memory_gb", f"must be > 0, got {d.memory_gb}")
+    _require(0 <= d.reserved_gb < d.memory_gb, "device.reserved_gb",
+             f"must be in [0, device.memory_gb={d.memory_gb}), got {d.reserved_gb}")
+    _require(d.devices_per_node >= 1, "device.devices_per_node", f"must be >= 1, got {d.devices_per_node}")
+    for key in ("intra_node_gb_per_s", "inter_node_gb_per_s"):
+        _require(d[key] >= 0, f"device.{key}", f"must be >= 0 (0: unknown), got {d[key]}")
+
+
+def _check_nodes(cfg: DictConfig) -> None:
+    """`nodes` and parallel=auto: auto is one device in a run and the layout search in the dry run; a layout of
+    several nodes fills them (msrun starts devices_per_node workers on each)."""
+    p, nodes, per_node = cfg.parallel, cfg.nodes, cfg.device.devices_per_node
+    _require(nodes is None or nodes >= 1, "nodes", f"must be >= 1 (the nodes of {per_node} x {cfg.device.name} the "
+             f"run spans), got {nodes}")
+    if p.name == "auto":
+        _require(p.dp == p.tp == p.pp == 1, "parallel", "parallel=auto chooses dp, tp and pp itself; for a layout of "
+                 "your own start from a preset (parallel=single parallel.dp=...)")
+        _require(cfg.dry_run or nodes is None, "parallel", f"parallel=auto with nodes={nodes} is a question for the "
+                 "dry run: add dry_run=true, then start the layout it recommends (its command lines)")
+        return
+    devices = p.dp * p.tp * p.pp
+    if nodes is None or cfg.device.target == "CPU":
+        return
+    fits = devices <= per_node if nodes == 1 else devices == nodes * per_node
+    _require(fits, "nodes", f"parallel={p.name} uses {devices} devices, but nodes={nodes} x "
+             f"device.devices_per_node={per_node} = {nodes * per_node}" + (
+                 "" if devices % per_node else f"; set nodes={max(1, devices // per_node)}") +
+             ", or parallel=auto dry_run=true to rank the layouts of these nodes")
 
 
 def _check_parallel(cfg: DictConfig) -> None:

@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from base import checkpoint
 from base.errors import ConfigError
-from base.schema import global_batch_size, is_sharded, pipeline_micro_batches
+from base.schema import global_batch_size, is_sharded, peak_tflops, pipeline_micro_batches
 from data import build_data
 from models import build_model
 from objectives import objective as objective_plugin
@@ -110,7 +110,7 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     if rt.is_main:  # once everything is built: a start that fails (bad data, checkpoint) keeps the previous one
         save_resolved_config(cfg, run_dir)
     preemption = Preemption()
-    speed = SpeedMonitor(cfg.model, cfg.data.seq_len, cfg.device.peak_tflops, rt.world_size)
+    speed = SpeedMonitor(cfg.model, cfg.data.seq_len, peak_tflops(cfg), rt.world_size)
     tokens_by_source = lambda: {s: n * dp * cfg.data.seq_len for s, n in data.train.samples_by_source().items()}
     extra = lambda: {"skipped_steps": skipped, **({"loss_scale": scaler.scale} if scaler else {}),
                      **getattr(objective, "logged", {})}  # an objective's host-side numbers (PPO's rollout)

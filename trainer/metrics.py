@@ -10,7 +10,8 @@ from models import family
 class SpeedMonitor:
     """tokens/s over the last logging interval; MFU = flops_per_token x tokens/s / (peak x devices).
 
-    flops_per_token is the model family's (6N + attention; models/<family>/accounting.py); the peak comes from `device.peak_tflops`.
+    flops_per_token is the model family's (6N + attention; models/<family>/accounting.py); the peak is the device's at the compute dtype
+    (base/schema.py peak_tflops: `device.peak_tflops[precision.compute_dtype]`).
     """
 
     def __init__(self, model_cfg, seq_len: int, peak_tflops: float, num_devices: int):
