@@ -46,7 +46,7 @@ def run(cfg: DictConfig):
     if cfg.dry_run:
         from planner.dry_run import dry_run_report
 
-        print(dry_run_report(cfg))
+        print(dry_run_report(cfg, list(HydraConfig.get().overrides.task)))
         return None
     if launched_world_size() == 1:  # (the processes msrun starts write into the directory their parent checked)
         check_run_dir(HydraConfig.get().runtime.output_dir)  # a new directory or an earlier run's, nothing else

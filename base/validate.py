@@ -178,7 +178,8 @@ def _check_batch(cfg: DictConfig) -> None:
     _require(t.max_steps >= 1, "trainer.max_steps", f"must be >= 1, got {t.max_steps}")
     derived = global_batch_size(cfg)
     pipeline = f" x parallel.micro_batches ({p.micro_batches})" if p.pp > 1 else ""
-    _require(t.global_batch_size is None or t.global_batch_size == derived, "trainer.global_batch_size",
+    searched = p.name == "auto" and cfg.dry_run  # the layout search feeds every layout this batch
+    _require(t.global_batch_size is None or searched or t.global_batch_size == derived, "trainer.global_batch_size",
              f"{t.global_batch_size} != micro_batch_size ({t.micro_batch_size}) x dp ({p.dp}){pipeline} x "
              f"grad_accum ({t.grad_accum}) = {derived}; fix one of them or leave global_batch_size unset")
 

@@ -1,14 +1,27 @@
-"""`dry_run=true`: what a run would be (layout, size, FLOPs, memory per device), without building weights.
+"""`dry_run=true`: what a run would be, without building weights. Pure Python, so it answers for a 70B model on
+64 devices from a laptop.
 
-Pure Python, so it answers for a 70B model on 64 devices from a laptop.
+With a layout (parallel=tp8pp2, ...): its size, FLOPs, rank layout, memory per device, predicted step time and
+communication, and, when it does not fit, the nearest layouts of the same devices that do. With parallel=auto (the
+default) on more than one device (nodes x device.devices_per_node): the layouts that fit, fastest first
+(planner/advisor.py), the best one's plan, and the commands that start it (planner/launch.py). docs/planning.md
+explains the model behind each number.
 """
+import os
 import textwrap
-from typing import Any
+from typing import Any, List, Optional, Sequence
 
+from base.errors import ConfigError
+from base.paths import REPO_ROOT
 from base.registry import FAMILIES, OBJECTIVES
-from base.schema import global_batch_size, pipeline_micro_batches
+from base.schema import global_batch_size, peak_tflops, pipeline_micro_batches
+from planner.advisor import MAX_DEVICES, Option, Search, candidate_of, format_table, global_batch, summary_row
+from planner.launch import format_launch
 from planner.layout import Layout
-from planner.memory import MemoryPlan, ObjectiveMemory, format_plan, memory_plan
+from planner.memory import FRAGMENTATION, MemoryPlan, ObjectiveMemory, fits, format_plan, memory_plan, usable_bytes
+from planner.timing import format_time, step_time
+
+SHOWN_LAYOUTS = 5  # rows of the advisor's table
 
 
 def _count(n: float) -> str:
@@ -16,6 +29,21 @@ def _count(n: float) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.2f}{unit}"
     return f"{n:.0f}"
+
+
+def _presets(group: str) -> str:
+    names = sorted(f[:-5] for f in os.listdir(os.path.join(REPO_ROOT, "conf", group)) if f.endswith(".yaml"))
+    return "|".join(names)
+
+
+def header(cfg: Any, devices: int) -> str:
+    """The first line: the hardware and precision planned for, and how to plan for others."""
+    d, p = cfg.device, cfg.precision
+    per_node = d.devices_per_node
+    nodes = f" ({devices // per_node} nodes x {per_node})" if devices > per_node and devices % per_node == 0 else ""
+    why = " (precision=auto: the device's compute dtype)" if p.name == "auto" else f" (precision={p.name})"
+    return (f"dry run for {devices} x {d.name}{nodes} in {p.compute_dtype}{why}; plan for others with "
+            f"device={_presets('device')} nodes=N precision={_presets('precision')}")
 
 
 def _model_section(m: Any) -> str:
@@ -31,13 +59,14 @@ def _compute_section(cfg: Any, world: int) -> str:
     flops = fam.flops_per_token(m, seq_len)
     dense = 6 * fam.matmul_parameter_count(m)
     tokens = global_batch_size(cfg) * seq_len
-    ideal_step = flops * tokens / (world * cfg.device.peak_tflops * 1e12)
+    peak = peak_tflops(cfg)
+    ideal_step = flops * tokens / (world * peak * 1e12)
     return "\n".join([
         f"FLOPs per token (training, seq_len {seq_len}): {_count(flops)} = 6N {_count(dense)} "
         f"+ attention {_count(flops - dense)}",
         f"tokens per step: {tokens:,} ({global_batch_size(cfg)} sequences x {seq_len}); "
         f"{flops * tokens:.3g} FLOP per step",
-        f"step time at 100% MFU on {world} x {cfg.device.name} ({cfg.device.peak_tflops:g} TFLOP/s): "
+        f"step time at 100% MFU on {world} x {cfg.device.name} ({peak:g} TFLOP/s {cfg.precision.compute_dtype}): "
         f"{ideal_step:.3g} s",
     ])
 
@@ -49,30 +78,126 @@ def _attention(cfg: Any) -> str:
                                                      p.tp * p.pp > 1)
 
 
+def _needs(cfg: Any) -> ObjectiveMemory:
+    plugin = OBJECTIVES[cfg.objective.name]
+    return plugin.memory(cfg) if hasattr(plugin, "memory") else ObjectiveMemory()
+
+
 def config_plan(cfg: Any) -> MemoryPlan:
     """The memory plan of a composed Config: its attention kind (no [S, S] activations unless plain) and what its
     objective adds (a reference model, a value head...)."""
     m, p = cfg.model, cfg.parallel
-    plugin = OBJECTIVES[cfg.objective.name]
-    needs = plugin.memory(cfg) if hasattr(plugin, "memory") else ObjectiveMemory()
     return memory_plan(m, p, cfg.data.seq_len, cfg.trainer.micro_batch_size, cfg.precision.compute_dtype,
-                       m.recompute, _attention(cfg) != "plain", needs)
+                       m.recompute, _attention(cfg) != "plain", _needs(cfg))
 
 
-def dry_run_report(cfg: Any) -> str:
-    """The full dry-run text for a composed Config."""
+def planned_devices(cfg: Any) -> int:
+    """The devices the dry run plans for: the layout's, or with parallel=auto nodes (default 1) x devices_per_node."""
+    p = cfg.parallel
+    if p.name == "auto":
+        return (cfg.nodes or 1) * cfg.device.devices_per_node
+    return p.dp * p.tp * p.pp
+
+
+def dry_run_report(cfg: Any, overrides: Optional[Sequence[str]] = None) -> str:
+    """The full dry-run text for a composed Config. `overrides`: the command line's (for the launch commands);
+    without them the commands carry model=, device= and data.seq_len=."""
+    devices = planned_devices(cfg)
+    if cfg.parallel.name == "auto" and devices > 1:
+        return advisor_report(cfg, devices, overrides)
+    return layout_report(cfg)
+
+
+def layout_report(cfg: Any) -> str:
+    """A fixed layout: the plan, its predicted time and communication, and what fits instead when it does not."""
     m, p = cfg.model, cfg.parallel
     layout = Layout.from_config(p, m.num_layers)
     plan = config_plan(cfg)
     pipeline = f" x {pipeline_micro_batches(cfg)} pipeline micro-batches" if p.pp > 1 else ""
-    return "\n\n".join([
+    time = step_time(m, p, cfg.device, cfg.data.seq_len, cfg.trainer.micro_batch_size,
+                     pipeline_micro_batches(cfg) * cfg.trainer.grad_accum, cfg.precision.compute_dtype, m.recompute,
+                     _needs(cfg).sequences)
+    sections = [
+        header(cfg, layout.world_size) + "\n"
         f"dry run: model {m.name} x parallel {p.name} on {layout.world_size} x {cfg.device.name}\n"
         f"  batch: micro_batch_size {cfg.trainer.micro_batch_size}{pipeline} x dp {p.dp} x grad_accum "
         f"{cfg.trainer.grad_accum}, seq_len {cfg.data.seq_len}\n"
-        f"  compute {cfg.precision.compute_dtype}, recompute {m.recompute}, attention {_attention(cfg)}, optimizer_shard {p.optimizer_shard}, sequence_parallel "
-        f"{p.sequence_parallel}",
+        f"  compute {cfg.precision.compute_dtype}, recompute {m.recompute}, attention {_attention(cfg)}, "
+        f"optimizer_shard {p.optimizer_shard}, sequence_parallel {p.sequence_parallel}",
         _model_section(m),
         _compute_section(cfg, layout.world_size),
         "layout\n" + textwrap.indent(layout.describe(), "  "),
-        format_plan(plan, cfg.device.memory_gb),
+        format_plan(plan, cfg.device),
+        format_time(time, cfg.device, cfg.precision.compute_dtype),
+    ]
+    if not fits(plan, cfg.device):
+        sections.append(_alternatives(cfg, layout.world_size))
+    return "\n\n".join(sections)
+
+
+def _alternatives(cfg: Any, devices: int) -> str:
+    """For a layout that does not fit: the nearest layouts of the same devices and batch that do, or how many
+    devices any layout needs."""
+    search, batch = Search(cfg), global_batch_size(cfg)
+    near = search.nearest(candidate_of(cfg), batch)
+    if not near:
+        return _no_fit_line(cfg, search, devices, batch)
+    usable = usable_bytes(cfg.device)
+    return "\n".join([f"the nearest layouts of these {devices} devices that fit ({batch} sequences per step):",
+                      textwrap.indent(format_table([summary_row(i + 1, o, usable) for i, o in enumerate(near)]), "  "),
+                      "  run the first with: " + " ".join(near[0].candidate.overrides())])
+
+
+def _no_fit_line(cfg: Any, search: Search, devices: int, batch: int) -> str:
+    needed = search.devices_needed(devices, batch)
+    per_node = cfg.device.devices_per_node
+    at_least = (f"needs at least {needed} (nodes={needed // per_node})" if needed else
+                f"not on {MAX_DEVICES} either: shorten data.seq_len, use a device with more memory, or give "
+                f"trainer.global_batch_size more sequences (more micro-batches allow more pipeline stages)")
+    return (f"no layout of {devices} x {cfg.device.name} fits model={cfg.model.name} at seq_len {cfg.data.seq_len} "
+            f"({batch} sequences per step): {at_least}")
+
+
+def advisor_report(cfg: Any, devices: int, overrides: Optional[Sequence[str]] = None) -> str:
+    """parallel=auto: the layouts of `devices` that fit, fastest first; the best one's plan and launch commands."""
+    search, batch, d = Search(cfg), global_batch(cfg), cfg.device
+    options = search.options(devices, batch)
+    ranked = [o for o in options if o.fits]
+    if not ranked:
+        raise ConfigError("nodes", _no_fit_line(cfg, search, devices, batch))
+    best = ranked[0]
+    usable = usable_bytes(d)
+    given = "trainer.global_batch_size" if cfg.trainer.global_batch_size else (
+        "trainer.global_batch_size unset: Llama 2's 4M tokens; set it to plan yours")
+    reserved = f", {d.memory_gb:g} less {d.reserved_gb:g} reserved" if d.reserved_gb else ""
+    table = format_table([summary_row(i + 1, o, usable) for i, o in enumerate(ranked[:SHOWN_LAYOUTS])])
+    intro = "\n".join([
+        header(cfg, devices),
+        f"layouts for model {cfg.model.name} on {devices} x {d.name}: {batch:,} sequences x {cfg.data.seq_len} = "
+        f"{batch * cfg.data.seq_len:,} tokens per step ({given})",
+        f"  {len(ranked)} of {len(options)} layouts fit in {usable / 2 ** 30:g} GiB usable per device{reserved} "
+        f"with {FRAGMENTATION:.0%} for fragmentation; the fastest {min(len(ranked), SHOWN_LAYOUTS)}:",
+        textwrap.indent(table, "  "),
     ])
+    user = list(overrides) if overrides is not None else [
+        f"model={cfg.model.name}", f"device={d.name}", f"data.seq_len={cfg.data.seq_len}"]
+    return "\n\n".join([
+        intro,
+        _model_section(cfg.model),
+        _best_section(cfg, best),
+        format_plan(best.plan, d),
+        format_time(best.time, d, cfg.precision.compute_dtype),
+        "layout\n" + textwrap.indent(Layout(best.candidate.dp, best.candidate.tp, best.candidate.pp,
+                                             cfg.model.num_layers).describe(), "  "),
+        format_launch(user, best.candidate, d, devices // d.devices_per_node if devices > d.devices_per_node else 1,
+                      cfg.precision.compute_dtype),
+    ])
+
+
+def _best_section(cfg: Any, best: Option) -> str:
+    c = best.candidate
+    pipeline = f"{c.micro_batches} pipeline micro-batches" if c.pp > 1 else (
+        f"grad_accum {c.micro_batches}" if c.micro_batches > 1 else "no accumulation")
+    return (f"the fastest: {c.describe()}, micro_batch_size {c.micro_batch_size}, {pipeline}, recompute {c.recompute}, "
+            f"attention {FAMILIES[cfg.model.family].attention_kind(cfg.model, cfg.device.target, cfg.precision.compute_dtype, c.tp * c.pp > 1)}\n"
+            f"  overrides: {' '.join(c.overrides())}")

@@ -149,6 +149,8 @@ def format_time(t: StepTime, device: Any, compute_dtype: str) -> str:
         rows.append(f"  communication time unknown: device {device.name} gives no link bandwidth "
                     "(device.intra_node_gb_per_s / inter_node_gb_per_s)")
     for c in t.comms:
-        rows.append(f"  {c.kind} {c.collective}: {c.bytes / 2 ** 30:.3g} GiB per device over {c.link} links, "
+        gib = c.bytes / 2 ** 30
+        rows.append(f"  {c.kind} {c.collective}: {gib:,.0f}" if gib >= 100 else f"  {c.kind} {c.collective}: {gib:.3g}")
+        rows[-1] += (f" GiB per device over {c.link} links, "
                     f"{c.seconds:.3g} s" + (f" ({c.exposed:.3g} s not overlapped)" if c.kind == "dp" else ""))
     return "\n".join(rows)

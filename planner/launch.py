@@ -1,0 +1,75 @@
+"""From a planned layout to the commands that start it: msrun on each node (or scripts/slurm_msrun.sbatch), and the
+MindFormers parallel_config of the same layout, to compare with MindFormers' own recipes.
+
+How ranks map to nodes: msrun gives node r the ranks [r * devices_per_node, (r + 1) * devices_per_node), and
+planner/layout.py orders ranks tp fastest, then dp, then pp, so a tensor-parallel group (tp <= devices_per_node)
+never leaves its node; data-parallel and pipeline neighbours may.
+"""
+import shlex
+from typing import Any, List, Sequence
+
+from planner.advisor import Candidate
+
+MASTER_PORT = 8118  # scripts/slurm_msrun.sbatch's default
+# what the planned layout sets, dropped from the user's own overrides
+LAYOUT_KEYS = ("parallel", "nodes", "dry_run", "trainer.micro_batch_size", "trainer.grad_accum", "model.recompute")
+MINDFORMERS_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def run_overrides(user: Sequence[str], c: Candidate, nodes: int) -> List[str]:
+    """The user's overrides with the planned layout's in place of their layout keys (and of dry_run)."""
+    def planned(item: str) -> bool:
+        key = item.lstrip("+~").split("=", 1)[0]
+        return any(key == k or key.startswith(k + ".") for k in LAYOUT_KEYS)
+
+    kept = [o for o in user if not planned(o)]
+    return kept + c.overrides() + ([f"nodes={nodes}"] if nodes > 1 else [])
+
+
+def commands(overrides: Sequence[str], c: Candidate, devices_per_node: int) -> List[str]:
+    """The command on each node (one python line on a single node: train.py starts msrun itself) and the sbatch
+    line that runs them under Slurm."""
+    args = " ".join(shlex.quote(o) for o in overrides)
+    if c.world <= devices_per_node:
+        return [f"python train.py {args}"]
+    nodes = c.world // devices_per_node
+    env = "" if devices_per_node == 8 else f"DEVICES_PER_NODE={devices_per_node} "
+    return [f"# on node r = 0..{nodes - 1}, with RUN_DIR on a filesystem every node shares and MASTER_ADDR node 0's "
+            "address:",
+            f"msrun --worker_num={c.world} --local_worker_num={devices_per_node} --master_addr=$MASTER_ADDR "
+            f"--master_port={MASTER_PORT} --node_rank=$r --join=True --log_dir=$RUN_DIR/workers/node$r "
+            f"train.py hydra.run.dir=$RUN_DIR {args}",
+            "# or under Slurm (scripts/slurm_msrun.sbatch runs the line above on each node):",
+            f"{env}sbatch --nodes={nodes} scripts/slurm_msrun.sbatch {args}"]
+
+
+def mindformers_parallel_config(c: Candidate, dtype: str) -> str:
+    """The same layout in a MindFormers YAML (its run_*.yaml keys), for comparing with its published recipes."""
+    recompute = {"none": "recompute: False\n  select_recompute: False",
+                 "selective": "recompute: False\n  select_recompute: True",
+                 "full": "recompute: True\n  select_recompute: False"}[c.recompute]
+    return "\n".join([
+        "parallel:",
+        f"  enable_parallel_optimizer: {c.optimizer_shard}",
+        "parallel_config:",
+        f"  data_parallel: {c.dp}",
+        f"  model_parallel: {c.tp}",
+        f"  pipeline_stage: {c.pp}",
+        f"  use_seq_parallel: {c.sequence_parallel}",
+        f"  micro_batch_num: {c.micro_batches if c.pp > 1 else 1}",
+        "  vocab_emb_dp: False" if c.tp > 1 else "  vocab_emb_dp: True",
+        "recompute_config:",
+        f"  {recompute}",
+        "runner_config:",
+        f"  batch_size: {c.micro_batch_size}",
+        *([f"  gradient_accumulation_steps: {c.micro_batches}"] if c.pp == 1 and c.micro_batches > 1 else []),
+        "model:",
+        "  model_config:",
+        f"    compute_dtype: \"{MINDFORMERS_DTYPE[dtype]}\"",
+    ])
+
+
+def format_launch(user: Sequence[str], c: Candidate, device: Any, nodes: int, dtype: str) -> str:
+    overrides = run_overrides(user, c, nodes)
+    return "\n".join(["launch it:", *commands(overrides, c, device.devices_per_node),
+                      "the same layout as a MindFormers config:", mindformers_parallel_config(c, dtype)])
