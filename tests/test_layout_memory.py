@@ -1,12 +1,21 @@
 """Rank layout (planner/layout.py), memory plan (planner/memory.py) and the dry-run report."""
+import os
+
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import compose_cfg, load_preset
-from planner.layout import Coords, Layout
-from planner.memory import GIB, ObjectiveMemory, format_plan, layer_activation_bytes, memory_plan
-from base.schema import use_flash_attention
+from base.schema import DeviceConfig, use_flash_attention
+from conftest import ROOT, compose_cfg, load_preset
 from planner.dry_run import dry_run_report
+from planner.layout import Coords, Layout
+from planner.memory import GIB, ObjectiveMemory, fits, format_plan, layer_activation_bytes, memory_plan
+
+
+def device(name: str, **overrides):
+    """A conf/device preset on its schema (base/schema.py DeviceConfig), as Hydra composes it."""
+    raw = OmegaConf.load(os.path.join(ROOT, "conf", "device", f"{name}.yaml"))
+    raw.pop("defaults")
+    return OmegaConf.merge(OmegaConf.structured(DeviceConfig), raw, overrides)
 
 
 def model(name: str, **overrides):
@@ -83,7 +92,7 @@ def test_an_objectives_needs_enter_the_plan():
     assert base.logits == 4 * 256 * 8 * 4096 and pair.logits == 4 * base.logits
     assert pair.params == base.params - 1000
     assert pair.total == base.total + base.activations + 3 * base.logits + 123.0 - 16 * 1000
-    assert "reference (frozen)" in format_plan(pair, 24)
+    assert "reference (frozen)" in format_plan(pair, device("cpu"))
 
 
 def test_optimizer_sharding_divides_by_dp():
@@ -148,8 +157,18 @@ def test_13b_tp8pp2_plan():
     # 16 B/param + 2 micro-batches x 20 layers x 4096*5120*2 B x (4 + 2 + 2 + 4*13824/5120) / 8
     assert plan.total == 16 * 813_670_400 + 2 * 20 * 4096 * 5120 * 2 * 2.35 == 16_961_372_160
     assert 15 < plan.total / GIB < 16.5
-    assert "fits" in format_plan(plan, 80)
-    assert "DOES NOT FIT" in format_plan(plan, 8)
+    assert "fits" in format_plan(plan, device("h100"))
+    assert "DOES NOT FIT" in format_plan(plan, device("h100", memory_gb=8, reserved_gb=0))
+
+
+def test_fits_leaves_the_runtime_its_memory_and_room_for_fragmentation():
+    """A plan fits when it plus 10% stays within memory_gb less reserved_gb: 13b tp8pp2's 15.80 GiB needs 17.38."""
+    plan = plan_for("13b", "tp8pp2", flash=True)
+    assert fits(plan, device("ascend910b", memory_gb=17.4, reserved_gb=0))
+    assert not fits(plan, device("ascend910b", memory_gb=17.4, reserved_gb=0.1))
+    assert not fits(plan, device("ascend910b", memory_gb=17.3, reserved_gb=0))
+    assert "+10% fragmentation = 17.38 of 58.00 usable, 64 less 6 reserved (30%): fits" in format_plan(
+        plan, device("ascend910b"))
 
 
 # --- dry run ------------------------------------------------------------------------------------------
@@ -165,11 +184,11 @@ def test_dry_run_report():
     assert "tokens per step: 32,768" in text  # 1 x 8 micro-batches x dp 1 x grad_accum 1 x 4096
     assert "stage 1: ranks 8-15  layers 20-39 (20)" in text
     # 16 B x 813,670,400 params + 2 micro-batches x 20 layers x 4096*5120*2 B x (18.8 + 32) / 8
-    assert "22.05  of 80 GiB (28%): fits" in text
+    assert "22.05  +10% fragmentation = 24.25 of 76.00 usable, 80 less 4 reserved (32%): fits" in text
 
 
 def test_dry_run_flash_auto_on_ascend():
     cfg = compose_cfg("model=13b", "parallel=tp8pp2", "device=ascend910b", "precision=bf16",
                          "data.seq_len=4096", "trainer.micro_batch_size=1")
     assert use_flash_attention(cfg.model, cfg.device.target)
-    assert "15.80  of 64 GiB (25%): fits" in dry_run_report(cfg)  # test_13b_tp8pp2_plan's total
+    assert "15.80  +10% fragmentation" in dry_run_report(cfg)  # test_13b_tp8pp2_plan's total
