@@ -54,7 +54,7 @@ class Candidate:
 
     def overrides(self) -> List[str]:
         """The command-line overrides that run this layout: parallel=single's keys replaced (defaults left out)."""
-        keys = [f"parallel=single", f"parallel.name={self.name}", f"parallel.dp={self.dp}", f"parallel.tp={self.tp}",
+        keys = ["parallel=single", f"parallel.name={self.name}", f"parallel.dp={self.dp}", f"parallel.tp={self.tp}",
                 f"parallel.pp={self.pp}"]
         keys += [f"parallel.micro_batches={self.micro_batches}"] if self.pp > 1 else []
         keys += ["parallel.sequence_parallel=true"] if self.sequence_parallel else []
@@ -174,8 +174,8 @@ class Search:
                       key=lambda o: (o.time.step, needed_bytes(o.plan)))
 
     def ranked(self, devices: int, batch: int) -> List[Option]:
-        """The candidates that fit, fastest first."""
-        return [o for o in self.options(devices, batch) if o.fits]
+        """The candidates that fit, fastest first, less the beaten ones (best_of)."""
+        return best_of(self.options(devices, batch))
 
     def nearest(self, current: Candidate, batch: int, count: int = 3) -> List[Option]:
         """Layouts of the same devices that fit, fewest changes to `current` first, then fastest."""
@@ -198,6 +198,23 @@ class Search:
                 if fits(plan, self.device):
                     return count
         return None
+
+
+def best_of(options: List[Option]) -> List[Option]:
+    """The options that fit, in their order, less those a sibling beats: the same dp, tp, pp and micro-batches, no
+    slower with no more memory (selective recompute where flash attention keeps no probabilities anyway; optimizer
+    sharding never does, it costs no time here)."""
+    fitting = [o for o in options if o.fits]
+
+    def key(o: Option) -> tuple:
+        c = o.candidate
+        return c.dp, c.tp, c.pp, c.micro_batch_size, c.micro_batches
+
+    def beaten(o: Option) -> bool:
+        return any(key(x) == key(o) and x.time.step <= o.time.step and x.plan.total <= o.plan.total
+                   and (x.time.step, x.plan.total) != (o.time.step, o.plan.total) for x in fitting)
+
+    return [o for o in fitting if not beaten(o)]
 
 
 def summary_row(rank: int, o: Option, usable: float) -> Dict[str, str]:

@@ -9,13 +9,13 @@ explains the model behind each number.
 """
 import os
 import textwrap
-from typing import Any, List, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from base.errors import ConfigError
 from base.paths import REPO_ROOT
 from base.registry import FAMILIES, OBJECTIVES
 from base.schema import global_batch_size, peak_tflops, pipeline_micro_batches
-from planner.advisor import MAX_DEVICES, Option, Search, candidate_of, format_table, global_batch, summary_row
+from planner.advisor import MAX_DEVICES, Option, Search, best_of, candidate_of, format_table, global_batch, summary_row
 from planner.launch import format_launch
 from planner.layout import Layout
 from planner.memory import FRAGMENTATION, MemoryPlan, ObjectiveMemory, fits, format_plan, memory_plan, usable_bytes
@@ -162,7 +162,7 @@ def advisor_report(cfg: Any, devices: int, overrides: Optional[Sequence[str]] = 
     """parallel=auto: the layouts of `devices` that fit, fastest first; the best one's plan and launch commands."""
     search, batch, d = Search(cfg), global_batch(cfg), cfg.device
     options = search.options(devices, batch)
-    ranked = [o for o in options if o.fits]
+    ranked = best_of(options)
     if not ranked:
         raise ConfigError("nodes", _no_fit_line(cfg, search, devices, batch))
     best = ranked[0]
@@ -175,8 +175,9 @@ def advisor_report(cfg: Any, devices: int, overrides: Optional[Sequence[str]] = 
         header(cfg, devices),
         f"layouts for model {cfg.model.name} on {devices} x {d.name}: {batch:,} sequences x {cfg.data.seq_len} = "
         f"{batch * cfg.data.seq_len:,} tokens per step ({given})",
-        f"  {len(ranked)} of {len(options)} layouts fit in {usable / 2 ** 30:g} GiB usable per device{reserved} "
-        f"with {FRAGMENTATION:.0%} for fragmentation; the fastest {min(len(ranked), SHOWN_LAYOUTS)}:",
+        f"  {sum(o.fits for o in options)} of {len(options)} layouts fit in {usable / 2 ** 30:g} GiB usable per device"
+        f"{reserved} with {FRAGMENTATION:.0%} for fragmentation; the fastest {min(len(ranked), SHOWN_LAYOUTS)} (of "
+        f"layouts alike but for recompute or optimizer sharding, those beaten on both time and memory left out):",
         textwrap.indent(table, "  "),
     ])
     user = list(overrides) if overrides is not None else [

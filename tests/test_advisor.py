@@ -5,7 +5,6 @@ import re
 import shlex
 
 import pytest
-from omegaconf import OmegaConf
 
 from base.schema import peak_tflops
 from base.validate import validate
