@@ -127,8 +127,8 @@ def layout_report(cfg: Any) -> str:
         _model_section(m),
         _compute_section(cfg, layout.world_size),
         "layout\n" + textwrap.indent(layout.describe(), "  "),
-        format_plan(plan, cfg.device),
         format_time(time, cfg.device, cfg.precision.compute_dtype),
+        format_plan(plan, cfg.device),  # last: readers take the memory table from the end of the report
     ]
     if not fits(plan, cfg.device):
         sections.append(_alternatives(cfg, layout.world_size))

@@ -56,7 +56,7 @@ class StepTime:
     step: float  # seconds per optimizer step
     tokens_per_step: int  # over all devices
     devices: int
-    model_flops_per_token: float
+    model_flops_per_token: float  # per token of a sample (a preference pair's tokens count twice)
     peak_tflops: float  # of the compute dtype
     links_known: bool  # whether the device preset gives its link bandwidths
 
@@ -131,7 +131,7 @@ def step_time(m: Any, p: Any, device: Any, seq_len: int, micro_batch_size: int, 
     return StepTime(
         compute=micro_batches * compute, bubble=bubble, comms=tuple(comms), step=step,
         tokens_per_step=int(micro_batches * micro_batch_size * seq_len * p.dp),
-        devices=p.dp * p.tp * p.pp, model_flops_per_token=FAMILIES[m.family].flops_per_token(m, seq_len),
+        devices=p.dp * p.tp * p.pp, model_flops_per_token=FAMILIES[m.family].flops_per_token(m, seq_len) * sequences,
         peak_tflops=device.peak_tflops[compute_dtype],
         links_known=bool(device.intra_node_gb_per_s and (device.inter_node_gb_per_s or
                                                          p.dp * p.tp * p.pp <= device.devices_per_node)))

@@ -78,6 +78,14 @@ def test_groups_that_leave_a_node_run_at_its_network_bandwidth():
     # tp 8 stays in its node; the dp groups (ranks r, r+8, r+16, r+24) span 4 nodes
 
 
+def test_a_preference_pair_is_twice_the_compute_of_a_sample_at_the_same_mfu():
+    cfg = compose_cfg("model=7b", "device=h100")
+    p = Candidate(1, 1, 1, False, False, "none", 1, 1)  # one device: compute alone
+    one, pair = (step_time(cfg.model, p, cfg.device, 1024, 1, 1, "bf16", "none", n) for n in (1, 2))
+    assert pair.compute == pytest.approx(2 * one.compute) and pair.tokens_per_step == one.tokens_per_step
+    assert pair.mfu == pytest.approx(one.mfu) == pytest.approx(0.56)
+
+
 def test_recompute_costs_time_and_saves_memory():
     search = Search(compose_cfg("model=13b", "device=ascend910b", "data.seq_len=4096", "dry_run=true"))
     modes = {mode: search.option(Candidate(2, 2, 2, True, True, mode, 1, 8)) for mode in ("none", "selective", "full")}
