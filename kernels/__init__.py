@@ -67,7 +67,8 @@ def _not_x86() -> Optional[str]:
             "built, the models use their plain MindSpore ops")
 
 
-def _switched_off() -> Optional[str]:
+def switched_off() -> Optional[str]:
+    """Why MINDLAB_KERNELS turns the libraries off (one line), or None; an unknown value is a UserError."""
     value = os.environ.get(SWITCH, "")
     if value == "plain":
         return f"{SWITCH}=plain turns the compiled kernels off (unset it to use them)"
@@ -84,7 +85,7 @@ def _command(name: str, lib: str, out: str, source_dir: str = HERE) -> list:
 
 def library(name: str) -> Tuple[Optional[str], str]:
     """(path of the built library, "") or (None, why it is not there: one line with the fix)."""
-    why = _switched_off() or _not_x86()
+    why = switched_off() or _not_x86()
     if why:
         return None, why
     lib = _mindspore_lib()

@@ -103,6 +103,9 @@ def check(cfg) -> None:
     require(not (m.attention_chunk and m.flash_attention), "model.attention_chunk",
             "flash attention already works in blocks; set model.attention_chunk=0 or model.flash_attention=false")
     p = cfg.parallel
+    import kernels
+
+    kernels.switched_off()  # an unknown MINDLAB_KERNELS is refused before anything is built
     for kind, library in (("attention_kernel", "attention"), ("layer_kernels", "layers")):
         require(m[kind] in ("auto", "fused", "plain"), f"model.{kind}", f"got {m[kind]!r}; choose one of auto, fused, plain")
         if m[kind] != "fused":
@@ -116,8 +119,6 @@ def check(cfg) -> None:
                       (not m.attention_chunk, "model.attention_chunk", "already works in blocks of query rows"))
         for ok, key, why in rules:
             require(ok, key, f"model.{kind}=fused {why}; set model.{kind}=auto or plain")
-        import kernels
-
         path, why = kernels.library(library)
         require(path is not None, f"model.{kind}", f"fused: {why}; or set model.{kind}=plain")
     require(m.hidden_size % m.num_heads == 0, "model.num_heads",
