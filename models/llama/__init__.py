@@ -40,17 +40,16 @@ def kernel_libraries(cfg: Config, compute_dtype: str, device_target: str, sharde
     """The kernels/ libraries this model runs on (models/llama/kernels.py has their twins), from the config alone:
     "attention" (model.attention_kernel) and "layers" (model.layer_kernels: RMSNorm, SwiGLU, RoPE, the Linears'
     products and the objectives' cross-entropy over the logits). `auto` takes a library where it applies (the
-    native model in fp32 on CPU, no flash attention, no tp/pp layout: `sharded`, whose plan sets its strategies on
-    the plain ops; the attention also needs model.attention_chunk=0) and is built (kernels.library: not on a
+    native model in fp32 on CPU outside a tp/pp layout, `sharded`, whose plan sets its strategies on the plain ops;
+    the attention also without flash attention or model.attention_chunk) and is built (kernels.library: not on a
     non-x86 host, nor with MINDLAB_KERNELS=plain); `fused` where it is not built is one ConfigError (validation
     refuses it where it does not apply); `plain` never."""
     import kernels
 
-    applies = (cfg.impl == "native" and compute_dtype == "fp32" and device_target == "CPU" and not sharded
-               and not use_flash_attention(cfg, device_target))
+    applies = cfg.impl == "native" and compute_dtype == "fp32" and device_target == "CPU" and not sharded
+    attention = applies and not cfg.attention_chunk and not use_flash_attention(cfg, device_target)
     chosen = set()
-    for library, key, fits in (("attention", "attention_kernel", applies and not cfg.attention_chunk),
-                               ("layers", "layer_kernels", applies)):
+    for library, key, fits in (("attention", "attention_kernel", attention), ("layers", "layer_kernels", applies)):
         setting = cfg[key]
         if setting == "plain" or (setting == "auto" and not fits):
             continue
@@ -65,8 +64,8 @@ def apply_kernels(model, cfg: Config, compute_dtype: str, device_target: str, sh
     """Swap the twins of kernel_libraries' choice into the built model (adapters/twins.py overlay); returns it."""
     libraries = kernel_libraries(cfg, compute_dtype, device_target, sharded)
     if libraries:
+        import models.llama.kernels  # noqa: F401  (registers the twins)
         from adapters.twins import overlay
-        from models.llama import kernels  # noqa: F401  (registers the twins)
 
         overlay(model, libraries)
     return libraries
