@@ -28,7 +28,7 @@ RMSNorm statistics, softmax and the loss stay in fp32.
 Attention: CoreAttention below on [B, heads, S, D] (the kv heads repeated for GQA), or Ascend's flash attention
 (`model.flash_attention`). This file is plain MindSpore and runs everywhere; converters replace some of its cells
 after the build without changing it: LoRA (adapters/lora.py) and, on CPU, the compiled twins the family's build
-swaps in where they apply (models/llama/__init__.py build). The tensor/pipeline plan (plan.py) sets its
+swaps in where they apply (models/llama/__init__.py). The tensor/pipeline plan (plan.py) sets its
 strategies on the primitives here.
 
 Inference (`LlamaForCausalLM.generate`, models/llama/generation.py) goes through the `cached` methods: the same
