@@ -29,8 +29,8 @@ from models.llama import kernel_libraries
 from objectives._cross_entropy import KernelCrossEntropy, WeightedCrossEntropy
 from planner.dry_run import dry_run_report
 
-needs_kernels = pytest.mark.skipif(any(kernels.library(name)[0] is None for name in kernels.SOURCES),
-                                   reason=f"{kernels.library('attention')[1]} (scripts/venv.sh builds them with g++)")
+MISSING = next((why for path, why in map(kernels.library, kernels.SOURCES) if path is None), None)
+needs_kernels = pytest.mark.skipif(MISSING is not None, reason=str(MISSING))  # the reason says the fix
 
 
 @pytest.fixture
