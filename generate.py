@@ -202,15 +202,15 @@ def build(model_cfg, path: str, device: str):
     import mindspore as ms
 
     from base import checkpoint
-    from models import llama
+    from models import build_model
 
     ms.set_context(mode=ms.GRAPH_MODE)
     if ms.get_context("device_target") != device:
         ms.set_device(device)
     # the native model (MindFormers' checkpoints hold the same names), built as training builds it: with the CPU
     # kernels where they apply, so decoding runs one attention op a layer and step (kernels/attention.cc)
-    native = OmegaConf.merge(model_cfg, {"impl": "native"})
-    model = llama.build(native, native.max_position_embeddings, "fp32", use_flash=False, seed=0)
+    native = OmegaConf.merge(model_cfg, {"impl": "native", "flash_attention": False, "recompute": "none"})
+    model = build_model(native, native.max_position_embeddings, "fp32", device, seed=0)
     checkpoint.load_weights(path, model)
     model.set_train(False)
     return model

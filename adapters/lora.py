@@ -23,19 +23,14 @@ Which cells: a "linear cell" is one with its own 2-D `weight` Parameter [out, in
 which adds a bias; embeddings are not, as they have no matmul). `target_modules` follows PEFT: a name matches
 the cell whose path equals it or ends with "." + name; an entry "re:<regex>" matches paths by `re.fullmatch`.
 
-Construction and names: MindSpore names a parameter by the attribute path at which its cell was attached
-(each `parent.child = cell` prefixes "child." onto the names below it, once, at construction), so a cell
-attached after the model was built would get a wrong name (`wq.weight`, or `wq.model.layers.0...` for a shared
-Parameter). The targeted cell is therefore replaced in its parent, through `insert_child_to_cell` (which does
-not rename), by a new cell of a subclass of its own class (`LoraMixin` + e.g. llama `Linear` = `LoraLinear`)
-that shares its Parameters, primitives and attributes, and whose `construct` is the base class's plus the LoRA
-branch.
-The base names stay exactly as they were (`model.layers.0.attention.wq.weight`), the adapters are named from
-them (`model.layers.0.attention.wq.lora_A.weight` / `.lora_B.weight`), and because the cell keeps its path and
-class, everything that finds cells by path and type (the tensor-parallel plan's `isinstance(cell, Linear)` and
-`<path>.matmul` strategies, recompute) still applies to the base matmul. Graphs MindSpore already compiled for
-the model's cells are dropped from their caches (they would not see the adapters); a cell compiled around the
-model (a loss or train-step cell) cannot be reached from here: build those after apply_lora.
+Construction and names: the targeted cell is replaced in its parent by its twin (adapters/twins.py says why a
+twin), a cell of a subclass of its own class (`LoraMixin` + e.g. llama `Linear` = `LoraLinear`) that shares its
+Parameters, primitives and attributes and whose `construct` is the base class's plus the LoRA branch. The base
+names stay exactly as they were (`model.layers.0.attention.wq.weight`), the adapters are named from them
+(`model.layers.0.attention.wq.lora_A.weight` / `.lora_B.weight`), and the tensor-parallel plan's strategies and
+recompute still apply to the base matmul. Graphs MindSpore already compiled for the model's cells are dropped
+from their caches (they would not see the adapters); a cell compiled around the model (a loss or train-step
+cell) cannot be reached from here: build those after apply_lora.
 
 Importing this module is cheap (no MindSpore): `LoraConfig` is a config-group schema.
 """
@@ -99,6 +94,8 @@ def _cells():
     """The cell classes (built on first use, so that importing this module does not import MindSpore)."""
     from mindspore import Parameter, Tensor, nn, ops
 
+    from adapters.twins import adopt
+
     class LoraProjection(nn.Cell):
         """x @ W^T, W [out, in] (lora_A [r, in] or lora_B [out, r]); x is already in `compute_dtype`."""
 
@@ -115,14 +112,7 @@ def _cells():
         """Mixed in before a linear cell's class: that class's construct plus scaling * B(A(dropout(x)))."""
 
         def __init__(self, base: nn.Cell, a: np.ndarray, b: np.ndarray, scale: float, dropout: float):
-            nn.Cell.__init__(self)  # not the base class's __init__: it would build new weights
-            fresh = set(vars(self))
-            for key, value in vars(base).items():  # plain attributes (compute_dtype) and primitives (matmul)
-                if key not in fresh:
-                    object.__setattr__(self, key, value)
-            for store in ("_params", "_cells", "_primitives", "_buffers"):  # the same Parameter objects
-                getattr(self, store).update(getattr(base, store))
-            object.__setattr__(self, "training", base.training)
+            adopt(self, base)  # base's weight, matmul and compute_dtype: the same objects
             prefix = base.weight.name[: -len("weight")]  # e.g. "model.layers.0.attention.wq."
             self.lora_dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
             self.lora_A = LoraProjection(a, self.compute_dtype)
@@ -152,6 +142,8 @@ def apply_lora(model, cfg, seed: int) -> dict:
     """Add LoRA to every linear cell of `model` that `cfg.target_modules` matches and freeze everything else
     (`requires_grad = False`), so `model.trainable_params()` are the adapters. Returns
     {"trainable": adapter parameter count, "total": all parameters, "targets": the adapted cell paths}."""
+    from adapters.twins import drop_compiled, replace
+
     r, dropout = int(cfg.r), float(cfg.dropout)
     if r <= 0:
         raise ValueError(f"peft.r must be positive, got {cfg.r}")
@@ -179,11 +171,9 @@ def apply_lora(model, cfg, seed: int) -> dict:
         a = rng.uniform(-bound, bound, (r, in_features)).astype(np.float32)
         b = np.zeros((out_features, r), np.float32)
         cell = _lora_class(type(base))(base, a, b, scaling(cfg), dropout)
-        parent, _, attr = path.rpartition(".")
-        cells[parent].insert_child_to_cell(attr, cell)
+        replace(model, path, cell)
         adapters += [cell.lora_A.weight, cell.lora_B.weight]
-    for _, cell in model.cells_and_names():  # graphs compiled for the old cells: the next call recompiles
-        cell.compile_cache.clear()
+    drop_compiled(model)  # graphs compiled for the old cells: the next call recompiles
     trainable = {id(p) for p in adapters}
     params = model.get_parameters()
     total = 0

@@ -25,6 +25,7 @@ from data import build_data
 from data.cache import prepare
 from models import build_model
 from objectives import objective
+from trainer.module import loss_cell
 from trainer.step import ForwardBackward
 
 DEFAULTS = ["data=corpora_5dom", "model=small", "data.num_workers=2"]
@@ -66,7 +67,7 @@ def training_consumption(cfg, n_steps: int = 5) -> float:
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device(cfg.device.target)
     model = build_model(cfg.model, cfg.data.seq_len, cfg.precision.compute_dtype, cfg.device.target, t.seed)
-    loss_net = objective(cfg.objective.name).Objective(cfg.objective).loss_cell(model)
+    loss_net = loss_cell(objective(cfg.objective.name).Objective(cfg.objective), model)  # as training builds it
     grad = ForwardBackward(loss_net, ms.ParameterTuple(loss_net.trainable_params()))
     rng = np.random.default_rng(0)
     batch = ms.Tensor(rng.integers(0, cfg.model.vocab_size, (t.micro_batch_size, cfg.data.seq_len + 1), np.int32))

@@ -7,9 +7,9 @@ custom op forward and one backward (registered as the forward op's `bprop`).
     CrossEntropyKernel()(logits [N, V], targets [N]) -log softmax(logits)[target] per row [N] (0 where the
                                                     target is outside [0, V))
     LinearKernel()(x [..., K], weight [N, K])       x @ weight^T by sgemm, each gradient one op of its own
-                                                    (models/llama/model.py Linear: a training step's products)
+                                                    (models/llama/kernels.py KernelLinear: a training step's products)
     RowLinearKernel()(x [1, K], weight [N, K])      x @ weight^T for one row: a decoding step's projections at
-                                                    batch 1 (models/llama/model.py Linear)
+                                                    batch 1 (models/llama/kernels.py KernelLinear)
 
 What autodiff keeps for the backward: RMSNorm's input and each row's 1/rms [rows] (its output, like the attention
 kernel's logsumexp); SwiGLU's two inputs (the sigmoid is recomputed); RoPE nothing but the tables (its gradient is

@@ -5,8 +5,9 @@ nothing else.
 A family package exposes `Config` (its typed `model` group), `build(cfg, seq_len, compute_dtype, use_flash,
 seed)`, `check(cfg)` (its config rules), `describe(m, count)` (dry-run lines), `recompute_cells(model, mode)`,
 `parameter_count` / `matmul_parameter_count` / `flops_per_token` / `stage_parameters` /
-`layer_activation_factors` (the planner's), `CAUSAL`, optionally `attention_kernel` (attention_kind), and `hf` (its Hugging Face adapter); its `plan` submodule holds the tensor/pipeline layout. Nothing outside the folder spells the
-family's parameter paths.
+`layer_activation_factors` (the planner's), `CAUSAL`, `attention_kind`, `hf` (its Hugging Face adapter) and
+optionally `apply_kernels(model, cfg, compute_dtype, device_target, sharded)` (its CPU kernel overlay); its `plan`
+submodule holds the tensor/pipeline layout. Nothing outside the folder spells the family's parameter paths.
 """
 import importlib
 import pkgutil
@@ -32,15 +33,19 @@ def plan_of(name: str) -> ModuleType:
 
 def attention_kind(cfg, device_target: str, compute_dtype: str, sharded: bool) -> str:
     """flash, fused (a family's own CPU kernel) or plain: the family's `attention_kind` (the first two keep no
-    [S, S] probabilities for the backward: the dry-run planner's activation term). `sharded`: tp or pp > 1."""
+    [S, S] probabilities for the backward: the dry-run planner's activation term). `sharded`: as build_model's."""
     return family(cfg.family).attention_kind(cfg, device_target, compute_dtype, sharded)
 
 
-def build_model(cfg, seq_len: int, compute_dtype: str, device_target: str, seed: int):
-    """The family's model with `cfg.recompute` applied: full recomputes each layer in the backward, selective
-    only its attention core."""
+def build_model(cfg, seq_len: int, compute_dtype: str, device_target: str, seed: int, sharded: bool = False):
+    """The family's model, its CPU kernels swapped in where they apply (the family's `apply_kernels`, decided from
+    these arguments: never from MindSpore's global context), then `cfg.recompute` applied: full recomputes each
+    layer in the backward, selective only its attention core. `sharded`: the model runs under a semi-auto
+    tensor/pipeline layout (base.schema.is_sharded), whose plan sets its strategies on the plain ops."""
     fam = family(cfg.family)
     model = fam.build(cfg, seq_len, compute_dtype, use_flash_attention(cfg, device_target), seed)
+    if hasattr(fam, "apply_kernels"):
+        fam.apply_kernels(model, cfg, compute_dtype, device_target, sharded)
     if cfg.recompute != "none":
         for cell in fam.recompute_cells(model, cfg.recompute):
             cell.recompute()

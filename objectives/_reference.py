@@ -37,10 +37,11 @@ def check(cfg, key: str, modes=MODES) -> None:
 
 def build_reference(policy: nn.Cell, cfg, mode: str) -> nn.Cell:
     """A frozen model equal to `policy` now (built as cfg.model says), in eval mode (`mode` copy or lora_base)."""
+    from base.schema import is_sharded
     from models import build_model
 
     reference = build_model(cfg.model, cfg.data.seq_len, cfg.precision.compute_dtype, cfg.device.target,
-                            cfg.trainer.seed)
+                            cfg.trainer.seed, is_sharded(cfg.parallel))
     weights = {p.name: p for p in policy.get_parameters()}
     if mode == "lora_base":
         for _, cell in reference.cells_and_names():

@@ -14,7 +14,7 @@ from omegaconf import MISSING
 
 from base.errors import require
 from data.packing import DOCUMENT_PACKED, PACKED
-from objectives._cross_entropy import cross_entropy_for, masked_mean_nll
+from objectives._cross_entropy import WeightedCrossEntropy, masked_mean_nll
 
 
 @dataclass
@@ -62,7 +62,7 @@ class CausalLMLoss(nn.Cell):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
         self.model = model
         self.ignore_index = ignore_index
-        self.cross_entropy = cross_entropy_for(model)
+        self.cross_entropy = WeightedCrossEntropy()
 
     def construct(self, input_ids, labels):
         logits = self.model(input_ids[:, :-1])

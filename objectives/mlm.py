@@ -30,7 +30,7 @@ from omegaconf import MISSING
 from base.errors import require
 from data.pairs import MODES, pair_schema, sentence_end_ids, sentence_pairs
 from data.rows import RowSpec
-from objectives._cross_entropy import cross_entropy_for, masked_mean_nll
+from objectives._cross_entropy import WeightedCrossEntropy, masked_mean_nll
 
 IGNORE_INDEX = -100  # label of positions without loss
 MASK_FRACTION = 0.8  # of selected positions (words): replaced by the mask id
@@ -127,7 +127,7 @@ class MaskedLMLoss(nn.Cell):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
         self.model = model
         self.sentence_task = sentence_task
-        self.cross_entropy = cross_entropy_for(model)
+        self.cross_entropy = WeightedCrossEntropy()
 
     def construct(self, input_ids, token_type_ids, attention_mask, labels, *sentence_label):
         mlm_logits, sentence_logits = self.model(input_ids, token_type_ids, attention_mask)

@@ -259,13 +259,14 @@ class Objective:
 
     def attach(self, model: nn.Cell, cfg) -> nn.Cell:
         from base import checkpoint
+        from base.schema import is_sharded
         from models import build_model, family
 
         self.reference = _reference.build_reference(model, cfg, self.cfg.reference)
         rm_model = OmegaConf.load(os.path.join(self.cfg.reward_model, "config.yaml")).model
         rm_model = OmegaConf.merge(OmegaConf.structured(family(rm_model.family).Config), rm_model)  # newer keys
         reward_model = RewardModel(build_model(rm_model, cfg.data.seq_len, cfg.precision.compute_dtype,
-                                               cfg.device.target, cfg.trainer.seed), 0)
+                                               cfg.device.target, cfg.trainer.seed, is_sharded(cfg.parallel)), 0)
         checkpoint.load_weights(self.cfg.reward_model, reward_model)
         reward_model.update_parameters_name("reward.")
         for p in reward_model.get_parameters():

@@ -18,7 +18,7 @@ from base.errors import require
 from base.schema import INSTRUCTION_KINDS
 from data.samples import IGNORE_INDEX, sft_row_spec
 from objectives import check_fine_tuning
-from objectives._cross_entropy import cross_entropy_for, masked_mean_nll
+from objectives._cross_entropy import WeightedCrossEntropy, masked_mean_nll
 
 
 @dataclass
@@ -63,7 +63,7 @@ class ResponseLoss(nn.Cell):
     def __init__(self, model: nn.Cell):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
         self.model = model
-        self.cross_entropy = cross_entropy_for(model)
+        self.cross_entropy = WeightedCrossEntropy()
 
     def construct(self, input_ids, labels, position_ids, segment_ids):
         logits = self.model(input_ids[:, :-1], position_ids[:, :-1], segment_ids[:, :-1])

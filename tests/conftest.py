@@ -24,6 +24,17 @@ register()  # the ConfigStore schema and the ${repo:} resolver, as train.py does
 CORPORA = os.environ.get("MINDLAB_CORPORA", os.path.join(ROOT, "..", "shared", "corpora"))
 
 
+def pytest_addoption(parser):
+    parser.addoption("--plain-ops", action="store_true",
+                     help="every model, loss and optimizer on MindSpore's ops (MINDLAB_KERNELS=plain, also for the "
+                          "processes the tests start); the tests of the compiled kernels skip")
+
+
+def pytest_configure(config):
+    if config.getoption("--plain-ops"):
+        os.environ["MINDLAB_KERNELS"] = "plain"  # read by kernels.library at each model, loss and optimizer build
+
+
 def compose_cfg(*overrides):
     """The config train.py would run with these command-line overrides."""
     from hydra import compose, initialize_config_dir

@@ -1,9 +1,15 @@
-"""The compiled CPU kernels: attention (kernels/attention.cc, model.attention_kernel) and RMSNorm, SwiGLU, RoPE
-(kernels/layers.cc, model.layer_kernels). The same outputs and gradients as PyTorch's and as the model's plain
-path, built by the venv script, and a plain fallback (auto) or one clear error (fused) where they are not built."""
+"""The compiled CPU kernels: attention (kernels/attention.cc, model.attention_kernel) and RMSNorm, SwiGLU, RoPE,
+the Linears' products and the cross-entropy (kernels/layers.cc, model.layer_kernels), AdamW (kernels/optimizer.cc).
+The same outputs and gradients as PyTorch's and as the model's plain path, built by the venv script; which twins a
+config gets (models/llama/kernels.py, swapped in by models/llama/__init__.py apply_kernels), and a plain fallback
+(auto) or one clear error (fused) where they are not built, on a non-x86 host or under MINDLAB_KERNELS=plain.
+
+The tests that run the kernels skip where they are not built (or switched off: pytest --plain-ops); the selection
+tests run everywhere, with every library reported built (`built`)."""
 import functools
 import os
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -11,17 +17,28 @@ import pytest
 import mindspore as ms
 import torch
 from mindspore import Parameter, Tensor, nn, ops
+from omegaconf import OmegaConf
 
 import kernels
-from base.errors import ConfigError
+from adapters.twins import libraries_in, overlay
+from base.errors import ConfigError, UserError
+from base.schema import is_sharded
 from conftest import compose_cfg, load_preset
 from models import attention_kind, build_model
-from models.llama import attention_kernel, layer_kernels
-from objectives._cross_entropy import KernelCrossEntropy, cross_entropy_for
+from models.llama import kernel_libraries
+from objectives._cross_entropy import KernelCrossEntropy, WeightedCrossEntropy
 from planner.dry_run import dry_run_report
 
-pytestmark = pytest.mark.skipif(any(kernels.library(name)[0] is None for name in kernels.SOURCES),
-                                reason=f"{kernels.library('attention')[1]} (scripts/venv.sh builds it with g++)")
+MISSING = next((why for path, why in map(kernels.library, kernels.SOURCES) if path is None), None)
+needs_kernels = pytest.mark.skipif(MISSING is not None, reason=str(MISSING))  # the reason says the fix
+
+
+@pytest.fixture
+def built(monkeypatch):
+    """Every kernels/ library reported built and the switch unset: what the selection sees on an x86 box after
+    scripts/venv.sh (the libraries are never loaded by the tests that use this)."""
+    monkeypatch.delenv(kernels.SWITCH, raising=False)
+    monkeypatch.setattr(kernels, "library", lambda name: (f"/built/{name}.so", ""))
 
 
 class SumWeighted(nn.Cell):
@@ -42,6 +59,7 @@ class Gradients(nn.Cell):
         return self.net(*inputs), self.grad(self.net)(*inputs)
 
 
+@needs_kernels
 @pytest.mark.parametrize("mode, s, starts", [("graph", 150, (40, 100)), ("pynative", 150, (40, 100)),
                                               ("graph", 1100, (300, 1000))],
                          ids=["graph", "pynative", "graph-1100-rows"])
@@ -98,7 +116,7 @@ def _model_loss_and_grads(packed: bool, recompute: str = "none", attention: str 
 
         def __init__(self):
             super().__init__()
-            self.model, self.cross_entropy = model, cross_entropy_for(model)
+            self.model, self.cross_entropy = model, WeightedCrossEntropy()
 
         def construct(self, tokens, weights, *extra):
             logits = self.model(tokens, *extra)
@@ -109,6 +127,7 @@ def _model_loss_and_grads(packed: bool, recompute: str = "none", attention: str 
         def __init__(self):
             super().__init__()
             self.loss, self.grad = Loss(), ops.GradOperation(get_by_list=True)
+            overlay(self.loss, libraries_in(model))  # as trainer/module.py loss_cell: the cross-entropy follows
 
         def construct(self, *inputs):
             return self.loss(*inputs), self.grad(self.loss, params)(*inputs)
@@ -117,6 +136,7 @@ def _model_loss_and_grads(packed: bool, recompute: str = "none", attention: str 
     return float(loss.asnumpy()), [g.asnumpy() for g in grads]
 
 
+@needs_kernels
 @pytest.mark.parametrize("mode, b, hkv, length", [("graph", 2, 2, 40), ("pynative", 4, 4, 300)],
                          ids=["graph", "pynative-threaded"])
 def test_the_decode_kernel_matches_pytorch_with_gqa_rope_and_a_padded_cache(mode, b, hkv, length):
@@ -169,6 +189,7 @@ def test_the_decode_kernel_matches_pytorch_with_gqa_rope_and_a_padded_cache(mode
     np.testing.assert_allclose(out, want.numpy(), rtol=1e-4, atol=1e-5)
 
 
+@needs_kernels
 @pytest.mark.slow  # model=tiny's gradient graph compiled per path (~4 s each); the op tests below stay fast
 @pytest.mark.parametrize("packed", [False, True], ids=["one-sequence", "packed"])
 def test_the_model_gives_the_same_loss_and_gradients_with_either_kernel(packed):
@@ -181,14 +202,19 @@ def test_the_model_gives_the_same_loss_and_gradients_with_either_kernel(packed):
         assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 
 
+@needs_kernels
 @pytest.mark.slow  # model=tiny's gradient graph compiled per path (~4 s each); the op tests below stay fast
 @pytest.mark.parametrize("packed", [False, True], ids=["one-sequence", "packed"])
 def test_the_model_gives_the_same_loss_and_gradients_with_or_without_the_layer_kernels(packed):
     """model=tiny with RMSNorm, SwiGLU, RoPE and the cross-entropy by kernels/layers.cc against MindSpore's ops
     (both with the fused attention; with plain attention the RoPE kernel sees the [B, heads, S, D] layout)."""
+    from objectives.clm import Objective
+    from trainer.module import loss_cell
+
     cfg = load_preset("model", "tiny")
     cfg.layer_kernels = "fused"
-    assert isinstance(cross_entropy_for(build_model(cfg, 96, "fp32", "CPU", seed=0)), KernelCrossEntropy)
+    net = loss_cell(Objective(compose_cfg("model=tiny").objective), build_model(cfg, 96, "fp32", "CPU", seed=0))
+    assert isinstance(net.cross_entropy, KernelCrossEntropy)
     for attention in ("fused", "plain"):
         plain_loss, plain_grads = _model_loss_and_grads(packed, attention=attention, layers="plain")
         fused_loss, fused_grads = _model_loss_and_grads(packed, attention=attention, layers="fused")
@@ -213,6 +239,7 @@ def _torch_rope(x, cos, sin):
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
 
 
+@needs_kernels
 @pytest.mark.parametrize("op", ["rms_norm", "swiglu", "rope [B,S,H,D] x [S,1,D]", "rope [B,S,H,D] x [B,S,1,D]",
                                 "rope [B,H,S,D] x [S,D]", "cross_entropy", "row_linear", "linear", "rms_norm, threaded",
                                 "swiglu, threaded", "cross_entropy, threaded", "linear, threaded"])
@@ -271,6 +298,7 @@ def test_each_layer_kernel_matches_pytorch(op):
         np.testing.assert_allclose(got.asnumpy(), t.grad.numpy(), rtol=1e-4, atol=1e-5)
 
 
+@needs_kernels
 @pytest.mark.slow
 def test_full_recompute_through_the_kernel_gives_the_same_gradients():
     """model.recompute=full reruns the layer, the kernel's forward included, in the backward."""
@@ -281,49 +309,119 @@ def test_full_recompute_through_the_kernel_gives_the_same_gradients():
         assert np.abs(got - want).max() <= 1e-6 * np.abs(want).max()
 
 
-def test_auto_picks_the_kernel_where_it_applies():
+def test_auto_picks_the_kernels_where_they_apply(built):
     m = load_preset("model", "tiny")
-    assert attention_kernel(m, "fp32", False, "CPU") == "fused"
-    assert attention_kernel(m, "fp16", False, "CPU") == "plain"  # the kernel is fp32
-    assert attention_kernel(m, "fp32", False, "Ascend") == "plain"
-    assert attention_kernel(m, "fp32", True, "Ascend") == "flash"
-    m.attention_chunk = 64  # an explicit plain-path setting keeps the plain path
-    assert attention_kernel(m, "fp32", False, "CPU") == "plain"
-
-
-def test_auto_picks_the_layer_kernels_where_they_apply():
-    m = load_preset("model", "tiny")
-    assert layer_kernels(m, "fp32", "CPU")
-    assert not layer_kernels(m, "bf16", "CPU")
-    assert not layer_kernels(m, "fp32", "Ascend")
-    assert not layer_kernels(m, "fp32", "CPU", sharded=True)  # plan.py's strategies are on the plain ops
-    m.attention_chunk = 64  # the plain attention path: the layer kernels still apply
-    assert layer_kernels(m, "fp32", "CPU")
+    assert kernel_libraries(m, "fp32", "CPU", False) == {"attention", "layers"}
+    assert kernel_libraries(m, "fp16", "CPU", False) == set()  # the kernels are fp32
+    assert kernel_libraries(m, "fp32", "Ascend", False) == set()
+    assert kernel_libraries(m, "fp32", "CPU", True) == set()  # a tp/pp layout: plan.py's strategies, on the plain ops
+    assert attention_kind(m, "Ascend", "fp32", False) == "flash"
+    m.attention_chunk = 64  # an explicit plain-attention setting; the layer kernels still apply
+    assert kernel_libraries(m, "fp32", "CPU", False) == {"layers"}
+    m.attention_chunk, m.layer_kernels = 0, "plain"
+    assert kernel_libraries(m, "fp32", "CPU", False) == {"attention"}
     m.impl = "mindformers"
-    assert not layer_kernels(m, "fp32", "CPU")
-    m.impl, m.layer_kernels = "native", "plain"
-    assert not layer_kernels(m, "fp32", "CPU")
+    assert kernel_libraries(m, "fp32", "CPU", False) == set()
 
 
-def test_without_the_built_kernel_auto_is_plain_and_fused_is_one_error(monkeypatch, tmp_path):
-    monkeypatch.setattr("sys.prefix", str(tmp_path))  # a venv the kernel was never built into
+def test_without_the_built_kernels_auto_is_plain_and_fused_is_one_error(monkeypatch, tmp_path):
+    from trainer import fused_adamw
+
+    monkeypatch.delenv(kernels.SWITCH, raising=False)
+    monkeypatch.setattr("sys.prefix", str(tmp_path))  # a venv the kernels were never built into
     path, why = kernels.library("attention")
     assert path is None and "scripts/venv.sh" in why
     m = load_preset("model", "tiny")
-    assert attention_kernel(m, "fp32", False, "CPU") == "plain"
-    m.attention_kernel = "fused"
-    with pytest.raises(ConfigError, match=r"model\.attention_kernel: fused: kernels/attention\.cc is not built"):
-        attention_kernel(m, "fp32", False, "CPU")
-    assert not layer_kernels(m, "fp32", "CPU")
-    m.layer_kernels = "fused"
-    with pytest.raises(ConfigError, match=r"model\.layer_kernels: fused: kernels/layers\.cc is not built"):
-        layer_kernels(m, "fp32", "CPU")
-    from mindspore import Parameter
-    from trainer.optimizer import adamw_kernel_applies
-
-    assert not adamw_kernel_applies([Parameter(Tensor(np.zeros(3, np.float32)), name="w")])  # MindSpore's kernel
+    assert kernel_libraries(m, "fp32", "CPU", False) == set()
+    for key, library in (("attention_kernel", "attention"), ("layer_kernels", "layers")):
+        with pytest.raises(ConfigError, match=rf"model\.{key}: fused: kernels/{library}\.cc is not built"):
+            kernel_libraries(OmegaConf.merge(m, {key: "fused"}), "fp32", "CPU", False)
+    assert not fused_adamw.applies([Parameter(Tensor(np.zeros(3, np.float32)), name="w")], "CPU", False)
 
 
+def test_the_switch_runs_everything_on_plain_ops_and_fused_is_refused_in_one_line(monkeypatch):
+    """MINDLAB_KERNELS=plain (pytest --plain-ops): no library, so auto is plain and fused one ConfigError at
+    validation naming the switch; an unknown value is one error naming it."""
+    from base.validate import validate
+
+    monkeypatch.setenv(kernels.SWITCH, "plain")
+    assert all(kernels.library(name) == (None, "MINDLAB_KERNELS=plain turns the compiled kernels off (unset it to "
+                                                "use them)") for name in kernels.SOURCES)
+    assert kernel_libraries(load_preset("model", "tiny"), "fp32", "CPU", False) == set()
+    with pytest.raises(ConfigError, match=r"^model\.layer_kernels: fused: MINDLAB_KERNELS=plain turns"):
+        validate(compose_cfg("model.layer_kernels=fused"))
+    monkeypatch.setenv(kernels.SWITCH, "fast")
+    with pytest.raises(UserError, match="MINDLAB_KERNELS=fast: set it to plain"):
+        kernels.library("layers")
+
+
+def test_the_build_key_is_the_source_flags_and_cpu_not_the_checkout(tmp_path):
+    """Every clone sharing the venv finds the same libraries: the key of a copy of kernels/ elsewhere is the same;
+    an edited source (or header) gets another."""
+    lib = "/venv/lib/mindspore/lib"  # only named in the command
+    copy = tmp_path / "other-clone" / "kernels"
+    shutil.copytree(kernels.HERE, copy)
+    for name in kernels.SOURCES:
+        assert kernels.library_path(name, lib, str(copy)) == kernels.library_path(name, lib)
+    with open(copy / "threads.h", "a", encoding="utf-8") as f:
+        f.write("\n// edited\n")
+    assert kernels.library_path("layers", lib, str(copy)) != kernels.library_path("layers", lib)
+
+
+def test_a_non_x86_host_builds_nothing_and_says_why_in_one_line(monkeypatch, tmp_path, capsys):
+    """An ARM server (Ascend's hosts): no compiler run, one line, and the models on their plain ops."""
+    monkeypatch.delenv(kernels.SWITCH, raising=False)
+    monkeypatch.setattr("platform.machine", lambda: "aarch64")
+    monkeypatch.setattr("sys.prefix", str(tmp_path))
+    monkeypatch.setattr("subprocess.run", lambda *a, **k: pytest.fail("the compiler ran on a non-x86 host"))
+    kernels.build()
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["[mindlab] kernels/ is x86 code (AVX intrinsics) and this host is aarch64: nothing is built, "
+                   "the models use their plain MindSpore ops"]
+    assert not os.path.exists(tmp_path / "mindlab-kernels")
+    assert kernels.library("layers")[0] is None
+    assert kernel_libraries(load_preset("model", "tiny"), "fp32", "CPU", False) == set()
+
+
+def _cell_modules(model) -> set:
+    return {type(cell).__module__ for _, cell in model.cells_and_names() if not isinstance(cell, nn.CellList)}
+
+
+@pytest.mark.parametrize("layout", ["parallel.tp=2", "parallel.pp=2"])
+def test_a_model_built_for_a_tensor_or_pipeline_layout_holds_only_plain_cells(built, layout):
+    """As trainer/loop.py builds it (build_model's `sharded` from the composed layout, not MindSpore's context):
+    the plan's strategies are set on the plain ops; the dry run plans the plain attention for it."""
+    cfg = compose_cfg("model=tiny", layout)
+    model = build_model(cfg.model, 64, cfg.precision.compute_dtype, cfg.device.target, 0, is_sharded(cfg.parallel))
+    assert _cell_modules(model) == {"models.llama.model"}
+    assert "attention plain" in dry_run_report(cfg)
+
+
+def test_an_fp32_cpu_single_device_model_holds_the_twins_and_the_dry_run_agrees(built):
+    from models.llama import kernels as twins_of_llama
+
+    cfg = compose_cfg("model=tiny")
+    model = build_model(cfg.model, 64, "fp32", "CPU", 0, is_sharded(cfg.parallel))
+    layer = model.model.layers[0]
+    assert isinstance(model.model, twins_of_llama.KernelLayoutLlamaModel)
+    assert isinstance(layer.attention, twins_of_llama.KernelAttention)
+    assert isinstance(layer.attention.rope, twins_of_llama.KernelRotary)
+    assert isinstance(layer.attention_norm, twins_of_llama.KernelRMSNorm)
+    assert isinstance(layer.feed_forward, twins_of_llama.KernelFeedForward)
+    assert isinstance(layer.feed_forward.w1, twins_of_llama.KernelLinear)
+    assert isinstance(model.lm_head, twins_of_llama.KernelLinear)
+    assert libraries_in(model) == {"attention", "layers"}
+    assert "attention fused" in dry_run_report(cfg)
+    names = sorted(p.name for p in model.get_parameters())  # the twins adopt the plain cells' Parameters
+    plain = build_model(OmegaConf.merge(cfg.model, {"attention_kernel": "plain", "layer_kernels": "plain"}), 64,
+                        "fp32", "CPU", 0)
+    assert names == sorted(p.name for p in plain.get_parameters())
+    for ours, theirs in zip(sorted(model.get_parameters(), key=lambda p: p.name),
+                            sorted(plain.get_parameters(), key=lambda p: p.name)):
+        np.testing.assert_array_equal(ours.asnumpy(), theirs.asnumpy())
+
+
+@needs_kernels
 @pytest.mark.slow  # g++ builds the kernels afresh, ~5 s
 def test_the_venv_build_compiles_the_kernel(monkeypatch, tmp_path, capsys):
     """What scripts/venv.sh runs (`python -m kernels`), into an empty venv: the library appears where the models
@@ -339,7 +437,7 @@ def test_the_venv_build_compiles_the_kernel(monkeypatch, tmp_path, capsys):
     assert capsys.readouterr().err == ""  # nothing to do the second time
 
 
-def test_the_dry_run_plans_no_probabilities_under_the_kernel():
+def test_the_dry_run_plans_no_probabilities_under_the_kernel(built):
     """The planner's activation term a*s/h (the softmax output) is dropped, as for flash attention."""
     fused = compose_cfg("model=tiny", "data.seq_len=512")
     plain = compose_cfg("model=tiny", "data.seq_len=512", "model.attention_kernel=plain")
@@ -353,6 +451,7 @@ def test_the_dry_run_plans_no_probabilities_under_the_kernel():
     assert by_mode["fused"]["none"] == by_mode["fused"]["selective"] == by_mode["plain"]["selective"]
 
 
+@needs_kernels
 @pytest.mark.parametrize("mode", ["graph", "pynative"])
 def test_the_adamw_kernel_steps_as_the_graph_of_mindspore_ops(mode):
     """trainer/step.py ClipAndUpdate with AdamW by kernels/optimizer.cc (its norm and update ops) against
@@ -363,7 +462,8 @@ def test_the_adamw_kernel_steps_as_the_graph_of_mindspore_ops(mode):
     from base.schema import OPTIMIZERS
     from omegaconf import OmegaConf
     from mindspore import Parameter
-    from trainer.optimizer import AdamW, adamw_kernel_applies, build_schedule, param_groups
+    from trainer.fused_adamw import FusedAdamW, applies
+    from trainer.optimizer import AdamW, build_schedule, param_groups
     from trainer.step import ClipAndUpdate
 
     cfg = OmegaConf.merge(OmegaConf.structured(OPTIMIZERS["adamw"]),
@@ -376,11 +476,10 @@ def test_the_adamw_kernel_steps_as_the_graph_of_mindspore_ops(mode):
         for kernel in (False, True):
             init = np.random.default_rng(1)
             params = [Parameter(Tensor(init.standard_normal(s).astype(np.float32)), name=n) for n, s in shapes.items()]
-            assert adamw_kernel_applies(params)
-            optimizer = AdamW(param_groups(params, cfg), build_schedule(cfg, 10), tuple(cfg.betas), cfg.eps,
-                              kernel=kernel)
+            assert applies(params, "CPU", False) and not applies(params, "CPU", True)
+            optimizer = (FusedAdamW if kernel else AdamW)(param_groups(params, cfg), build_schedule(cfg, 10),
+                                                          tuple(cfg.betas), cfg.eps)
             update, rng, norms[kernel] = ClipAndUpdate(optimizer, clip_grad_norm=20.0), np.random.default_rng(2), []
-            assert update.kernel == kernel
             for allow, times in steps:
                 before = [p.asnumpy().copy() for p in optimizer.parameters]
                 # ~4 x norm 55: clipped to 20. mutable: a plain tuple of new tensors gets a new argument key on
@@ -400,4 +499,6 @@ def test_the_adamw_kernel_steps_as_the_graph_of_mindspore_ops(mode):
     assert 50 < norms[True][0] < 60  # the unscaled norm: clipping was active
     for got, want in zip(states[True], states[False]):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
-    assert not adamw_kernel_applies([Parameter(Tensor(np.zeros(3, np.float16)), name="half")])
+    assert not applies([Parameter(Tensor(np.zeros(3, np.float16)), name="half")], "CPU", False)
+    plain = AdamW(param_groups(params, cfg), build_schedule(cfg, 10), tuple(cfg.betas), cfg.eps)
+    assert sorted(optimizer.parameters_dict()) == sorted(plain.parameters_dict())  # checkpoints load into either

@@ -30,7 +30,7 @@ def semi_auto_parallel():
 
 
 def test_tp2_pp2_strategies_and_stages_of_tiny(semi_auto_parallel):
-    model = build_model(load_preset("model", "tiny"), 64, "fp32", "CPU", seed=0)
+    model = build_model(load_preset("model", "tiny"), 64, "fp32", "CPU", seed=0, sharded=True)
     plan = apply_tensor_parallel(model, llama_plan, dp=1, tp=2)
     expected = {f"model.layers.{i}.{op}": s for i in range(4) for op, s in EXPECTED_LAYER.items()}
     expected["model.tok_embeddings.gather"] = ((2, 1), (1, 1))  # vocab-parallel embedding
@@ -47,7 +47,8 @@ def test_tp2_pp2_strategies_and_stages_of_tiny(semi_auto_parallel):
 
 
 def test_tied_head_is_vocab_parallel_too(semi_auto_parallel):
-    model = build_model(OmegaConf.merge(load_preset("model", "tiny"), {"tie_embeddings": True}), 64, "fp32", "CPU", 0)
+    model = build_model(OmegaConf.merge(load_preset("model", "tiny"), {"tie_embeddings": True}), 64, "fp32", "CPU", 0,
+                        sharded=True)
     plan = apply_tensor_parallel(model, llama_plan, dp=2, tp=2)
     assert plan["head_matmul"] == ((2, 1), (2, 1)) and plan["model.layers.0.attention.wo.matmul"] == ((2, 2), (1, 2))
     assert "lm_head" not in assign_stages(model, llama_plan, pp=2)
@@ -57,7 +58,7 @@ def test_checkpoint_splits_agree_with_the_primitive_strategies(semi_auto_paralle
     """distributed/sharded_checkpoint.py cuts each parameter as the weight input of its sharded primitive."""
     from models.llama.plan import tensor_parallel_strategies, weight_split
 
-    model = build_model(load_preset("model", "tiny"), 64, "fp32", "CPU", seed=0)
+    model = build_model(load_preset("model", "tiny"), 64, "fp32", "CPU", seed=0, sharded=True)
     for path, strategy in tensor_parallel_strategies(model, dp=2, tp=2).items():
         owner = path.rpartition(".")[0]
         if path.endswith(".matmul"):
@@ -68,7 +69,7 @@ def test_checkpoint_splits_agree_with_the_primitive_strategies(semi_auto_paralle
 
 
 def test_sequence_parallel_shards_every_norm_primitive_along_the_sequence(semi_auto_parallel):
-    model = build_model(load_preset("model", "tiny"), 64, "fp32", "CPU", seed=0)
+    model = build_model(load_preset("model", "tiny"), 64, "fp32", "CPU", seed=0, sharded=True)
     plan = apply_tensor_parallel(model, llama_plan, dp=1, tp=2, sequence_parallel=True)
     act = (2, 1)  # RMSNorm works on rows [batch x sequence, hidden]: split over dp x tp
     expected = {"square": (act,), "mean": (act,), "add": (act, ()), "rsqrt": (act,), "normalize": (act, act),
@@ -86,7 +87,7 @@ def test_lora_adapters_are_split_like_their_base_linear(semi_auto_parallel):
     from adapters.lora import LoraConfig, apply_lora
     from models.llama.plan import tensor_parallel_strategies, weight_split
 
-    model = build_model(load_preset("model", "tiny"), 64, "fp32", "CPU", seed=0)
+    model = build_model(load_preset("model", "tiny"), 64, "fp32", "CPU", seed=0, sharded=True)
     apply_lora(model, LoraConfig(r=4), seed=0)
     plan = apply_tensor_parallel(model, llama_plan, dp=1, tp=2)
     assert plan["model.layers.0.attention.wq.lora_A.matmul"] == ((1, 1), (1, 1))

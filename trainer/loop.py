@@ -49,7 +49,7 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     data = build_data(cfg.data, rows_per_batch, dp_rank=dp_rank, dp_size=dp, seed=t.seed,
                       eval_batches=t.eval_batches, spec=plugin.row_spec(cfg.objective))
 
-    model = build_model(cfg.model, cfg.data.seq_len, cfg.precision.compute_dtype, cfg.device.target, t.seed)
+    model = build_model(cfg.model, cfg.data.seq_len, cfg.precision.compute_dtype, cfg.device.target, t.seed, sharded)
     if cfg.stage.init_from:
         checkpoint.load_weights(cfg.stage.init_from, model)
     adapters = add_adapters(model, cfg) if cfg.peft.name != "none" else None  # LoRA: the base frozen
@@ -59,7 +59,7 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
         model = objective.attach(model, cfg)
         if adapters:  # a LoRA run saves what it trains: the adapters and any head the objective added
             adapters = ({p.name for p in model.trainable_params()}, adapters[1])
-    optimizer = build_optimizer(model.trainable_params(), cfg.optim, t.max_steps)
+    optimizer = build_optimizer(model.trainable_params(), cfg.optim, t.max_steps, cfg.device.target, sharded)
     module = ShardedModule(model, objective, optimizer, cfg, rt.rank, run_dir) if sharded else \
         local_module(model, objective, optimizer, cfg, rt.world_size, adapters)
     val = {} if hasattr(objective, "next_inputs") else {  # a rollout objective: no val rows

@@ -19,8 +19,18 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor
 
+from adapters.twins import libraries_in, overlay
 from base import checkpoint
 from trainer.step import ApplyUpdate, ForwardBackward, TrainStep
+
+
+def loss_cell(objective, model):
+    """The objective's loss cell over `model`, with the kernel twins of its own cells (the token cross-entropy's)
+    where the model runs on their kernels/ libraries: the overlay pass the model's build ran, over the cells the
+    objective adds (adapters/twins.py)."""
+    net = objective.loss_cell(model)
+    overlay(net, libraries_in(model))
+    return net
 
 
 @dataclass
@@ -43,7 +53,7 @@ class LocalModule:
                  one_graph: bool = False):
         """`adapters`: (names, PEFT adapter_config) of a LoRA run, whose checkpoints hold only those weights."""
         self.model, self.objective, self.optimizer, self.adapters = model, objective, optimizer, adapters
-        self.loss_net = objective.loss_cell(model)
+        self.loss_net = loss_cell(objective, model)
         if one_graph:
             assert world_size == 1, "the one-graph step is single-device"
             self.train_step = TrainStep(self.loss_net, optimizer, clip_grad_norm)
@@ -130,7 +140,7 @@ class ShardedModule(LocalModule):
         from trainer.step import ShardedTrainStep
 
         self.model, self.objective, self.optimizer, self.rank, self.run_dir = model, objective, optimizer, rank, run_dir
-        self.loss_net = objective.loss_cell(model)
+        self.loss_net = loss_cell(objective, model)
         shard_model(model, cfg)
         p = cfg.parallel
         self.compiled = parallel_step(ShardedTrainStep(self.loss_net, optimizer, cfg.optim.clip_grad_norm, p.pp,

@@ -2,8 +2,8 @@
 (trainer/schedules.py).
 
     adamw       AdamW below: bias-corrected moments and decoupled weight decay, the update of torch.optim.AdamW
-                (tests/test_step_reference.py checks whole training steps against it); on CPU by
-                kernels/optimizer.cc where it is built
+                (tests/test_step_reference.py checks whole training steps against it); on CPU in fp32 outside a
+                sharded layout, FusedAdamW (trainer/fused_adamw.py: kernels/optimizer.cc) where it is built
     adamw_bert  MindSpore's nn.AdamWeightDecay: the same without bias correction (BERT's optimizer)
     came        MindFormers' Came, its weight decay applied here per group (Came itself decays every parameter)
 
@@ -55,23 +55,19 @@ def param_groups(params: List, cfg: OptimConfig) -> List[dict]:
     return groups
 
 
-def adamw_kernel_applies(params: List) -> bool:
-    """AdamW by kernels/optimizer.cc: on CPU, with fp32 parameters, where scripts/venv.sh built it (else MindSpore's
-    fused kernel, the same update)."""
-    import kernels
-
-    return (ms.get_context("device_target") == "CPU" and all(p.dtype == ms.float32 for p in params)
-            and kernels.library("optimizer")[0] is not None)
-
-
-def build_optimizer(params: List, cfg: OptimConfig, max_steps: int) -> nn.Optimizer:
+def build_optimizer(params: List, cfg: OptimConfig, max_steps: int, device_target: str = "CPU",
+                    sharded: bool = False) -> nn.Optimizer:
+    """The `optim` preset over `params`; `device_target` and `sharded` (the run's device.target and
+    base.schema.is_sharded(parallel)) choose AdamW's kernel version where it applies (trainer/fused_adamw.py)."""
     lr = build_schedule(cfg, max_steps)
     if cfg.name == "adamw":
-        return AdamW(param_groups(params, cfg), learning_rate=lr, betas=tuple(cfg.betas), eps=cfg.eps,
-                     kernel=adamw_kernel_applies(params))
+        from trainer import fused_adamw
+
+        adamw = fused_adamw.FusedAdamW if fused_adamw.applies(params, device_target, sharded) else AdamW
+        return adamw(param_groups(params, cfg), learning_rate=lr, betas=tuple(cfg.betas), eps=cfg.eps)
     if cfg.name == "adamw_bert":
         beta1, beta2 = cfg.betas
-        return nn.AdamWeightDecay(param_groups(params, cfg), learning_rate=lr, beta1=beta1, beta2=beta2, eps=cfg.eps)
+        return AdamWeightDecay(param_groups(params, cfg), learning_rate=lr, beta1=beta1, beta2=beta2, eps=cfg.eps)
     if cfg.name == "came":
         from mindformers.core.optim import Came  # MindFormers (and its import warnings) only when chosen
 
@@ -79,6 +75,41 @@ def build_optimizer(params: List, cfg: OptimConfig, max_steps: int) -> nn.Optimi
                     decay_rate=cfg.decay_rate, beta1=cfg.beta1, beta3=cfg.beta3)
         return GroupWeightDecay(came, [p for p in params if decays(p.name, cfg)], cfg.weight_decay)
     raise ValueError(f"optim.name={cfg.name!r} has no builder (base/validate.py admits only buildable ones)")
+
+
+_map = ops.HyperMap()  # per parameter: trainer/step.py says why not a Python loop
+_scaled = ops.MultitypeFuncGraph("scaled")
+_square_sum = ops.MultitypeFuncGraph("square_sum")
+
+
+@_scaled.register("Tensor", "Tensor")
+def _scaled_tensor(factor, grad):
+    return grad * factor
+
+
+@_square_sum.register("Tensor")
+def _square_sum_tensor(grad):
+    """Column sums first, then their sum: MindSpore's CPU ReduceSum of a whole matrix to a scalar is ~8x slower than
+    summing its columns and then the resulting vector (10.3 vs 1.5 ms for the [8192, 384] embedding's gradient:
+    benchmarks/cpu_kernels.py)."""
+    rows = grad.reshape(-1, grad.shape[-1]) if grad.ndim else grad.reshape(1, 1)
+    return ops.reduce_sum(ops.reduce_sum(rows * rows, 0))
+
+
+class ClippedUpdates:
+    """What trainer/step.py ClipAndUpdate calls on every optimizer built here: each gradient's sum of squares (the
+    global norm) and the update of the gradients times a factor (1 / the loss scale, times clipping's), here by
+    MindSpore's ops; FusedAdamW does both with kernels/optimizer.cc."""
+
+    def square_sums(self, gradients):
+        return _map(_square_sum, gradients)
+
+    def scaled_update(self, gradients, factor):
+        return self.construct(_map(ops.partial(_scaled, factor), gradients))
+
+
+class AdamWeightDecay(ClippedUpdates, nn.AdamWeightDecay):
+    """MindSpore's AdamWeightDecay (adamw_bert), its state names unchanged."""
 
 
 _adamw_update = ops.MultitypeFuncGraph("adamw_update")
@@ -94,28 +125,15 @@ def _adamw_param(beta1, beta2, lr, eps, decay_scale, weight_decay, param, grad, 
                        ops.cast(grad, param.dtype))
 
 
-_compiled = {}  # "adamw": kernels/optimizer.py's op, made by the first AdamW that uses it (read at graph compile)
-
-
-class AdamW(nn.Optimizer):
+class AdamW(ClippedUpdates, nn.Optimizer):
     """torch.optim.AdamW's update (decoupled decay w *= 1 - lr * weight_decay, then the bias-corrected Adam step with
     t = global_step after this update's increment), as MindFormers' `AdamW`: the same update (equal to 1e-6 after 5
     steps, tests/test_step.py; computed by the fused kernel, `construct`) and the same state names (`adam_m.<param>`,
     `adam_v.<param>`, `global_step`), so checkpoints written with MindFormers' class load.
     Weight decay per group (`param_groups`), one learning rate or schedule for all."""
 
-    def __init__(self, params, learning_rate, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, kernel=False):
-        """`kernel`: update by kernels/optimizer.cc (built, CPU, fp32 parameters) instead of MindSpore's kernel."""
+    def __init__(self, params, learning_rate, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
         super().__init__(learning_rate, params, weight_decay=weight_decay)
-        self.kernel = kernel
-        if kernel:
-            if "adamw" not in _compiled:
-                from kernels.optimizer import adamw_op
-
-                _compiled["adamw"] = adamw_op()
-            decays = self.group_weight_decay if self.is_group else [weight_decay] * len(self.parameters)
-            self.decays = Tensor(np.array(decays, np.float32))  # each parameter's weight decay
-            self.one = Tensor(1.0, ms.float32)
         self.beta1, self.beta2, self.eps = (Tensor(np.array([v], np.float32)) for v in (*betas, eps))
         self.exp_avg = self.zeros_like_params("adam_m")
         self.exp_avg_sq = self.zeros_like_params("adam_v")
@@ -146,10 +164,7 @@ class AdamW(nn.Optimizer):
         return self.get_lr() * sqrt_c2 / c1, self.eps * sqrt_c2, c1 / sqrt_c2
 
     def construct(self, gradients):
-        """The update of `gradients`: scaled_update's by kernels/optimizer.cc, else MindSpore's fused kernel per
-        parameter."""
-        if self.kernel:
-            return self.scaled_update(gradients, self.one)
+        """The update of `gradients` by MindSpore's fused kernel per parameter."""
         weight_decay = self.get_weight_decay()
         lr, eps, decay_scale = self.corrected(self.global_step + 1)  # (lr: before the update count moves)
         self.assignadd(self.global_step, self.global_step_increase_tensor)
@@ -159,18 +174,8 @@ class AdamW(nn.Optimizer):
         return self.hyper_map(ops.partial(update, weight_decay), self._parameters, gradients, self.exp_avg,
                               self.exp_avg_sq)
 
-    def scaled_update(self, gradients, factor):
-        """The update of `gradients` x `factor` (1 / loss scale x clipping's: trainer/step.py ClipAndUpdate) by
-        kernels/optimizer.cc's one op over every parameter, where the graph had the product and the fused kernel
-        per parameter."""
-        lr, eps, decay_scale = self.corrected(self.global_step + 1)
-        hyper = ops.concat((lr.reshape(1), self.beta1, self.beta2, eps, decay_scale, factor.reshape(1)))
-        self.assignadd(self.global_step, self.global_step_increase_tensor)
-        return _compiled["adamw"](hyper, self.decays, *self._parameters, *self.exp_avg, *self.exp_avg_sq,
-                                  *gradients)
 
-
-class GroupWeightDecay(nn.Cell):
+class GroupWeightDecay(ClippedUpdates, nn.Cell):
     """`optimizer` (built without weight decay) after decoupled decay w -= lr * weight_decay * w of `decay`.
 
     Looks like an nn.Optimizer to the step and the checkpoints: `parameters`, `get_lr()`, parameters_dict()."""

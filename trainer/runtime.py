@@ -55,7 +55,7 @@ def compile_cache_dir(cfg: DictConfig) -> str:
     config.pop("logger", None)
     digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
     digest.update(f"{os.path.basename(sys.argv[0])} {ms.__version__}".encode())
-    digest.update(" ".join(str(kernels.library(name)[0]) for name in kernels.SOURCES).encode())
+    digest.update(kernels.fingerprint().encode())
     for folder, dirs, files in os.walk(ROOT):  # top-down, in the order of the sorted dirs
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in ("tests", "outputs", "multirun"))
         for name in sorted(f for f in files if f.endswith(".py")):

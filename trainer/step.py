@@ -37,28 +37,12 @@ from mindspore.parallel.nn import Pipeline, PipelineGradReducer
 # that way; benchmarks/memory_timeline.py), while a HyperMap over same-typed tensors is specialized once.
 _map = ops.HyperMap()
 _accumulate = ops.MultitypeFuncGraph("accumulate")
-_scaled = ops.MultitypeFuncGraph("scaled")
-_square_sum = ops.MultitypeFuncGraph("square_sum")
 _zero = ops.MultitypeFuncGraph("zero")
 
 
 @_accumulate.register("Tensor", "Tensor")
 def _accumulate_tensor(buffer, grad):
     return ops.assign_add(buffer, grad)
-
-
-@_scaled.register("Tensor", "Tensor")
-def _scaled_tensor(factor, grad):
-    return grad * factor
-
-
-@_square_sum.register("Tensor")
-def _square_sum_tensor(grad):
-    """Column sums first, then their sum: MindSpore's CPU ReduceSum of a whole matrix to a scalar is ~8x slower than
-    summing its columns and then the resulting vector (10.3 vs 1.5 ms for the [8192, 384] embedding's gradient:
-    benchmarks/cpu_kernels.py)."""
-    rows = grad.reshape(-1, grad.shape[-1]) if grad.ndim else grad.reshape(1, 1)
-    return ops.reduce_sum(ops.reduce_sum(rows * rows, 0))
 
 
 @_zero.register("Tensor")
@@ -144,27 +128,18 @@ class ClipAndUpdate(nn.Cell):
         super().__init__(auto_prefix=False)
         self.optimizer = optimizer
         self.clip_grad_norm = clip_grad_norm
-        self.kernel = getattr(optimizer, "kernel", False)  # AdamW by kernels/optimizer.cc (its square sums here)
-        self.square_sum = _square_sum
-        if self.kernel:
-            from kernels.optimizer import square_sum_op
-
-            self.square_sum = square_sum_op()
 
     def construct(self, grads, allow, unscale):
-        """`grads` times `unscale` (1 / the loss scale) are the gradients: that product and clipping's are one
-        pass over them (the kernel's update takes the factor; else one product per gradient)."""
-        norm = ops.sqrt(ops.addn(_map(self.square_sum, grads))).reshape(()) * unscale  # (the kernel's sums are [1])
+        """`grads` times `unscale` (1 / the loss scale) are the gradients: the optimizer takes that product and
+        clipping's as one factor (trainer/optimizer.py ClippedUpdates: its square sums and its scaled update)."""
+        norm = ops.sqrt(ops.addn(self.optimizer.square_sums(grads))).reshape(()) * unscale
         finite = ops.isfinite(norm)
         factor = unscale
         if self.clip_grad_norm > 0:
             factor = ops.minimum(self.clip_grad_norm / (norm + 1e-6), 1.0) * unscale
         lr = self.optimizer.get_lr()
         if ops.logical_and(finite, allow):
-            if self.kernel:
-                self.optimizer.scaled_update(grads, factor)
-            else:
-                self.optimizer(_map(ops.partial(_scaled, factor), grads))
+            self.optimizer.scaled_update(grads, factor)
         return norm, finite, lr
 
 

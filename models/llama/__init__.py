@@ -3,87 +3,92 @@
     config.py      LlamaConfig, the typed `model` group      model.py        the native MindSpore model
     accounting.py  parameters and FLOPs from the config      mindformers.py  MindFormers' Llama + its export
     hf.py          Hugging Face names and config.json        plan.py         tensor/pipeline parallel plan
+    kernels.py     the CPU kernels' twins of model.py's cells (apply_kernels swaps them in where they apply)
 
 Importing this package is cheap (no MindSpore): the config schema and the dry run use it.
 """
+from typing import Set
+
 from base.errors import require
+from base.schema import use_flash_attention
 from models.llama import hf, rope
 from models.llama.accounting import flops_per_token, layer_activation_factors, matmul_parameter_count, \
     parameter_count, stage_parameters
 from models.llama.config import LlamaConfig as Config
 
-__all__ = ["Config", "build", "check", "describe", "flops_per_token", "hf", "layer_activation_factors",
-           "matmul_parameter_count", "parameter_count", "stage_parameters"]
+__all__ = ["Config", "apply_kernels", "attention_kind", "build", "check", "describe", "flops_per_token", "hf",
+           "kernel_libraries", "layer_activation_factors", "matmul_parameter_count", "parameter_count",
+           "stage_parameters"]
 CAUSAL = True  # decoder-only: objectives that need bidirectional attention refuse it
 
 
 def build(cfg: Config, seq_len: int, compute_dtype: str, use_flash: bool, seed: int):
-    """The model cell: tokens [B, S] -> fp32 logits [B, S, vocab]."""
+    """The model cell: tokens [B, S] -> fp32 logits [B, S, vocab], plain MindSpore ops (apply_kernels swaps in the
+    CPU kernels' twins after)."""
     if cfg.impl == "mindformers":
         from models.llama.mindformers import MindFormersLlama
 
         return MindFormersLlama(cfg, seq_len, compute_dtype, use_flash, seed)
     from models.llama.model import LlamaForCausalLM
 
-    import mindspore as ms
-
-    sharded = ms.get_auto_parallel_context("parallel_mode") in ("semi_auto_parallel", "auto_parallel")
-    target = ms.get_context("device_target")
-    model = LlamaForCausalLM(cfg, compute_dtype, attention_kernel(cfg, compute_dtype, use_flash, target, sharded), seed,
-                             layer_kernels(cfg, compute_dtype, target, sharded))
+    model = LlamaForCausalLM(cfg, compute_dtype, use_flash, seed)
     model.model.set_rope_length(seq_len)  # dynamic NTK: the tables of the training length
     return model
 
 
+def kernel_libraries(cfg: Config, compute_dtype: str, device_target: str, sharded: bool) -> Set[str]:
+    """The kernels/ libraries this model runs on (models/llama/kernels.py has their twins), from the config alone:
+    "attention" (model.attention_kernel) and "layers" (model.layer_kernels: RMSNorm, SwiGLU, RoPE, the Linears'
+    products and the objectives' cross-entropy over the logits). `auto` takes a library where it applies (the
+    native model in fp32 on CPU outside a tp/pp layout, `sharded`, whose plan sets its strategies on the plain ops;
+    the attention also without flash attention or model.attention_chunk) and is built (kernels.library: not on a
+    non-x86 host, nor with MINDLAB_KERNELS=plain); `fused` where it is not built is one ConfigError (validation
+    refuses it where it does not apply); `plain` never."""
+    import kernels
+
+    applies = cfg.impl == "native" and compute_dtype == "fp32" and device_target == "CPU" and not sharded
+    attention = applies and not cfg.attention_chunk and not use_flash_attention(cfg, device_target)
+    chosen = set()
+    for library, key, fits in (("attention", "attention_kernel", attention), ("layers", "layer_kernels", applies)):
+        setting = cfg[key]
+        if setting == "plain" or (setting == "auto" and not fits):
+            continue
+        path, why = kernels.library(library)
+        require(path is not None or setting == "auto", f"model.{key}", f"fused: {why}; or set model.{key}=plain")
+        if path is not None:
+            chosen.add(library)
+    return chosen
+
+
+def apply_kernels(model, cfg: Config, compute_dtype: str, device_target: str, sharded: bool) -> Set[str]:
+    """Swap the twins of kernel_libraries' choice into the built model (adapters/twins.py overlay); returns it."""
+    libraries = kernel_libraries(cfg, compute_dtype, device_target, sharded)
+    if libraries:
+        import models.llama.kernels  # noqa: F401  (registers the twins)
+        from adapters.twins import overlay
+
+        overlay(model, libraries)
+    return libraries
+
+
 def attention_kind(cfg: Config, device_target: str, compute_dtype: str, sharded: bool) -> str:
-    """flash, fused or plain for this config on `device_target` (attention_kernel below decides the last two)."""
-    from base.schema import use_flash_attention
-
-    return attention_kernel(cfg, compute_dtype, use_flash_attention(cfg, device_target), device_target, sharded)
-
-
-def attention_kernel(cfg: Config, compute_dtype: str, use_flash: bool, device_target: str,
-                     sharded: bool = False) -> str:
-    """flash (Ascend's kernel), fused (kernels/attention.cc) or plain (MindSpore ops): model.attention_kernel's
-    auto picks fused where it applies and is built, else plain. `sharded`: a semi-auto tensor/pipeline layout,
-    whose strategies (plan.py) are set on the plain path's ops; the custom op has none."""
-    import kernels
-
-    if use_flash:
+    """flash (Ascend's flash attention), fused (kernels/attention.cc) or plain (MindSpore ops): what build and
+    apply_kernels give this config; the dry-run planner reads it (no [S, S] probabilities kept unless plain)."""
+    if use_flash_attention(cfg, device_target):
         return "flash"
-    if cfg.attention_kernel == "plain":
-        return "plain"
-    path, why = kernels.library("attention")
-    if cfg.attention_kernel == "fused":
-        require(path is not None, "model.attention_kernel", f"fused: {why}; or set model.attention_kernel=plain")
-        return "fused"
-    applies = (cfg.impl == "native" and compute_dtype == "fp32" and not cfg.attention_chunk
-               and device_target == "CPU" and not sharded)
-    return "fused" if applies and path is not None else "plain"
-
-
-def layer_kernels(cfg: Config, compute_dtype: str, device_target: str, sharded: bool = False) -> bool:
-    """Whether RMSNorm, SwiGLU, RoPE, the Linears' products (and the objectives' cross-entropy over the logits) run
-    as kernels/layers.cc: model.layer_kernels' auto where it applies (the native model in fp32 on CPU, no tp/pp
-    layout: the plan's strategies are set on the plain ops) and is built."""
-    import kernels
-
-    if cfg.layer_kernels == "plain":
-        return False
-    path, why = kernels.library("layers")
-    if cfg.layer_kernels == "fused":
-        require(path is not None, "model.layer_kernels", f"fused: {why}; or set model.layer_kernels=plain")
-        return True
-    return cfg.impl == "native" and compute_dtype == "fp32" and device_target == "CPU" and not sharded and bool(path)
+    return "fused" if "attention" in kernel_libraries(cfg, compute_dtype, device_target, sharded) else "plain"
 
 
 def recompute_cells(model, mode: str) -> list:
     """full: each decoder layer; selective: only the attention core's scores/softmax block (each query block
-    when model.attention_chunk is set). The fused kernel keeps no scores: selective has nothing to redo there."""
+    when model.attention_chunk is set), or flash attention's core. The fused kernel keeps no scores: selective has
+    nothing to redo there."""
+    from models.llama.model import CoreAttention, FlashCoreAttention
+
     if mode == "full":
         return list(model.layers())
-    return [getattr(layer.attention.core, "block", layer.attention.core) for layer in model.layers()
-            if not layer.attention.fused]
+    cores = [layer.attention.core for layer in model.layers()]
+    return [getattr(core, "block", core) for core in cores if isinstance(core, (CoreAttention, FlashCoreAttention))]
 
 
 def check(cfg) -> None:
@@ -97,7 +102,10 @@ def check(cfg) -> None:
     require(not (m.attention_chunk and m.flash_attention), "model.attention_chunk",
             "flash attention already works in blocks; set model.attention_chunk=0 or model.flash_attention=false")
     p = cfg.parallel
-    for kind in ("attention_kernel", "layer_kernels"):
+    import kernels
+
+    kernels.switched_off()  # an unknown MINDLAB_KERNELS is refused before anything is built
+    for kind, library in (("attention_kernel", "attention"), ("layer_kernels", "layers")):
         require(m[kind] in ("auto", "fused", "plain"), f"model.{kind}", f"got {m[kind]!r}; choose one of auto, fused, plain")
         if m[kind] != "fused":
             continue
@@ -110,6 +118,8 @@ def check(cfg) -> None:
                       (not m.attention_chunk, "model.attention_chunk", "already works in blocks of query rows"))
         for ok, key, why in rules:
             require(ok, key, f"model.{kind}=fused {why}; set model.{kind}=auto or plain")
+        path, why = kernels.library(library)
+        require(path is not None, f"model.{kind}", f"fused: {why}; or set model.{kind}=plain")
     require(m.hidden_size % m.num_heads == 0, "model.num_heads",
             f"hidden_size={m.hidden_size} is not divisible by num_heads={m.num_heads}")
     require((m.hidden_size // m.num_heads) % 2 == 0, "model.num_heads",

@@ -49,11 +49,13 @@ class LlamaConfig:
     flash_attention: Optional[bool] = None  # null: on where the device has the kernel (Ascend); true | false
     # without flash attention: fused (kernels/attention.cc: CPU, fp32, blocks of query rows, only the future-free
     # keys computed, no [S, S] array kept), plain (MindSpore ops, model.py CoreAttention), or auto: fused where
-    # it applies (CPU, native impl, fp32 compute, attention_chunk=0, the kernel built by scripts/venv.sh)
+    # it applies (CPU, native impl, fp32 compute, no tp/pp, attention_chunk=0, the kernel built by scripts/venv.sh
+    # and not switched off by MINDLAB_KERNELS=plain). The fused cells are twins swapped in after the build
+    # (models/llama/kernels.py)
     attention_kernel: str = "auto"
     # RMSNorm, SwiGLU, RoPE, the objectives' cross-entropy and the Linears' products: fused (kernels/layers.cc: one
     # pass each, forward and backward; the products on oneDNN's sgemm), plain (MindSpore ops), or auto: fused where
-    # it applies (CPU, native impl, fp32 compute, no tp/pp, the kernels built)
+    # it applies (CPU, native impl, fp32 compute, no tp/pp, the kernels built and not switched off)
     layer_kernels: str = "auto"
     recompute: str = "none"  # none | full (whole decoder layer) | selective (attention core only)
     # query rows per attention block (0: all S at once); with recompute=selective only one block's scores are

@@ -13,9 +13,9 @@ RoPE follows the Hugging Face / MindFormers convention ("rotate half"): the rota
 not the interleaved (2i, 2i+1) pairs of Meta's original code.
 
 Broadcasting: the elementwise ops whose operands differ in shape (RMSNorm's 1/rms and weight, RoPE's cos/sin,
-the attention bias) first broadcast the smaller operand with `ops.broadcast_to`. MindSpore's CPU kernel for a
-broadcasting Mul/Add keeps two int64 index arrays of the output's size for the life of the graph (4x the fp32
-output), one pair per op instance, forward and backward: ~1.8 GiB of the 5.5 GiB peak at model=small
+the attention bias) first broadcast the smaller operand with `ops.broadcast_to`. MindSpore's CPU Mul/Add with
+broadcasting keeps two int64 index arrays of the output's size for the life of the graph (4x the fp32 output),
+one pair per op instance, forward and backward: ~1.8 GiB of the 5.5 GiB peak at model=small
 (benchmarks/memory_timeline.py). The explicit broadcast is a transient copy from the memory pool instead.
 Reductions run on 2-D [rows, features] views: MindSpore's CPU ReduceSum/ReduceMean over the last axis of a 3-D
 or 4-D tensor takes ~9x as long as over the same data viewed as 2-D (2.5 vs 0.3 ms at [8, 256, 384], 7.9 vs 0.9
@@ -25,20 +25,11 @@ the backward.
 Precision: parameters are fp32 (master weights). Matmuls run in `compute_dtype` (fp32/fp16/bf16);
 RMSNorm statistics, softmax and the loss stay in fp32.
 
-Attention (`model.attention_kernel`, chosen by models/llama/__init__.py attention_kernel): on CPU in fp32 the
-fused kernel (kernels/attention.cc, a MindSpore AOT custom op) works on the projections' own [B, S, heads, D]
-layout, reads each query head's kv head itself, masks by segment id, skips the keys after each block of query
-rows and keeps only each row's logsumexp for the backward; the plain path (CoreAttention below) transposes to
-[B, heads, S, D], repeats the kv heads and keeps the [S, S] probabilities. Both give the same loss and gradients
-(tests/test_cpu_kernels.py). Flash attention (Ascend) replaces either.
-
-RMSNorm, SwiGLU and RoPE (`model.layer_kernels`, chosen by models/llama/__init__.py layer_kernels): on CPU in
-fp32, kernels/layers.cc does each in one pass forward and one backward, where the MindSpore ops below take 5-12
-kernels and as many temporaries (the RMSNorm keeps only its input and each row's 1/rms for the backward). The
-ops stay for other devices and dtypes, and for the tp/pp plan (plan.py sets its strategies on them). With them,
-a Linear's products are kernels/layers.cc's too: oneDNN's sgemm with a range of rows per core, faster than
-MindSpore's MatMul at a training step's shapes, and over one row (a decoding step at batch 1) a loop that reads
-the weights once, in order, faster than MatMul there.
+Attention: CoreAttention below on [B, heads, S, D] (the kv heads repeated for GQA), or Ascend's flash attention
+(`model.flash_attention`). This file is plain MindSpore and runs everywhere; converters replace some of its cells
+after the build without changing it: LoRA (adapters/lora.py) and, on CPU, the compiled twins the family's build
+swaps in where they apply (models/llama/__init__.py). The tensor/pipeline plan (plan.py) sets its
+strategies on the primitives here.
 
 Inference (`LlamaForCausalLM.generate`, models/llama/generation.py) goes through the `cached` methods: the same
 weights and operations as `construct`, plus a static-shape KV cache per layer ([B, n_kv_heads, L, head_dim] for
@@ -62,40 +53,19 @@ def _init(rng: np.random.Generator, shape, std: float) -> Parameter:
     return Parameter(Tensor(rng.normal(0.0, std, size=shape).astype(np.float32)))
 
 
-# Rows of x from which a Linear with `kernel` is kernels/layers.cc's sgemm product (LinearKernel): below it (a
-# decoding step's few rows) the product splits a wide weight's reads over the cores and trails MatMul (at [8, 512] x
-# [512, 32000] 8.2 ms against 5.0); from 64 rows on it is level or ahead (16.0 against 16.2, at 256 rows 43 against
-# 55; benchmarks/HISTORY.md's twenty-fourth pass).
-KERNEL_ROWS = 64
-
-
 class Linear(nn.Cell):
-    """y = x @ W^T with W [out, in] (no bias), computed in `compute_dtype`. `kernel` (fp32): one row of x (a
-    decoding step at batch 1) is kernels/layers.cc's one-row product (RowLinearKernel), KERNEL_ROWS rows or more
-    (a training step, a prefill) its sgemm product (LinearKernel)."""
+    """y = x @ W^T with W [out, in] (no bias), computed in `compute_dtype`."""
 
-    def __init__(self, in_features: int, out_features: int, std: float, rng, compute_dtype, kernel: bool = False):
+    def __init__(self, in_features: int, out_features: int, std: float, rng, compute_dtype):
         super().__init__()
         self.weight = _init(rng, (out_features, in_features), std)
         self.compute_dtype = compute_dtype
         self.matmul = ops.MatMul(transpose_b=True)
-        self.kernels = kernel
-        if kernel:
-            from kernels.layers import LinearKernel, RowLinearKernel
-
-            self.one_row = RowLinearKernel()
-            self.product = LinearKernel()
 
     def construct(self, x):
         shape = x.shape
         x = x.reshape(-1, shape[-1]).astype(self.compute_dtype)
-        if self.kernels and x.shape[0] == 1:
-            y = self.one_row(x.astype(ms.float32), self.weight).astype(self.compute_dtype)
-        elif self.kernels and x.shape[0] >= KERNEL_ROWS:
-            y = self.product(x, self.weight)
-        else:
-            y = self.matmul(x, self.weight.astype(self.compute_dtype))
-        return y.reshape(shape[:-1] + (-1,))
+        return self.matmul(x, self.weight.astype(self.compute_dtype)).reshape(shape[:-1] + (-1,))
 
 
 class ColumnBroadcast(nn.Cell):
@@ -116,24 +86,17 @@ class ColumnBroadcast(nn.Cell):
 
 class RMSNorm(nn.Cell):
     """x / rms(x) * weight in fp32. Written with primitives so sequence parallelism can shard each of them; both
-    products see operands of x's shape (the module docstring says why). `kernel`: kernels/layers.cc instead."""
+    products see operands of x's shape (the module docstring says why)."""
 
-    def __init__(self, dim: int, eps: float, kernel: bool = False):
+    def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = Parameter(Tensor(np.ones(dim, np.float32)))
         self.eps = eps
-        self.fused = kernel
-        if kernel:
-            from kernels.layers import RMSNormKernel
-
-            self.kernel = RMSNormKernel(eps)
         self.square, self.mean, self.add, self.rsqrt = ops.Square(), ops.ReduceMean(keep_dims=True), ops.Add(), ops.Rsqrt()
         self.normalize, self.scale = ops.Mul(), ops.Mul()
         self.broadcast_rows = ColumnBroadcast()
 
     def construct(self, x):
-        if self.fused:
-            return self.kernel(x.astype(ms.float32), self.weight).astype(x.dtype)
         shape = x.shape
         x32 = x.reshape(-1, shape[-1]).astype(ms.float32)  # rows: see the module docstring (2-D reductions)
         inv_rms = self.rsqrt(self.add(self.mean(self.square(x32), -1), self.eps))
@@ -157,6 +120,13 @@ def apply_rope(x, cos, sin):
     """x [B, heads, S, D] rotated by the tables cos/sin [S, D] (or [B, 1, S, D]), in x's dtype."""
     cos, sin = ops.broadcast_to(cos, x.shape), ops.broadcast_to(sin, x.shape)
     return (x * cos + rotate_half(x) * sin).astype(x.dtype)
+
+
+class Rotary(nn.Cell):
+    """RoPE on q or k (apply_rope), a cell of its own so that a converter can replace it."""
+
+    def construct(self, x, cos, sin):
+        return apply_rope(x, cos, sin)
 
 
 class Softmax(nn.Cell):
@@ -234,7 +204,7 @@ class CoreAttention(nn.Cell):
 
 
 class FlashCoreAttention(nn.Cell):
-    """The same computation through `ops.flash_attention_score` (Ascend kernel; no CPU kernel exists)."""
+    """The same computation through `ops.flash_attention_score` (Ascend only; MindSpore has no CPU version)."""
 
     def __init__(self, head_dim: int, num_heads: int):
         super().__init__()
@@ -249,41 +219,23 @@ class FlashCoreAttention(nn.Cell):
 
 
 class Attention(nn.Cell):
-    """`kernel` (models/llama/__init__.py attention_kernel): "plain" CoreAttention on [B, heads, S, D], "flash"
-    Ascend's kernel, "fused" kernels/attention.cc on [B, S, heads, D] (CPU, fp32): the projections' own layout,
-    so no head transposes and no GQA repeats; `mask` is then the segment ids [B, S] instead of a bias."""
+    """Causal self-attention with RoPE and GQA: CoreAttention on [B, heads, S, D], or `flash` (Ascend's
+    flash_attention_score)."""
 
-    def __init__(self, cfg: LlamaConfig, rng, compute_dtype, kernel: str, layer_kernels: bool = False):
+    def __init__(self, cfg: LlamaConfig, rng, compute_dtype, flash: bool = False):
         super().__init__()
         h, self.n_heads, self.n_kv = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads
         self.head_dim = h // self.n_heads
         std = cfg.init_std
-        self.wq = Linear(h, self.n_heads * self.head_dim, std, rng, compute_dtype, layer_kernels)
-        self.wk = Linear(h, self.n_kv * self.head_dim, std, rng, compute_dtype, layer_kernels)
-        self.wv = Linear(h, self.n_kv * self.head_dim, std, rng, compute_dtype, layer_kernels)
-        self.wo = Linear(self.n_heads * self.head_dim, h, std, rng, compute_dtype, layer_kernels)
-        self.fused = kernel == "fused"
-        if kernel == "fused":
-            from kernels.attention import DecodeAttention, FusedAttention
-
-            self.core = FusedAttention()
-            self.decode = DecodeAttention()  # generation's decoding steps (cached)
-        else:
-            self.core = (FlashCoreAttention(self.head_dim, self.n_heads) if kernel == "flash"
-                         else CoreAttention(self.head_dim, compute_dtype, cfg.attention_chunk))
+        self.wq = Linear(h, self.n_heads * self.head_dim, std, rng, compute_dtype)
+        self.wk = Linear(h, self.n_kv * self.head_dim, std, rng, compute_dtype)
+        self.wv = Linear(h, self.n_kv * self.head_dim, std, rng, compute_dtype)
+        self.wo = Linear(self.n_heads * self.head_dim, h, std, rng, compute_dtype)
+        self.core = (FlashCoreAttention(self.head_dim, self.n_heads) if flash
+                     else CoreAttention(self.head_dim, compute_dtype, cfg.attention_chunk))
+        self.rope = Rotary()
         self.compute_dtype = compute_dtype
         self.qk_cached, self.pv_cached = ops.BatchMatMul(transpose_b=True), ops.BatchMatMul()  # inference only
-        self.rope_kernel = layer_kernels
-        if layer_kernels:
-            from kernels.layers import RoPEKernel
-
-            self.rope = RoPEKernel()
-
-    def rotate(self, x, cos, sin):
-        """RoPE on q or k, by kernels/layers.cc (`rope_kernel`) or apply_rope's MindSpore ops."""
-        if self.rope_kernel:
-            return self.rope(x, cos, sin)
-        return apply_rope(x, cos, sin)
 
     def heads(self, x):
         """q [B, S, heads, D], k and v [B, S, kv heads, D]: the projections in their own layout, before RoPE."""
@@ -297,14 +249,10 @@ class Attention(nn.Cell):
         """q [B, heads, S, D], k and v [B, kv heads, S, D], RoPE applied to q and k."""
         q, k, v = self.heads(x)
         q, k, v = q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
-        return self.rotate(q, cos, sin), self.rotate(k, cos, sin), v
+        return self.rope(q, cos, sin), self.rope(k, cos, sin), v
 
     def construct(self, x, cos, sin, mask=None):
         b, s, _ = x.shape
-        if self.fused:  # cos/sin [S, 1, D] or [B, S, 1, D] (LlamaModel.construct)
-            q, k, v = self.heads(x)
-            out = self.core(self.rotate(q, cos, sin), self.rotate(k, cos, sin), v, mask)
-            return self.wo(out.reshape(b, s, -1))
         q, k, v = self.project(x, cos, sin)
         if self.n_kv != self.n_heads:  # grouped-query attention: each KV head serves n_heads / n_kv queries
             k = ops.repeat_interleave(k, self.n_heads // self.n_kv, 1)
@@ -320,17 +268,12 @@ class Attention(nn.Cell):
         - prefill (caches given, slot None): the S columns attend to each other under `bias` [B, 1, S, S];
           their k/v become cache columns 0..S-1, the rest is zeroed.
         - decode (S = 1, slot [1, 1, L, 1] bool, true at the column written): the token's k/v are written to
-          that column and its query attends to the whole cache under `bias` [B, 1, 1, L]. With the fused
-          attention kernel (CPU, fp32) that is one kernels/attention.cc op (DecodeAttention), RoPE and the
-          write included, which reads only the columns up to the slot (the bias hides the later ones anyway).
+          that column and its query attends to the whole cache under `bias` [B, 1, 1, L].
         - no cache (caches None): like prefill, nothing kept (the uncached baseline).
         `bias` is 0 where attention is allowed and -1e9 elsewhere (padding, future, unwritten columns).
         GQA without repeating K/V: the g = n_heads / n_kv query heads of kv head j (j*g .. j*g+g-1, the order
         of `repeat_interleave` in `construct`) are stacked as g*S query rows against that head's keys."""
         b, s, _ = x.shape
-        if slot is not None and self.fused:  # decode on CPU in fp32: kernels/attention.cc, one op
-            q, k, v = self.heads(x)
-            return self.wo(self.decode(q, k, v, cos, sin, k_cache, v_cache, slot, bias).reshape(b, s, -1))
         q, k, v = self.project(x, cos, sin)
         keys, values = k, v
         if slot is not None:  # decode: one new column, attend to the whole cache
@@ -350,23 +293,16 @@ class Attention(nn.Cell):
 
 
 class FeedForward(nn.Cell):
-    """SwiGLU: w2(silu(w1 x) * w3 x). `kernel`: silu(.) * . as one kernels/layers.cc op."""
+    """SwiGLU: w2(silu(w1 x) * w3 x)."""
 
-    def __init__(self, cfg: LlamaConfig, rng, compute_dtype, kernel: bool = False):
+    def __init__(self, cfg: LlamaConfig, rng, compute_dtype):
         super().__init__()
         h, f, std = cfg.hidden_size, cfg.intermediate_size, cfg.init_std
-        self.w1 = Linear(h, f, std, rng, compute_dtype, kernel)
-        self.w2 = Linear(f, h, std, rng, compute_dtype, kernel)
-        self.w3 = Linear(h, f, std, rng, compute_dtype, kernel)
-        self.fused = kernel
-        if kernel:
-            from kernels.layers import SwiGLUKernel
-
-            self.swiglu = SwiGLUKernel()
+        self.w1 = Linear(h, f, std, rng, compute_dtype)
+        self.w2 = Linear(f, h, std, rng, compute_dtype)
+        self.w3 = Linear(h, f, std, rng, compute_dtype)
 
     def construct(self, x):
-        if self.fused:
-            return self.w2(self.swiglu(self.w1(x), self.w3(x)))
         return self.w2(ops.silu(self.w1(x)) * self.w3(x))
 
 
@@ -378,12 +314,12 @@ class DecoderLayer(nn.Cell):
     CPU against PyNative (tests/test_lora.py)."""
 
     @ms.lazy_inline(policy="front")
-    def __init__(self, cfg: LlamaConfig, rng, compute_dtype, attention: str, layer_kernels: bool = False):
+    def __init__(self, cfg: LlamaConfig, rng, compute_dtype, flash: bool = False):
         super().__init__()
-        self.attention_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps, layer_kernels)
-        self.attention = Attention(cfg, rng, compute_dtype, attention, layer_kernels)
-        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps, layer_kernels)
-        self.feed_forward = FeedForward(cfg, rng, compute_dtype, layer_kernels)
+        self.attention_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+        self.attention = Attention(cfg, rng, compute_dtype, flash)
+        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+        self.feed_forward = FeedForward(cfg, rng, compute_dtype)
 
     @property
     def cell_init_args(self) -> str:
@@ -419,13 +355,11 @@ class Embedding(nn.Cell):
 
 
 class LlamaModel(nn.Cell):
-    def __init__(self, cfg: LlamaConfig, rng, compute_dtype, attention: str, layer_kernels: bool = False):
+    def __init__(self, cfg: LlamaConfig, rng, compute_dtype, flash: bool = False):
         super().__init__()
         self.tok_embeddings = Embedding(cfg.vocab_size, cfg.hidden_size, cfg.init_std, rng)
-        self.layers = nn.CellList([DecoderLayer(cfg, rng, compute_dtype, attention, layer_kernels)
-                                   for _ in range(cfg.num_layers)])
-        self.fused_attention = attention == "fused"
-        self.norm_out = RMSNorm(cfg.hidden_size, cfg.norm_eps, layer_kernels)
+        self.layers = nn.CellList([DecoderLayer(cfg, rng, compute_dtype, flash) for _ in range(cfg.num_layers)])
+        self.norm_out = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.rope_cfg = cfg
         self.set_rope_length(None)
         self.future = Tensor(np.triu(np.ones((rope.window(cfg),) * 2, np.float32), k=1))  # 1: j > i
@@ -442,27 +376,25 @@ class LlamaModel(nn.Cell):
     def construct(self, tokens, positions=None, segments=None):
         """`positions` [B, S] (restarting per packed sample) and `segments` [B, S] (the sample of every token)
         keep attention inside each packed sample; without them: positions 0..S-1, one causal sequence."""
-        seq = tokens.shape[1]
-        mask = None
-        if self.fused_attention:  # [B, S, heads, D] layout; the kernel masks by segment id itself
-            if positions is None:
-                cos, sin = self.cos[:seq].expand_dims(1), self.sin[:seq].expand_dims(1)  # [S, 1, D]
-            else:
-                cos, sin = self.cos[positions].expand_dims(2), self.sin[positions].expand_dims(2)  # [B, S, 1, D]
-            mask = ops.zeros(tokens.shape, ms.int32) if segments is None else segments.astype(ms.int32)
-        else:
-            if positions is None:
-                cos, sin = self.cos[:seq], self.sin[:seq]
-            else:  # [B, 1, S, D]: broadcast over the heads
-                cos, sin = self.cos[positions].expand_dims(1), self.sin[positions].expand_dims(1)
-            if segments is not None:
-                same = segments.expand_dims(2) == segments.expand_dims(1)  # [B, S, S]
-                allowed = ops.logical_and(same, self.future[:seq, :seq] == 0).astype(ms.float32)
-                mask = ((1.0 - allowed) * -1e9).expand_dims(1)  # [B, 1, S, S], added to the scores
+        cos, sin, mask = self.attention_inputs(tokens, positions, segments)
         x = self.tok_embeddings(tokens)
         for layer in self.layers:
             x = layer(x, cos, sin, mask)
         return self.norm_out(x)
+
+    def attention_inputs(self, tokens, positions, segments):
+        """(cos, sin, mask) for every layer's attention: the RoPE tables [S, D] (or [B, 1, S, D] at `positions`)
+        and, with `segments`, the additive bias [B, 1, S, S] that keeps each token inside its sample (else None)."""
+        seq = tokens.shape[1]
+        if positions is None:
+            cos, sin = self.cos[:seq], self.sin[:seq]
+        else:  # [B, 1, S, D]: broadcast over the heads
+            cos, sin = self.cos[positions].expand_dims(1), self.sin[positions].expand_dims(1)
+        if segments is None:
+            return cos, sin, None
+        same = segments.expand_dims(2) == segments.expand_dims(1)  # [B, S, S]
+        allowed = ops.logical_and(same, self.future[:seq, :seq] == 0).astype(ms.float32)
+        return cos, sin, ((1.0 - allowed) * -1e9).expand_dims(1)  # [B, 1, S, S], added to the scores
 
     def cached(self, tokens, positions, bias, k_caches=None, v_caches=None, slot=None):
         """Inference: tokens/positions [B, S] (positions start at 0 at each row's first real token), the
@@ -480,20 +412,16 @@ class LlamaModel(nn.Cell):
 
 
 class LlamaForCausalLM(nn.Cell):
-    """tokens [B, S] int32 -> logits [B, S, vocab] fp32. `attention`: plain, fused or flash (Attention);
-    `layer_kernels`: RMSNorm, SwiGLU, RoPE and one-row products by kernels/layers.cc (CPU, fp32), and the
-    objectives' token cross-entropy over its logits."""
+    """tokens [B, S] int32 -> logits [B, S, vocab] fp32. `flash`: Ascend's flash attention (Attention)."""
 
-    def __init__(self, cfg: LlamaConfig, compute_dtype: str = "fp32", attention: str = "plain", seed: int = 0,
-                 layer_kernels: bool = False):
+    def __init__(self, cfg: LlamaConfig, compute_dtype: str = "fp32", flash: bool = False, seed: int = 0):
         super().__init__()
         rng = np.random.default_rng(seed)  # numpy init: identical weights on every rank, independent of backend
         dtype = DTYPES[compute_dtype]
-        self.model = LlamaModel(cfg, rng, dtype, attention, layer_kernels)
-        self.cpu_kernels = layer_kernels  # the objectives' cross-entropy follows (objectives/_cross_entropy.py)
+        self.model = LlamaModel(cfg, rng, dtype, flash)
         self.tie_embeddings = cfg.tie_embeddings
         if not cfg.tie_embeddings:
-            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, cfg.init_std, rng, dtype, layer_kernels)
+            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, cfg.init_std, rng, dtype)
         else:
             self.head_matmul = ops.MatMul(transpose_b=True)
         self.compute_dtype = dtype
