@@ -114,9 +114,8 @@ void product_by_rows(char ta, char tb, int64_t m, int64_t n, int64_t k, const fl
 
 // A Linear's three products at a training step's shapes (models/llama/model.py Linear), each on oneDNN's sgemm with
 // one range of output rows per core: y = x w^T, dx = dy w, dw = dy^T x for x [..., K], w [N, K], dy [..., N]. On
-// the 2-core EPYC boxes of issue 15 this ran model=small's products 2-35% faster than MindSpore's MatMul
-// (benchmarks/gemm_backends.py), a small training step 1-4% faster and a medium one 4-7% (benchmarks/HISTORY.md's
-// twenty-fourth pass). The two gradients are separate ops, so a frozen weight's (LoRA's base) is pruned from the
+// 2-core AMD EPYC boxes this ran model=small's products 2-35% faster than MindSpore's MatMul, a small training step
+// 1-4% faster and a medium one 4-7%. The two gradients are separate ops, so a frozen weight's (LoRA's base) is pruned from the
 // graph as MatMul's is.
 //
 // inputs x [..., K], w [N, K]; output y [..., N] = x w^T

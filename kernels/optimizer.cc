@@ -48,7 +48,7 @@ struct Flat {
 // One AdamW range of one tensor. Its own function, with restrict pointers and the hyperparameters as values: in
 // the loop of the lambda that calls it they were references, which the stores to m, v and p might alias, so GCC
 // reloaded them and did not vectorize the loop (model=small's update took 27-35 ms instead of 8-13 on its own on a
-// 2-core AMD EPYC with AVX-512: benchmarks/kernel_ops.py).
+// 2-core AMD EPYC with AVX-512: kernels/probes/ops.py).
 void adamw_range(float* __restrict p, float* __restrict m, float* __restrict v, const float* __restrict g, int64_t lo,
                  int64_t hi, float lr, float beta1, float beta2, float eps, float wd, float factor) {
   for (int64_t i = lo; i < hi; ++i) {

@@ -12,7 +12,7 @@ Unmarked, the next step's graph read the old weights (tests/test_step_reference.
 test_data_parallel.py failed). trainer/step.py ClipAndUpdate calls the norm, then the update inside the branch taken
 when the step is allowed, as MindSpore's own optimizers are called: marked and in the forward's and backward's
 graph, the op made MindSpore's CPU backend copy the Reshapes that follow the other custom kernels (~47 ms per
-model=small step, benchmarks/profile_step.py); the branch is a kernel graph of its own. The norm takes one
+model=small step, by MindSpore's CPU profiler); the branch is a kernel graph of its own. The norm takes one
 square_sum per gradient: one op over all of them compiled model=small's step 0.5-0.9 s sooner, but raised the
 medium shape's peak RSS (benchmarks/speed_memory.py) from 2.45 to 3.21 GiB from the third step on.
 """

@@ -1,4 +1,4 @@
-"""benchmarks/kernel_ops.py calls the compiled kernels through ctypes at model=small's shapes: its calls give the
+"""kernels/probes/ops.py calls the compiled kernels through ctypes at model=small's shapes: its calls give the
 kernels' results, a call that does not match a kernel's signature is one clear error, and its parameter list is
 model=small's. And the kernels' threads (kernels/threads.h: workers started once and woken per call) give whole
 results to two callers at once and to a forked child."""
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import kernels
-from benchmarks.kernel_ops import kernel_call, small_parameter_shapes
+from kernels.probes.ops import kernel_call, small_parameter_shapes
 from conftest import load_preset
 from models.llama.accounting import parameter_count
 

@@ -1,7 +1,7 @@
 """The dry run's time model (planner/timing.py) against published training throughput: 13 runs on two kinds of
 hardware, each predicted within 30% of the tokens/s per device its authors report.
 
-The runs, their sources and how each maps onto the planner are in benchmarks/published_runs.py:
+The runs, their sources and how each maps onto the planner are in planner/published.py:
   [N]  Narayanan et al. 2021 (Megatron-LM, arXiv:2104.04473) Table 1: ten GPT models from 1.7B on 32 A100s to 1T
        on 3,072, tp 1-8, pp 1-64; published tokens/s per GPU = achieved teraFLOP/s / Eq. 3's FLOPs per token.
   [MF] MindFormers' model library (MindFormers docs, Models table, r1.3): Llama 2 7B / 13B / 70B pretraining at 4K on
@@ -22,7 +22,7 @@ max_device_memory is a cap, not a use); the memory model's published checks are 
 """
 import pytest
 
-from benchmarks.published_runs import RUNS, fit, predict
+from planner.published import RUNS, fit, predict
 
 TOLERANCE = 0.30
 

@@ -91,7 +91,7 @@ def _scaled_tensor(factor, grad):
 def _square_sum_tensor(grad):
     """Column sums first, then their sum: MindSpore's CPU ReduceSum of a whole matrix to a scalar is ~8x slower than
     summing its columns and then the resulting vector (10.3 vs 1.5 ms for the [8192, 384] embedding's gradient:
-    benchmarks/cpu_kernels.py)."""
+    kernels/probes/mindspore_ops.py)."""
     rows = grad.reshape(-1, grad.shape[-1]) if grad.ndim else grad.reshape(1, 1)
     return ops.reduce_sum(ops.reduce_sum(rows * rows, 0))
 

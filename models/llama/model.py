@@ -19,7 +19,7 @@ one pair per op instance, forward and backward: ~1.8 GiB of the 5.5 GiB peak at 
 (benchmarks/memory_timeline.py). The explicit broadcast is a transient copy from the memory pool instead.
 Reductions run on 2-D [rows, features] views: MindSpore's CPU ReduceSum/ReduceMean over the last axis of a 3-D
 or 4-D tensor takes ~9x as long as over the same data viewed as 2-D (2.5 vs 0.3 ms at [8, 256, 384], 7.9 vs 0.9
-ms at [8, 6, 256, 256]: benchmarks/cpu_kernels.py), and autodiff turns every broadcast into such a reduction in
+ms at [8, 6, 256, 256]: kernels/probes/mindspore_ops.py), and autodiff turns every broadcast into such a reduction in
 the backward.
 
 Precision: parameters are fp32 (master weights). Matmuls run in `compute_dtype` (fp32/fp16/bf16);
@@ -70,7 +70,7 @@ class Linear(nn.Cell):
 
 class ColumnBroadcast(nn.Cell):
     """col [N, 1] -> [N, width of `like`]. `ops.tile` forward (MindSpore's CPU BroadcastTo along the columns takes
-    5-8x as long: benchmarks/cpu_kernels.py); the gradient is the 2-D row sums (the autodiff of either op reduces
+    5-8x as long: kernels/probes/mindspore_ops.py); the gradient is the 2-D row sums (the autodiff of either op reduces
     slower). 16 RMSNorms forward and backward at [2048, 384]: 61 -> 44 ms."""
 
     def __init__(self):

@@ -1,17 +1,16 @@
 """Each compiled CPU kernel (kernels/*.cc) on its own at model=small's shapes, called through ctypes: no MindSpore
 graph, no launch, so what is timed is the kernel's own loop (its threads included).
 
-    scripts/venv.sh python -m benchmarks.kernel_ops [--calls 20] [--rounds 3] [--only adamw,rope_forward]
+    scripts/venv.sh python -m kernels.probes.ops [--calls 20] [--rounds 3] [--only adamw,rope_forward]
         [--compare LIBRARY=PATH ...] [--seq-len 256]
 
 Prints per op the best and the median ms of --calls calls. `--compare attention=/tmp/attention.so` times that build
 of kernels/attention.cc too (any library built from a changed copy of the source, with kernels/__init__.py's
 command), its calls alternating with the venv's build round by round, and prints the largest difference between their
-outputs: the A/B this file was written for (the twelfth pass of issue 15 found AdamW's update and RoPE running scalar
-code this way, and a rewrite of the attention's products no faster than the sgemm it replaced). `--seq-len` sets the
-attention's rows' length, 2048 tokens of rows (8 x 256 by default) and one row from 2048 up: the eighteenth pass
-timed its key chunks this way. A kernel's time here is a floor: in a training step its inputs come from memory, not
-from cache (MindSpore's profiler, benchmarks/profile_step.py, gives the in-step times).
+outputs: an A/B of a kernel change (it showed AdamW's update and RoPE running scalar code, and a rewrite of the
+attention's products no faster than the sgemm it replaced). `--seq-len` sets the attention's rows' length, 2048 tokens
+of rows (8 x 256 by default) and one row from 2048 up. A kernel's time here is a floor: in a training step its inputs
+come from memory, not from cache (MindSpore's CPU profiler gives the in-step times).
 """
 import argparse
 import ctypes

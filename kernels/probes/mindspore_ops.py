@@ -1,7 +1,7 @@
 """MindSpore's CPU kernels on the same data in different layouts: why the native model reduces 2-D views and
 broadcasts columns with Tile (models/llama/model.py, trainer/step.py).
 
-    python -m benchmarks.cpu_kernels [--repeats 10]
+    python -m kernels.probes.mindspore_ops [--repeats 10]
 
 Each row compiles one graph of 8 independent ops on 8 different inputs (an `ms.mutable` tuple, so nothing is
 constant-folded: a plain tuple of tensors is a graph constant) and prints the mean time per op over the
