@@ -17,6 +17,7 @@ import os
 import shutil
 import sys
 from argparse import RawDescriptionHelpFormatter
+from typing import Optional
 
 import numpy as np
 from omegaconf import OmegaConf
@@ -51,6 +52,17 @@ def _load_safetensors(file: str) -> dict:
                               f"copy it again or use an earlier checkpoint") from None
 
 
+def _lora_base(ckpt_dir: str, cfg) -> str:
+    """The checkpoint directory a LoRA checkpoint's adapters sit on (its stage.init_from, resolved)."""
+    base = cfg.stage.init_from
+    base = resolve(base) if base else base
+    directory = os.path.dirname(base) if base and base.endswith(".safetensors") else base
+    if not directory or not os.path.isfile(os.path.join(directory, "model.safetensors")):
+        raise CheckpointError(f"{ckpt_dir} holds LoRA adapters only; their base, stage.init_from={base}, is not "
+                              f"there: restore it (or point the checkpoint's config.yaml at it)")
+    return directory
+
+
 def _read_weights(ckpt_dir: str, merge_lora: bool):
     """(config, weights) of a checkpoint; a LoRA checkpoint's adapters merged into its base (stage.init_from)
     when `merge_lora`, else returned as they are (then the caller writes an adapter)."""
@@ -59,11 +71,7 @@ def _read_weights(ckpt_dir: str, merge_lora: bool):
         return cfg, weights
     from adapters.lora import merge_lora as merge
 
-    base = cfg.stage.init_from
-    file = os.path.join(base, "model.safetensors") if base and os.path.isdir(base) else base
-    if not file or not os.path.isfile(file):
-        raise CheckpointError(f"{ckpt_dir} holds LoRA adapters only; their base, stage.init_from={base}, is not "
-                              f"there to merge into: restore it (or point the checkpoint's config.yaml at it)")
+    file = os.path.join(_lora_base(ckpt_dir, cfg), "model.safetensors")
     return OmegaConf.merge(cfg, {"peft": {"name": "none"}}), merge({**_load_safetensors(file), **weights}, cfg.peft)
 
 
@@ -72,19 +80,27 @@ def model_family(cfg):
     return family(OmegaConf.select(cfg, "model.family", default="llama"))
 
 
-def export_hf(ckpt_dir: str, out_dir: str, merge_lora: bool = False) -> None:
-    """A Hugging Face model directory; from a LoRA checkpoint, its adapters in PEFT's format (load them with
-    peft.PeftModel.from_pretrained on the exported base), or with `merge_lora` the merged model."""
+def export_hf(ckpt_dir: str, out_dir: str, merge_lora: bool = False, location: Optional[str] = None) -> None:
+    """A Hugging Face model directory; with `merge_lora` a LoRA checkpoint's merged model; else from a LoRA
+    checkpoint its adapters in PEFT's format, self-contained: the base exported beside them (out_dir/base/, which
+    adapter_config.json's base_model_name_or_path names) and the tokenizer, so that
+    `AutoPeftModelForCausalLM.from_pretrained(out_dir)` loads it. `location`: where out_dir will be once in place
+    (the CLI writes into a temporary directory first), for that absolute path."""
     from safetensors.numpy import save_file
 
     cfg, weights = _read_weights(ckpt_dir, merge_lora)
     weights = {k: v for k, v in weights.items() if not k.startswith("value_head.")}  # a PPO policy's critic
     adapter = model_family(cfg).hf
+    tokenizer = os.path.join(ckpt_dir, "tokenizer.model")
     if os.path.isfile(os.path.join(ckpt_dir, ADAPTER_CONFIG)) and not merge_lora:
         from adapters.lora import peft_adapter_files, single_name, write_peft_adapter
 
+        base = os.path.join(out_dir, "base")
+        export_hf(_lora_base(ckpt_dir, cfg), base)
         write_peft_adapter(out_dir, *peft_adapter_files(weights, cfg.peft, single_name(adapter.to_hf),
-                                                        cfg.stage.init_from or ""))
+                                                        os.path.abspath(os.path.join(location or out_dir, "base"))))
+        if os.path.exists(tokenizer):
+            adapter.save_tokenizer(tokenizer, out_dir)
         return
     os.makedirs(out_dir, exist_ok=True)
     save_file(adapter.to_hf(weights), os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
@@ -93,7 +109,6 @@ def export_hf(ckpt_dir: str, out_dir: str, merge_lora: bool = False) -> None:
         if OmegaConf.select(cfg, "objective.name") == "rm":  # the decoder and a scalar head
             config.update(adapter.REWARD_MODEL)
         json.dump(config, f, indent=2)
-    tokenizer = os.path.join(ckpt_dir, "tokenizer.model")
     if os.path.exists(tokenizer):
         adapter.save_tokenizer(tokenizer, out_dir)
 
@@ -169,7 +184,7 @@ def main(argv=None) -> None:
                         help="a LoRA checkpoint: merge its adapters into its base (W += B A alpha/r) first")
     args = parser.parse_args(argv)
     if args.to == "hf":
-        export = functools.partial(export_hf, merge_lora=args.merge_lora)
+        export = functools.partial(export_hf, merge_lora=args.merge_lora, location=args.out)
     elif args.to == "mindlab" and args.merge_lora:
         export = merge_to_mindlab
     else:

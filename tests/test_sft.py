@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from base import checkpoint
 from base.validate import ConfigError, validate
-from conftest import compose_cfg, load_preset
+from conftest import compose_cfg, invoke, load_preset
 from data import DataError
 from data.rows import Split
 from data.samples import EOS, IGNORE_INDEX, encode_parts, render, sft_rows, template_parts
@@ -250,11 +250,12 @@ def test_lora_checkpoints_hold_adapters_only_and_resume_exactly(lora_runs):
 @pytest.mark.slow  # reads a real training run's output (a module fixture)
 def test_merged_lora_export_and_peft_adapter_give_the_lora_models_logits(lora_runs, tmp_path, pynative):
     """--merge-lora (W += B A alpha/r) in transformers equals our model with adapters within 1e-5; the adapter
-    export loads with peft.PeftModel onto the exported base with the same logits."""
+    export (`python -m models.convert CKPT --to hf OUT`) loads with peft's AutoPeftModelForCausalLM as it is, with
+    the same logits."""
     import mindspore as ms
     import torch
-    from peft import PeftModel
-    from transformers import LlamaForCausalLM
+    from peft import AutoPeftModelForCausalLM
+    from transformers import AutoTokenizer, LlamaForCausalLM
 
     from adapters.lora import apply_lora
     from models import build_model
@@ -274,14 +275,15 @@ def test_merged_lora_export_and_peft_adapter_give_the_lora_models_logits(lora_ru
     with torch.no_grad():
         np.testing.assert_allclose(merged(torch.tensor(ids, dtype=torch.long)).logits.numpy(), expected, atol=1e-5)
 
-    export_hf(cfg.stage.init_from, str(tmp_path / "base"))
-    export_hf(step, str(tmp_path / "adapter"))
-    assert sorted(os.listdir(tmp_path / "adapter")) == ["adapter_config.json", "adapter_model.safetensors"]
-    peft_model = PeftModel.from_pretrained(LlamaForCausalLM.from_pretrained(str(tmp_path / "base")),
-                                           str(tmp_path / "adapter")).eval()
+    # the adapter export is self-contained: its base beside it, named by adapter_config.json, and the tokenizer
+    out = tmp_path / "adapter"
+    assert invoke("convert", [step, str(out), "--to", "hf"]).code == 0
+    assert {"adapter_config.json", "adapter_model.safetensors", "base", "tokenizer.model"} <= set(os.listdir(out))
+    peft_model = AutoPeftModelForCausalLM.from_pretrained(str(out)).eval()
     with torch.no_grad():
         np.testing.assert_allclose(peft_model(torch.tensor(ids, dtype=torch.long)).logits.numpy(), expected,
                                    atol=1e-4)
+    assert AutoTokenizer.from_pretrained(str(out)).encode("To be", add_special_tokens=False)
 
 
 def test_lora_targets_that_match_nothing_list_the_available_cells(tmp_path, base_checkpoint):

@@ -18,6 +18,7 @@ SMALL = ["data.seq_len=64", "trainer.micro_batch_size=4", "trainer.eval_batches=
 class FakeRun:
     def __init__(self):
         self.logged, self.summary, self.finished = [], {}, False
+        self.settings = types.SimpleNamespace(sync_dir="/runs/x/wandb/offline-run-1")
 
     def log(self, values, step):
         self.logged.append((step, values))
@@ -66,6 +67,18 @@ def test_logger_hands_group_name_id_and_resolved_config_to_wandb(fake_wandb, mon
     assert run.summary == {"best_val_loss": 2.2, "mean_tokens_per_sec": 300.0} and run.finished
 
 
+def test_an_offline_run_says_once_where_it_is_and_how_to_sync_it(fake_wandb, monkeypatch, tmp_path, capsys):
+    from trainer.wandb_logger import WandbLogger
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    WandbLogger(logger_cfg(), str(tmp_path), "r").log({"step": 1, "loss": 2.0})
+    assert capsys.readouterr().out == ("[wandb] offline run in /runs/x/wandb/offline-run-1; upload it with: wandb sync "
+                                       "/runs/x/wandb/offline-run-1\n")
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    WandbLogger(logger_cfg(), str(tmp_path), "r")
+    assert capsys.readouterr().out == ""
+
+
 def test_online_only_with_an_api_key(fake_wandb, monkeypatch, tmp_path):
     from trainer.wandb_logger import WandbLogger
 
@@ -81,6 +94,7 @@ def run(cwd, *args):
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args], cwd=cwd, capture_output=True,
                           text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
 
 
 def run_id(job_dir):
@@ -92,9 +106,11 @@ def run_id(job_dir):
 def test_a_resumed_run_logs_to_the_same_wandb_run(tmp_path):
     """(One group per multirun and names from the swept values: tests/test_sweeps.py's real multirun.)"""
     job = str(tmp_path / "run")
-    run(tmp_path, "logger=wandb", "trainer.max_steps=4", *SMALL, f"hydra.run.dir={job}")
+    out = run(tmp_path, "logger=wandb", "trainer.max_steps=4", *SMALL, f"hydra.run.dir={job}").stdout
     first = run_id(job)
-    assert glob.glob(os.path.join(job, "wandb", f"offline-run-*-{first}", f"run-{first}.wandb"))
+    [offline] = glob.glob(os.path.join(job, "wandb", f"offline-run-*-{first}"))
+    assert os.path.isfile(os.path.join(offline, f"run-{first}.wandb"))
+    assert out.count("[wandb] offline run in") == 1 and f"upload it with: wandb sync {offline}\n" in out
     run(tmp_path, "logger=wandb", "trainer.max_steps=6", *SMALL, f"hydra.run.dir={job}")  # resumes at step 4
     assert run_id(job) == first
     assert len(glob.glob(os.path.join(job, "wandb", f"offline-run-*-{first}"))) == 2

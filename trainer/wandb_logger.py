@@ -33,10 +33,14 @@ class WandbLogger:
         import wandb
 
         lg = cfg.logger
+        mode = wandb_mode(lg.mode)
         self.run = wandb.init(project=lg.project, entity=lg.entity, group=lg.group, name=lg.run_name,
                               tags=list(lg.tags), job_type=lg.job_type, dir=run_dir, id=run_id, resume="allow",
-                              mode=wandb_mode(lg.mode), config=OmegaConf.to_container(cfg, resolve=True),
+                              mode=mode, config=OmegaConf.to_container(cfg, resolve=True),
                               settings=wandb.Settings(silent=True, console="off"))
+        if mode == "offline":  # said once: where the run is and how to upload it
+            print(f"[wandb] offline run in {self.run.settings.sync_dir}; upload it with: wandb sync "
+                  f"{self.run.settings.sync_dir}", flush=True)
         self.best_val, self.throughput = float("inf"), []
 
     def log(self, metrics: dict) -> None:
