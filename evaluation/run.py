@@ -43,12 +43,12 @@ def run(ckpt: str, cfg: DictConfig, eval_cfg, tasks: list, log=print) -> dict:
     if eval_cfg.data:
         results["data_eval"] = evaluate_sources(cfg, eval_cfg, model, objective, log)
     if eval_cfg.passkey_lengths:
-        start = time.perf_counter()
+        passkey_start = time.perf_counter()
         results["passkey"] = passkey_accuracy(objective.token_nll(model), tokenizer, eval_cfg.passkey_lengths,
                                               eval_cfg.passkey_depths, eval_cfg.passkey_trials,
                                               lambda n: set_context_length(cfg.model.family, model, n),
                                               cfg.trainer.seed, cfg.trainer.micro_batch_size)
-        log(f"[eval] passkey in {time.perf_counter() - start:.1f}s")
+        log(f"[eval] passkey in {time.perf_counter() - passkey_start:.1f}s")
     if tasks:
         loglikelihood, generate_fn, skip = scorers(objective, model, cfg.model.family, tokenizer,
                                                    cfg.trainer.micro_batch_size, cfg.data.seq_len)
