@@ -1,4 +1,5 @@
-"""Sample text from a mindlab checkpoint or a Hugging Face Llama directory (KV cache, two compiled graphs).
+"""Sample text from a mindlab checkpoint or a Hugging Face Llama directory, through the model family's generator
+(models/generation.py; Llama's: a KV cache in two compiled graphs).
 
     python -m generate runs/a/checkpoints/step_000400 --prompt "def fibonacci(n):" --max-new-tokens 128 \\
         --temperature 0.8 --top-p 0.95 [--top-k 50] [--repetition-penalty 1.1] [--stop "\\n\\n" ...] [--seed 0]
@@ -134,12 +135,14 @@ def load(source: str, workdir: str):
     if not os.path.isfile(os.path.join(path, "tokenizer.model")):
         raise UsageError(f"CKPT_OR_HF_DIR: {source} has no tokenizer.model (a sentencepiece model is needed)")
     cfg = OmegaConf.load(os.path.join(path, "config.yaml"))
-    family = OmegaConf.select(cfg, "model.family", default="llama")
-    if family != "llama":
-        raise UsageError(f"CKPT_OR_HF_DIR: {source} is model.family={family}; generation needs a causal Llama")
-    from models.llama.config import LlamaConfig
+    from models import family
+    from models.generation import generates
 
-    model_cfg = OmegaConf.merge(OmegaConf.structured(LlamaConfig), cfg.model)
+    name = OmegaConf.select(cfg, "model.family", default="llama")
+    if not generates(name):
+        raise UsageError(f"CKPT_OR_HF_DIR: {source} is model.family={name}, which has no generator (the family "
+                         f"hook `generator(model)` in models/{name}/: a causal decoder's)")
+    model_cfg = OmegaConf.merge(OmegaConf.structured(family(name).Config), cfg.model)
     tokenizer = Tokenizer(os.path.join(path, "tokenizer.model"))
     if tokenizer.vocab_size > model_cfg.vocab_size:
         raise UsageError(f"CKPT_OR_HF_DIR: tokenizer.model has {tokenizer.vocab_size} pieces, more than the "
@@ -194,7 +197,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         model_cfg, path, tokenizer = load(args.source, workdir)
         prompts = encode_prompts(records, tokenizer, model_cfg.max_position_embeddings, args.max_new_tokens)
         model = build(model_cfg, path, args.device)  # reads the weights: the temp dir may go after this
-    run(args, model, tokenizer, records, prompts)
+    from models.generation import generator
+
+    run(args, generator(model_cfg.family, model), tokenizer, records, prompts)
     return 0
 
 
@@ -216,46 +221,11 @@ def build(model_cfg, path: str, device: str):
     return model
 
 
-def make_generate_fn(model, tokenizer, batch_size: int = 16):
-    """Continuations for evaluation (evaluate.py's generation tasks, harness.py's generate_until, the on-policy
-    preference pairs): generate_fn(prompts: list[str], max_new_tokens, rows=None, prompt_len=None, **options) ->
-    list[str], the new text of each prompt (without it), stopping at eos; `options` are the Generator's (greedy
-    by default; `stop` strings cut the text before them). Prompts longer than the context are cut on the left so
-    that they and the new tokens fit.
-
-    The prompts run `batch_size` at a time, all padded to `prompt_len` (default: the longest prompt's bucket)
-    and the last batch filled up with copies of its last prompt, so one pair of graphs serves every batch. Prompt
-    i samples from random stream rows[i] (default i), so sampling does not depend on the batching. One batch of
-    all prompts would hold their [B, P, vocab] prefill logits and [B, heads, P, P] scores at once: 200 prompts
-    at model=small took the box's 24 GB."""
-    from models.llama.generation import PROMPT_BUCKET, generator
-
-    gen = generator(model)
-
-    def generate_fn(prompts, max_new_tokens: int, rows=None, prompt_len=None, **options):
-        room = gen.max_positions - max_new_tokens
-        ids = [(tokenizer.encode(p) or [tokenizer.eos_id])[-room:] for p in prompts]
-        rows = list(range(len(ids)) if rows is None else rows)
-        width = prompt_len or min(-(-max(map(len, ids)) // PROMPT_BUCKET) * PROMPT_BUCKET, room)
-        size, texts = min(batch_size, len(ids)), []
-        for start in range(0, len(ids), size):
-            chunk, chunk_rows = ids[start:start + size], rows[start:start + size]
-            fill = size - len(chunk)
-            out = gen.generate(chunk + chunk[-1:] * fill, max_new_tokens, eos_id=tokenizer.eos_id,
-                               decode=tokenizer.decode, rows=chunk_rows + chunk_rows[-1:] * fill, prompt_len=width,
-                               **options)
-            texts += [sample.text for sample in out.samples[:len(chunk)]]
-        return texts
-
-    return generate_fn
-
-
-def run(args, model, tokenizer, records, prompts) -> None:
-    from models.llama.generation import PROMPT_BUCKET, generator
-
-    gen = generator(model)
+def run(args, gen, tokenizer, records, prompts) -> None:
+    """Generate for every prompt with the family's generator `gen`, streaming one prompt or writing JSONL."""
     eos_id = None if args.ignore_eos else tokenizer.eos_id
-    width = -(-max(len(p) for p in prompts) // PROMPT_BUCKET) * PROMPT_BUCKET  # one prompt length for all batches
+    bucket = gen.prompt_bucket
+    width = -(-max(len(p) for p in prompts) // bucket) * bucket  # one prompt length for all batches
     batch_size = min(args.batch_size, len(prompts))
     single = args.prompt is not None
     out = open(args.out, "w", encoding="utf-8") if args.out else (None if single else sys.stdout)

@@ -6,9 +6,9 @@ interface (loglikelihood, loglikelihood_rolling, generate_until) over the scorer
     python -m harness SFT_CKPT data=default --tasks definitions_mc     # train.py overrides, as python -m evaluate
     python -m harness CKPT --tasks my_task --include-path MY_TASKS/     # any lm_eval task whose data is local
 
-A name that is a mindlab task file (`python -m data.tasks build`, or a path ending in .jsonl) becomes an lm_eval
+A name that is a mindlab task file (`python -m builders.tasks build`, or a path ending in .jsonl) becomes an lm_eval
 task: a YAML written to a temporary include path (data files: that JSONL; text: the context; choices; gold), so
-lm_eval's acc and acc_norm can be checked against evaluate.py's on the same items (tests/test_harness.py does).
+lm_eval's acc and acc_norm can be checked against evaluate's on the same items (tests/test_harness.py does).
 Other names are lm_eval's own tasks, whose datasets come from the Hugging Face hub: this machine has no route to
 it, so only tasks with local data run here.
 
@@ -28,6 +28,9 @@ from argparse import RawDescriptionHelpFormatter
 from typing import List, Optional, Sequence, Tuple
 
 from base.errors import ArgumentParser, ConfigError, UserError, entry_point
+from plugins import register
+
+register()
 
 
 def rolling_windows(tokens: Sequence[int], prefix: int, max_len: int) -> List[Tuple[List[int], int]]:
@@ -48,23 +51,27 @@ class MindlabLM:
 
     def __init__(self, checkpoint: str, batch_size: int = 8, max_length: Optional[int] = None,
                  overrides: Sequence[str] = ()):
+        from base.registry import OBJECTIVES
         from data import Tokenizer
-        from evaluate import LoglikelihoodScorer, compose_config, load_model, token_nll_cell
-        from models import family
+        from evaluation.config import compose_config
+        from evaluation.model import load_model
+        from evaluation.scorer import LoglikelihoodScorer
         from trainer.runtime import init_runtime
 
         cfg = compose_config(checkpoint, list(overrides))
-        if not family(cfg.model.family).CAUSAL:
-            raise ConfigError("checkpoint", f"lm_eval scores a causal decoder; {checkpoint} is a "
-                              f"{cfg.model.family} model")
+        self.tokenizer = Tokenizer(os.path.join(checkpoint, "tokenizer.model"))
+        objective = OBJECTIVES[cfg.objective.name].Objective(cfg.objective, self.tokenizer, cfg.trainer.seed)
+        if not hasattr(objective, "token_nll"):
+            raise ConfigError("checkpoint", f"lm_eval scores a causal LM's log-likelihoods; {checkpoint} is a "
+                              f"{cfg.model.family} model scored as objective={cfg.objective.name}, which has no "
+                              f"per-token NLL (token_nll)")
         init_runtime(cfg)
         self.checkpoint, self.cfg, self.model = checkpoint, cfg, load_model(cfg, checkpoint)
-        self.tokenizer = Tokenizer(os.path.join(checkpoint, "tokenizer.model"))
         self.max_length = int(max_length or cfg.data.seq_len)
         self.batch_size = int(batch_size)
-        self.scorer = LoglikelihoodScorer(token_nll_cell(self.model), self.tokenizer, self.batch_size,
+        self.scorer = LoglikelihoodScorer(objective.token_nll(self.model), self.tokenizer, self.batch_size,
                                           self.max_length)
-        self._generate = None  # generate.make_generate_fn's, built on first use
+        self._generate = None  # models/generation.py make_generate_fn's, built on first use
 
     def loglikelihood(self, requests) -> List[Tuple[float, bool]]:
         """(context, continuation) -> (log P(continuation | eos + context), whether it is the greedy one)."""
@@ -81,9 +88,14 @@ class MindlabLM:
     def generate_until(self, requests) -> List[str]:
         """(context, {until, max_gen_toks, do_sample, temperature}) -> the continuation, cut before the first
         stop string; greedy unless do_sample (then the temperature, seeded by trainer.seed)."""
-        from generate import make_generate_fn
+        from models.generation import generator, make_generate_fn
 
-        self._generate = self._generate or make_generate_fn(self.model, self.tokenizer)
+        if self._generate is None:
+            gen = generator(self.cfg.model.family, self.model)
+            if gen is None:
+                raise ConfigError("checkpoint", f"generate_until needs a generator; model.family="
+                                  f"{self.cfg.model.family} has none")
+            self._generate = make_generate_fn(gen, self.tokenizer)
         out = []
         for request in requests:
             context, kwargs = request.args
@@ -135,7 +147,7 @@ metric_list:
 
 def mindlab_task_yaml(name: str, path: str, directory: str) -> None:
     """Write <directory>/<name>.yaml: the mindlab multiple-choice task file `path` as an lm_eval task. The
-    continuation is the choice as written (target_delimiter ""), as evaluate.py scores it."""
+    continuation is the choice as written (target_delimiter ""), as evaluation/tasks.py scores it."""
     with open(os.path.join(directory, f"{name}.yaml"), "w", encoding="utf-8") as f:
         f.write(TASK_YAML.format(name=name, path=json.dumps(os.path.abspath(path))))
 
@@ -147,7 +159,8 @@ def run(checkpoint: str, tasks: List[str], include_path: Optional[str], limit: O
     except ImportError:
         raise UserError("lm_eval is not installed: scripts/venv.sh python -m pip install lm_eval==0.4.9 "
                         "(optional; `python -m evaluate CKPT tasks=[...]` needs nothing more)") from None
-    from data.tasks import load_task, task_path
+    from base.paths import task_path
+    from evaluation.tasks import load_task
     from lm_eval.tasks import TaskManager
 
     names, paths = [], [include_path] if include_path else []
@@ -155,7 +168,7 @@ def run(checkpoint: str, tasks: List[str], include_path: Optional[str], limit: O
         for name in tasks:
             path = task_path(name)
             if path.is_file():
-                task = load_task(path, name=path.stem)  # checked: file:line errors as in evaluate.py
+                task = load_task(path, name=path.stem)  # checked: file:line errors as in python -m evaluate
                 if task.kind != "multiple_choice":
                     raise ConfigError("--tasks", f"{path} holds {task.kind} items; only multiple-choice mindlab "
                                       "tasks are written as lm_eval tasks (score the others with python -m evaluate)")

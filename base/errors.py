@@ -2,7 +2,7 @@
 
 A user error is something the user can fix — a config value, a missing/unreadable/corrupt file, the wrong
 kind of checkpoint, a missing credential, a layout this machine cannot run. It is raised as a `UserError`
-(ConfigError, UsageError, CheckpointError, DiskFull here; data.DataError, the task file's TaskError,
+(ConfigError, UsageError, CheckpointError, DiskFull here; data.DataError, evaluation.tasks.TaskError,
 trainer.guard.TrainingStopped) whose message names the key or file and the fix. Each CLI's `main(argv)` is
 wrapped in `entry_point`, which prints such an error as `error: <what>, <where>; <how to fix>` (`config
 error: ...` for config values) and returns its exit code — 2 for what was typed (a value, a path, an

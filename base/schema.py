@@ -33,7 +33,7 @@ class ParallelConfig:
 
 
 INSTRUCTION_KINDS = ("alpaca", "chat", "prompt_completion")  # source kinds holding instruction samples (SFT)
-PREFERENCE_KINDS = ("preference",)  # {prompt, chosen, rejected} pairs (reward model, DPO: data/preferences.py)
+PREFERENCE_KINDS = ("preference",)  # {prompt, chosen, rejected} pairs (reward model, DPO: objectives/_preference.py)
 SAMPLE_KINDS = INSTRUCTION_KINDS + PREFERENCE_KINDS  # samples (a loss mask per token), not documents
 
 
@@ -217,7 +217,7 @@ class TrainerConfig:
     log_every: int = 10
     eval_every: int = 100
     eval_batches: int = 8
-    # task files (`python -m data.tasks build` writes them; a name or a .jsonl path) scored at every evaluation:
+    # task files (`python -m builders.tasks build` writes them; a name or a .jsonl path) scored at every evaluation:
     # acc/acc_norm by log-likelihood, exact match/ROUGE-L by greedy generation (evaluate.py's scorers)
     eval_tasks: List[str] = field(default_factory=list)
     eval_task_items: int = 200  # the first items of each task (0: all)

@@ -242,14 +242,16 @@ def _check_eval_tasks(cfg: DictConfig) -> None:
     t = cfg.trainer
     _require(t.eval_task_items >= 0, "trainer.eval_task_items", f"must be >= 0 (0: every item), got {t.eval_task_items}")
     if t.eval_tasks:
-        _require(FAMILIES[cfg.model.family].CAUSAL, "trainer.eval_tasks", f"tasks score a causal decoder's "
-                 f"log-likelihoods; model.family={cfg.model.family} is not one (set trainer.eval_tasks=[])")
+        _require(hasattr(OBJECTIVES[cfg.objective.name].Objective, "token_nll"), "trainer.eval_tasks",
+                 f"tasks score a causal LM's log-likelihoods through the objective's per-token NLL (token_nll), "
+                 f"and objective={cfg.objective.name} has none (set trainer.eval_tasks=[]; `python -m evaluate CKPT "
+                 f"tasks=[...]` scores a fine-tuned causal checkpoint)")
         _require(not is_sharded(cfg.parallel), "trainer.eval_tasks", "tasks run the model outside the sharded "
                  "step graph, which tp/pp/optimizer sharding does not allow; score the checkpoints with "
                  "`python -m evaluate CKPT tasks=[...]` instead (set trainer.eval_tasks=[])")
         for name in t.eval_tasks:
             _require(task_path(name).is_file(), "trainer.eval_tasks", f"{task_path(name)}: no such task file (build "
-                     "the real tasks with `python -m data.tasks build`, or give a .jsonl path)")
+                     "the real tasks with `python -m builders.tasks build`, or give a .jsonl path)")
 
 
 def _check_machine(cfg: DictConfig, world_size: int) -> None:

@@ -1,8 +1,8 @@
 """The alignment pipeline on the shared corpora, measured: SFT from a pretrained checkpoint, then a reward model
-and DPO from the SFT checkpoint on the rule-built preference set (data/preference_set.py), then PPO from the
+and DPO from the SFT checkpoint on the rule-built preference set (builders/preferences.py), then PPO from the
 SFT checkpoint against that reward model, with held-out preference accuracy and the PPO reward along the way.
 
-    scripts/venv.sh python -m data.instructions && scripts/venv.sh python -m data.preference_set   # once
+    scripts/venv.sh python -m builders.instructions && scripts/venv.sh python -m builders.preferences   # once
     scripts/venv.sh python -m benchmarks.alignment --base CKPT [--model tiny] [--sft-steps 300] [--steps 200]
         [--ppo-steps 100] [--workdir DIR]     # DIR keeps the runs (default: a temporary directory)
 

@@ -7,7 +7,7 @@ the precompute pass (pairs, seconds), wall time, final loss, and the two modes' 
         [--val-pairs 200] [--modes precomputed,copy] [--workdir DIR] [overrides ...]
 
 CKPT: an SFT checkpoint (e.g. benchmarks.alignment's). The pairs are the first N of data=preferences' files
-(python -m data.preference_set), so the precompute pass, which scores every training pair, stays short; its
+(python -m builders.preferences), so the precompute pass, which scores every training pair, stays short; its
 seconds grow linearly with the pairs. Each run is its own train.py process, one after the other.
 """
 import argparse

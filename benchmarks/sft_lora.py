@@ -1,7 +1,7 @@
 """Full SFT vs LoRA (r=8 and r=64) on data=instructions, from one model=small pretrain, side by side in one run:
 held-out response loss and token accuracy before and after, trainable parameters, peak RSS and tokens/s.
 
-    scripts/venv.sh python -m data.instructions                 # once: the instruction set
+    scripts/venv.sh python -m builders.instructions                 # once: the instruction set
     scripts/venv.sh python -m benchmarks.sft_lora [--base CKPT] [--pretrain-steps 300] [--steps 150] [overrides]
 
 Without --base it first pretrains model=small on data=corpora_5dom (the domains the instructions come from).

@@ -1,6 +1,6 @@
 """Stage 2 of prepare: each source's token stream -> rows in MindRecord files, in the layout of a RowSpec
 (data/rows.py). PACKED, below, is the pretraining layout; objectives may bring their own (e.g. BERT's
-sentence pairs, data/pairs.py).
+sentence pairs, objectives/_sentence_pairs.py).
 
 PACKED: row i of a source and split is tokens[i*seq_len : i*seq_len + seq_len + 1]: consecutive rows share
 one token, so every token after the first is a target exactly once per epoch (inputs row[:-1], targets

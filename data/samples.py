@@ -1,5 +1,6 @@
-"""Instruction samples (SFT): stage 1 for sources of kind alpaca, chat and prompt_completion, and the rows
-objective=sft trains on.
+"""Instruction samples: stage 1 for sources of kind alpaca, chat, prompt_completion (SFT, PPO's prompts) and
+preference (the reward model, DPO). The rows each objective makes of them are its own (objectives/sft.py,
+objectives/ppo.py, objectives/_preference.py).
 
 Formats (each JSONL line, or each element of a JSON list for alpaca `.json` files, is one sample):
 - `alpaca`: {"instruction", "input" (optional), "output"}: Stanford Alpaca's format.
@@ -25,13 +26,6 @@ Tokens get their loss flag from sentencepiece's byte offsets: a token carries lo
 a loss-bearing part. Written per source and split, like data/documents.py: `tokens/<source>.<split>.npy`
 (each sample's ids then its final eos), `.offsets.npy` (sample starts, then the end) and `.loss_mask.npy`
 (uint8). The tokenizer is the checkpoint's (`data.tokenizer.path`), never trained here.
-
-Rows (`sft_rows`): with packing, whole samples are placed into rows of seq_len + 1 tokens (best fit, in
-order of decreasing length), never split across rows; attention stays inside each sample through
-`segment_ids` (0 on padding) and `position_ids` restarting at 0 per sample. Without packing, one sample per
-row. `labels` holds the token where it carries loss and -100 elsewhere, including every sample's first token
-(nothing before it in the sample predicts it) and the padding; a pad token is never a target (unlike
-MindFormers' PackingHandler, which labels the pad at sample boundaries).
 """
 from __future__ import annotations
 
@@ -44,15 +38,13 @@ from typing import Dict, Iterator, List, Tuple
 
 import numpy as np
 
-from base.schema import INSTRUCTION_KINDS, PREFERENCE_KINDS, DataConfig, TemplateConfig
+from base.schema import PREFERENCE_KINDS, DataConfig, TemplateConfig
 from data.documents import split_documents
 from data.errors import DataError
-from data.rows import RowSpec, Split, best_fit
 from data.sources import source_files
 from data.tokenizer import Tokenizer, build_tokenizer
 from omegaconf import OmegaConf
 
-IGNORE_INDEX = -100
 EOS = None  # a part that is the eos token, not text
 TEMPLATES = {
     "alpaca": dict(
@@ -279,83 +271,3 @@ def build_samples(cfg: DataConfig, out: Path) -> dict:
             "seconds": {"samples": round(time.perf_counter() - start, 3)}}
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     return meta
-
-
-def sft_schema(seq_len: int) -> dict:
-    return {name: {"type": "int32", "shape": [seq_len + 1]}
-            for name in ("input_ids", "labels", "position_ids", "segment_ids")}
-
-
-def sft_rows(packing: bool, truncate: bool, split: Split, seq_len: int, tokenizer) -> Iterator[dict]:
-    """The rows of one split (see the module docstring); prints how full the rows are."""
-    if split.loss_mask is None:
-        raise DataError(f"{split.where}: holds documents, not instruction samples; objective=sft trains on sources "
-                        f"of kind {', '.join(INSTRUCTION_KINDS)}")
-    size = seq_len + 1
-    spans = [(int(a), int(b)) for a, b in zip(split.offsets[:-1], split.offsets[1:])]
-    for i, (a, b) in enumerate(spans):
-        if b - a > size and not truncate:
-            raise DataError(f"{split.where}: sample {i + 1} has {b - a} tokens, more than data.seq_len + 1 = {size}; "
-                            f"raise data.seq_len, or set objective.truncate=true to cut such samples")
-    spans = [(a, min(b, a + size)) for a, b in spans]
-    rows = [[spans[i] for i in row] for row in best_fit([b - a for a, b in spans], size)] if packing \
-        else [[span] for span in spans]
-    used = sum(b - a for a, b in spans)
-    print(f"[data] {split.where}: {len(spans):,} samples in {len(rows):,} rows of {size} tokens, "
-          f"{used / max(len(rows) * size, 1):.1%} of row tokens are sample tokens"
-          + (" (packed)" if packing else " (one sample per row)"), flush=True)
-    tokens, mask = np.asarray(split.tokens), np.asarray(split.loss_mask)
-    for row in rows:
-        out = {"input_ids": np.full(size, tokenizer.pad_id, np.int32),
-               "labels": np.full(size, IGNORE_INDEX, np.int32),
-               "position_ids": np.zeros(size, np.int32), "segment_ids": np.zeros(size, np.int32)}
-        at = 0
-        for segment, (a, b) in enumerate(row, 1):
-            n = b - a
-            ids = tokens[a:b].astype(np.int32)
-            out["input_ids"][at:at + n] = ids
-            labels = np.where(mask[a:b] > 0, ids, IGNORE_INDEX)
-            labels[0] = IGNORE_INDEX  # nothing in the sample precedes its first token
-            out["labels"][at:at + n] = labels
-            out["position_ids"][at:at + n] = np.arange(n)
-            out["segment_ids"][at:at + n] = segment
-            at += n
-        yield out
-
-
-def prompt_rows(max_prompt_len: int, split: Split, seq_len: int, tokenizer) -> Iterator[dict]:
-    """PPO's rows: each sample's prompt (its tokens before the first that carries loss), left-aligned and
-    padded to seq_len + 1, and its length; prompts longer than `max_prompt_len` are left out (counted)."""
-    if split.loss_mask is None or split.margin is not None:
-        raise DataError(f"{split.where}: holds {'documents' if split.loss_mask is None else 'preference pairs'}, "
-                        f"not instruction samples; objective=ppo samples responses to the prompts of kinds "
-                        f"{', '.join(INSTRUCTION_KINDS)} (data=instructions)")
-    tokens, mask = np.asarray(split.tokens), np.asarray(split.loss_mask)
-    kept = 0
-    for a, b in zip(split.offsets[:-1], split.offsets[1:]):
-        n = int(np.argmax(mask[a:b] > 0)) if mask[a:b].any() else int(b - a)
-        if not 0 < n <= max_prompt_len:
-            continue
-        ids = np.full(seq_len + 1, tokenizer.pad_id, np.int32)
-        ids[:n] = tokens[a:a + n]
-        kept += 1
-        yield {"prompt_ids": ids, "prompt_len": np.array([n], np.int32)}
-    print(f"[data] {split.where}: {kept:,} of {len(split.offsets) - 1:,} prompts of at most {max_prompt_len} tokens",
-          flush=True)
-
-
-def prompt_row_spec(max_prompt_len: int) -> RowSpec:
-    from functools import partial
-
-    return RowSpec(name=f"prompts-{max_prompt_len}", columns=("prompt_ids", "prompt_len"),
-                   schema=lambda seq_len: {"prompt_ids": {"type": "int32", "shape": [seq_len + 1]},
-                                           "prompt_len": {"type": "int32", "shape": [1]}},
-                   build=partial(prompt_rows, max_prompt_len))
-
-
-def sft_row_spec(packing: bool, truncate: bool) -> RowSpec:
-    from functools import partial
-
-    return RowSpec(name=f"sft-{'packed' if packing else 'padded'}{'-truncated' if truncate else ''}",
-                   columns=("input_ids", "labels", "position_ids", "segment_ids"), schema=sft_schema,
-                   build=partial(sft_rows, packing, truncate))

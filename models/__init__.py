@@ -8,6 +8,11 @@ seed)`, `check(cfg)` (its config rules), `describe(m, count)` (dry-run lines), `
 `layer_activation_factors` (the planner's), `CAUSAL`, `attention_kind`, `hf` (its Hugging Face adapter) and
 optionally `apply_kernels(model, cfg, compute_dtype, device_target, sharded)` (its CPU kernel overlay); its `plan`
 submodule holds the tensor/pipeline layout. Nothing outside the folder spells the family's parameter paths.
+
+Optional hooks, asked for by name (`hasattr`), so a family without one simply lacks what it serves:
+`generator(model)` (text generation: models/generation.py), `context_window(cfg)` (the longest sequence served,
+when it is not model.max_position_embeddings) and `set_context_length(model, length)` (what the model prepares
+for rows of `length` tokens, e.g. dynamic NTK's RoPE tables).
 """
 import importlib
 import pkgutil
@@ -50,3 +55,16 @@ def build_model(cfg, seq_len: int, compute_dtype: str, device_target: str, seed:
         for cell in fam.recompute_cells(model, cfg.recompute):
             cell.recompute()
     return model
+
+
+def context_window(cfg) -> int:
+    """The longest sequence a model of `cfg` serves (the family's `context_window`, else max_position_embeddings)."""
+    fam = family(cfg.family)
+    return fam.context_window(cfg) if hasattr(fam, "context_window") else int(cfg.max_position_embeddings)
+
+
+def set_context_length(family_name: str, model, length: int) -> None:
+    """Prepare `model` for rows of `length` tokens where its family needs to (`set_context_length`)."""
+    fam = family(family_name)
+    if hasattr(fam, "set_context_length"):
+        fam.set_context_length(model, length)

@@ -5,7 +5,8 @@ changes.
 An objective module exposes:
   Config                 its typed `objective` group, registered as the preset `objective=<name>`
   check(cfg)             its config rules, e.g. which model families it trains (ConfigError naming the key)
-  row_spec(cfg)          data/rows.RowSpec: the prepared rows it reads (columns written to MindRecord)
+  row_spec(cfg)          data/rows.RowSpec: the prepared rows it reads (columns written to MindRecord); the
+                         row layout is the objective's own (e.g. sft_rows in objectives/sft.py)
   Objective(cfg, tokenizer, seed), with
     inputs               names of the step's inputs, in the order its loss cell's construct takes them
     metrics              names of the scalars the loss cell returns after the loss (means over its loss tokens)
@@ -14,9 +15,16 @@ An objective module exposes:
                          in `inputs` order)
     loss_tokens(inputs)  how many tokens of the batch carry loss (the step normalizes by the global count)
     loss_cell(model)     nn.Cell: construct(*inputs) -> (loss, *metrics), loss the mean over its loss tokens
-  and optionally
-    token_nll = True     the loss is the mean NLL of the targets labels[:, 1:] (inputs start with input_ids,
-                         labels): evaluation then also reports bits per byte (trainer/callbacks.py Evaluation)
+  and optionally, what evaluation (evaluation/) asks of an objective, one hook per kind of measure (it asks no
+  objective's name, so a new objective with a hook gets its measures)
+    token_nll(model)     a causal LM's per-token NLL: nn.Cell, input_ids int32 [B, S + 1] -> (NLL fp32 [B, S] of
+                         each target input_ids[:, 1:], is-greedy bool [B, S]), whose mean over the targets
+                         labels[:, 1:] that carry loss (>= 0; the inputs start with input_ids, labels) is the loss:
+                         bits per byte (training's val_bpb too), loss by position, tasks and passkey retrieval by
+                         log-likelihood (objectives/clm.py TokenNLL)
+    fill_mask(model, k)  a masked LM's predictions: nn.Cell, the step's inputs -> (the k most likely tokens int32
+                         [B, S, k], the labels [B, S]: the masked tokens, negative elsewhere), with `special_ids`
+                         (the tokens never masked): fill-mask top-1 / top-k accuracy (objectives/mlm.py)
     memory(cfg)          planner/memory.ObjectiveMemory for `dry_run=true`: sequences per sample, logits kept,
                          extra parameters and what is held besides the trained model (frozen models, caches)
     attach(model, cfg)   after the weights are loaded (and LoRA applied), before the optimizer: returns the
@@ -59,5 +67,5 @@ def objective(name: str) -> ModuleType:
 
 
 for _info in pkgutil.iter_modules(__path__):
-    if not _info.name.startswith("_"):  # _name.py: helpers several objectives share
+    if not _info.name.startswith("_"):  # _name.py: helpers of objectives (shared pieces, row layouts)
         OBJECTIVES.add(_info.name, importlib.import_module(f"objectives.{_info.name}"))

@@ -3,13 +3,17 @@
 A batch row holds seq_len + 1 tokens (data/packing.py's PACKED rows); the model reads the first seq_len, the
 labels are the last seq_len. Positions whose label equals `ignore_index` (padding, masked prompt tokens)
 carry no loss. The loss is the mean over counted positions, computed in fp32 whatever the compute dtype.
+
+Evaluation's hook, `Objective.token_nll(model)`: the TokenNLL cell, the NLL of every target token, whose mean
+over the counted targets is this loss. With it evaluation reports bits per byte, loss by position, and scores
+tasks and passkey retrieval by log-likelihood (evaluation/); any objective exposing the same hook gets them.
 """
 from dataclasses import dataclass
 
 import numpy as np
 
 import mindspore as ms
-from mindspore import nn
+from mindspore import nn, ops
 from omegaconf import MISSING
 
 from base.errors import require
@@ -42,7 +46,6 @@ def row_spec(cfg: Config):
 class Objective:
     inputs = ("input_ids", "labels")
     metrics = ()
-    token_nll = True  # the loss is the mean NLL of labels[:, 1:]: evaluation adds bits per byte
 
     def __init__(self, cfg: Config, tokenizer=None, seed: int = 0):
         self.ignore_index = cfg.ignore_index
@@ -55,6 +58,9 @@ class Objective:
 
     def loss_cell(self, model: nn.Cell) -> nn.Cell:
         return CausalLMLoss(model, self.ignore_index)
+
+    def token_nll(self, model: nn.Cell) -> nn.Cell:
+        return TokenNLL(model)
 
 
 class CausalLMLoss(nn.Cell):
@@ -69,3 +75,20 @@ class CausalLMLoss(nn.Cell):
         targets = labels[:, 1:].reshape(-1)
         logits = logits.reshape(-1, logits.shape[-1]).astype(ms.float32)
         return (masked_mean_nll(self.cross_entropy, logits, targets, self.ignore_index)[0],)
+
+
+class TokenNLL(nn.Cell):
+    """input_ids int32 [B, S + 1] (rows of a causal LM) -> (fp32 [B, S]: the NLL (nats) of each target
+    input_ids[:, j + 1] given input_ids[:, :j + 1], whose mean over the counted targets is CausalLMLoss; bool
+    [B, S]: the target is the most likely token, lm-eval's `is_greedy`)."""
+
+    def __init__(self, model: nn.Cell):
+        super().__init__(auto_prefix=False)  # keep the model's parameter names
+        self.model = model
+
+    def construct(self, input_ids):
+        logits = self.model(input_ids[:, :-1]).astype(ms.float32)
+        logp = ops.log_softmax(logits, -1)
+        targets = input_ids[:, 1:]
+        nll = -ops.gather_elements(logp, 2, targets.expand_dims(-1)).squeeze(-1)
+        return nll, ops.argmax(logits, -1).astype(targets.dtype) == targets

@@ -44,9 +44,9 @@ from omegaconf import MISSING
 
 from base.errors import require
 from base.schema import PREFERENCE_KINDS
-from data.preferences import COLUMNS, DATA_HINT, pair_row_spec
-from data.samples import IGNORE_INDEX
 from objectives import _reference, check_fine_tuning
+from objectives._preference import COLUMNS, DATA_HINT, pair_row_spec
+from objectives.sft import IGNORE_INDEX
 
 LOSSES = ("sigmoid", "ipo", "hinge")
 

@@ -1,6 +1,7 @@
 """Masked language modelling (BERT, Devlin et al. 2019): predict tokens hidden from the input.
 
-Rows are BERT's `[CLS] A [SEP] B [SEP]` sentence pairs (data/pairs.py), built once and cached with the data.
+Rows are BERT's `[CLS] A [SEP] B [SEP]` sentence pairs (objectives/_sentence_pairs.py), built once and cached
+with the data.
 Masks are drawn per batch on the host at training time (dynamic masking, as RoBERTa), not stored with
 the rows: `mask_tokens(batch, batch_rng(seed, first_sample_index), ...)`. The loss is the MLM cross-entropy
 over the masked tokens plus, with `sentence_task` nsp or sop, the 2-way cross-entropy of the sentence task
@@ -28,9 +29,9 @@ from mindspore import nn, ops
 from omegaconf import MISSING
 
 from base.errors import require
-from data.pairs import MODES, pair_schema, sentence_end_ids, sentence_pairs
 from data.rows import RowSpec
 from objectives._cross_entropy import WeightedCrossEntropy, masked_mean_nll
+from objectives._sentence_pairs import MODES, pair_schema, sentence_end_ids, sentence_pairs
 
 IGNORE_INDEX = -100  # label of positions without loss
 MASK_FRACTION = 0.8  # of selected positions (words): replaced by the mask id
@@ -118,6 +119,10 @@ class Objective:
     def loss_cell(self, model: nn.Cell) -> nn.Cell:
         return MaskedLMLoss(model, self.sentence_task)
 
+    def fill_mask(self, model: nn.Cell, k: int = 5) -> nn.Cell:
+        """Evaluation's hook: fill-mask top-1 / top-k accuracy over the validation batches' masked tokens."""
+        return FillMaskTopK(model, k, self.special_ids)
+
 
 class MaskedLMLoss(nn.Cell):
     """(loss, mlm_loss, mlm_accuracy[, sentence_loss, sentence_accuracy]) in fp32: the MLM terms are means over
@@ -142,6 +147,20 @@ class MaskedLMLoss(nn.Cell):
         sentence_loss = sentence_nll.mean()
         sentence_accuracy = (sentence_logits.argmax(-1) == label).astype(ms.float32).mean()
         return mlm_loss + sentence_loss, mlm_loss, mlm_accuracy, sentence_loss, sentence_accuracy
+
+
+class FillMaskTopK(nn.Cell):
+    """The step's inputs -> (int32 [B, S, k]: the k most likely tokens at every position, best first; the labels
+    [B, S]: the masked tokens, IGNORE_INDEX elsewhere). `special_ids`: the tokens never masked, which
+    evaluation's unigram baseline leaves out (it always predicts the most frequent other training token)."""
+
+    def __init__(self, model: nn.Cell, k: int, special_ids: Sequence[int]):
+        super().__init__(auto_prefix=False)  # keep the model's parameter names
+        self.model, self.k, self.special_ids = model, k, tuple(special_ids)
+
+    def construct(self, input_ids, token_type_ids, attention_mask, labels, *sentence_label):
+        mlm_logits, _ = self.model(input_ids, token_type_ids, attention_mask)
+        return ops.topk(mlm_logits, self.k)[1], labels
 
 
 def batch_rng(seed: int, sample_index: int) -> np.random.Generator:

@@ -3,8 +3,9 @@ policy samples responses to prompts, a reward model scores them, and the policy 
 scores while a per-token KL penalty holds it near the frozen reference.
 
 One rollout per `trainer.micro_batch_size` prompts (data=instructions: each sample's prompt), on the host:
-  1. sample a response to each prompt with the policy (models/llama/generation.py: KV cache, temperature,
-     top-k/p, up to `max_new_tokens`; the random stream of a prompt depends on (trainer.seed, rollout, row));
+  1. sample a response to each prompt with the policy (its family's generator, models/generation.py: temperature,
+     top-k/p, up to `max_new_tokens`, every prompt padded to `max_prompt_len` so one pair of graphs serves every
+     rollout; the random stream of a prompt depends on (trainer.seed, rollout, row));
   2. score prompt + response with the reward model (objectives/rm.py; `reward_model` = its checkpoint) at
      the response's last token, normalized (`score_norm`) by the reward model's mean and std over its held-out
      pairs, saved in its checkpoint (`rm_val`: a fixed scale, the one the RM was judged on, so 0 is the
@@ -40,7 +41,8 @@ No held-out evaluation (`trainer.eval_every` is ignored): score a checkpoint wit
 """
 import os
 from dataclasses import dataclass
-from typing import Callable, Optional
+from functools import partial
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 
@@ -50,8 +52,9 @@ from omegaconf import MISSING, OmegaConf
 
 from base.errors import ConfigError, require
 from base.schema import INSTRUCTION_KINDS
-from data.samples import prompt_row_spec
-from models.llama.generation import PROMPT_BUCKET
+from data.errors import DataError
+from data.rows import RowSpec, Split
+from models.generation import generates
 from objectives import _reference, check_fine_tuning
 from objectives.rm import RewardModel, val_reward_stats
 
@@ -106,9 +109,10 @@ def check(cfg) -> None:
     require(cfg.trainer.grad_accum == 1, "trainer.grad_accum", "objective=ppo takes one optimizer step per "
             "minibatch (objective.minibatches); set trainer.grad_accum=1")
     require(cfg.parallel.dp == 1, "parallel.dp", "objective=ppo runs on one device here; set parallel=single")
-    cache = -(-o.max_prompt_len // PROMPT_BUCKET) * PROMPT_BUCKET + o.max_new_tokens  # generation's columns
-    require(cache <= cfg.model.max_position_embeddings,
-            "objective.max_new_tokens", f"max_prompt_len rounded up to {PROMPT_BUCKET} + max_new_tokens must fit "
+    require(generates(cfg.model.family), "model.family", f"objective=ppo samples responses with the family's "
+            f"generator, and model.family={cfg.model.family} has none")
+    require(o.max_prompt_len + o.max_new_tokens <= cfg.model.max_position_embeddings,  # generation's columns
+            "objective.max_new_tokens", f"max_prompt_len + max_new_tokens must fit "
             f"model.max_position_embeddings={cfg.model.max_position_embeddings} (the generation cache)")
     require(o.max_prompt_len + o.max_new_tokens <= cfg.data.seq_len, "data.seq_len",
             f"must hold objective.max_prompt_len + max_new_tokens = {o.max_prompt_len + o.max_new_tokens}, "
@@ -133,15 +137,39 @@ def check(cfg) -> None:
         raise ConfigError("objective.reward_model", f"{o.reward_model} is not a checkpoint directory")
 
 
-def row_spec(cfg: Config):
-    return prompt_row_spec(cfg.max_prompt_len)
+def row_spec(cfg: Config) -> RowSpec:
+    return RowSpec(name=f"prompts-{cfg.max_prompt_len}", columns=("prompt_ids", "prompt_len"),
+                   schema=lambda seq_len: {"prompt_ids": {"type": "int32", "shape": [seq_len + 1]},
+                                           "prompt_len": {"type": "int32", "shape": [1]}},
+                   build=partial(prompt_rows, cfg.max_prompt_len))
+
+
+def prompt_rows(max_prompt_len: int, split: Split, seq_len: int, tokenizer) -> Iterator[dict]:
+    """PPO's rows: each sample's prompt (its tokens before the first that carries loss), left-aligned and
+    padded to seq_len + 1, and its length; prompts longer than `max_prompt_len` are left out (counted)."""
+    if split.loss_mask is None or split.margin is not None:
+        raise DataError(f"{split.where}: holds {'documents' if split.loss_mask is None else 'preference pairs'}, "
+                        f"not instruction samples; objective=ppo samples responses to the prompts of kinds "
+                        f"{', '.join(INSTRUCTION_KINDS)} (data=instructions)")
+    tokens, mask = np.asarray(split.tokens), np.asarray(split.loss_mask)
+    kept = 0
+    for a, b in zip(split.offsets[:-1], split.offsets[1:]):
+        n = int(np.argmax(mask[a:b] > 0)) if mask[a:b].any() else int(b - a)
+        if not 0 < n <= max_prompt_len:
+            continue
+        ids = np.full(seq_len + 1, tokenizer.pad_id, np.int32)
+        ids[:n] = tokens[a:a + n]
+        kept += 1
+        yield {"prompt_ids": ids, "prompt_len": np.array([n], np.int32)}
+    print(f"[data] {split.where}: {kept:,} of {len(split.offsets) - 1:,} prompts of at most {max_prompt_len} tokens",
+          flush=True)
 
 
 def memory(cfg):
     """For the dry-run planner: an update runs micro_batch_size / minibatches sequences and keeps their fp32
     log-probabilities; the trained model gains the value row. Besides it: the reference, the frozen reward
-    model (fp32, no LM head) and the rollout's KV cache (generation.py: K and V per layer, [B, kv heads,
-    prompt bucket + max_new_tokens, head dim] in the compute dtype). Rollouts and updates alternate, so the
+    model (fp32, no LM head) and the rollout's KV cache (Llama's generation: K and V per layer, [B, kv heads,
+    max_prompt_len + max_new_tokens, head dim] in the compute dtype). Rollouts and updates alternate, so the
     cache is never alive with the update's activations: counting both makes the total an upper bound."""
     from models import family
     from planner.memory import DTYPE_BYTES, ObjectiveMemory
@@ -149,7 +177,7 @@ def memory(cfg):
     m, o = cfg.model, cfg.objective
     rm = OmegaConf.load(os.path.join(o.reward_model, "config.yaml")).model
     counts = family(rm.family).parameter_count(rm)
-    columns = -(-o.max_prompt_len // PROMPT_BUCKET) * PROMPT_BUCKET + o.max_new_tokens
+    columns = o.max_prompt_len + o.max_new_tokens
     cache = (2 * m.num_layers * cfg.trainer.micro_batch_size * m.num_kv_heads * columns
              * (m.hidden_size // m.num_heads) * DTYPE_BYTES[cfg.precision.compute_dtype])
     extra = (*_reference.memory_rows(cfg),
@@ -261,6 +289,7 @@ class Objective:
         from base import checkpoint
         from base.schema import is_sharded
         from models import build_model, family
+        from models.generation import generator
 
         self.reference = _reference.build_reference(model, cfg, self.cfg.reference)
         rm_model = OmegaConf.load(os.path.join(self.cfg.reward_model, "config.yaml")).model
@@ -272,7 +301,7 @@ class Objective:
         for p in reward_model.get_parameters():
             p.requires_grad = False
         reward_model.set_train(False)
-        self.reward_model, self.lm = reward_model, model
+        self.reward_model, self.lm, self.generator = reward_model, model, generator(cfg.model.family, model)
         self.score_stats = val_reward_stats(self.cfg.reward_model) if self.cfg.score_norm != "running" else None
         print("[ppo] scores normalized by " + (f"the reward model's held-out mean {self.score_stats[0]:.4f} and std "
               f"{self.score_stats[1]:.4f}" if self.score_stats else "their running mean and std"), flush=True)
@@ -311,10 +340,10 @@ class Objective:
         c, tok = self.cfg, self.tokenizer
         prompts = [row[:n].tolist() for row, n in zip(rows["prompt_ids"], rows["prompt_len"].reshape(-1))]
         self.lm.set_train(False)
-        out = self.lm.generate(prompts, c.max_new_tokens, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,
-                               eos_id=tok.eos_id, pad_id=tok.pad_id, seed=self.seed * 1_000_003 + self.rollouts,
-                               rows=range(sample, sample + len(prompts)),
-                               prompt_len=-(-c.max_prompt_len // PROMPT_BUCKET) * PROMPT_BUCKET)
+        out = self.generator.generate(prompts, c.max_new_tokens, temperature=c.temperature, top_k=c.top_k,
+                                      top_p=c.top_p, eos_id=tok.eos_id, pad_id=tok.pad_id,
+                                      seed=self.seed * 1_000_003 + self.rollouts,
+                                      rows=range(sample, sample + len(prompts)), prompt_len=c.max_prompt_len)
         self.lm.set_train(True)
         b, width = len(prompts), rows["prompt_ids"].shape[1]
         tokens = np.full((b, width), tok.pad_id, np.int32)

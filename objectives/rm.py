@@ -36,8 +36,8 @@ from omegaconf import MISSING
 
 from base.errors import require
 from base.schema import PREFERENCE_KINDS
-from data.preferences import DATA_HINT, last_labelled, pair_row_spec
 from objectives import check_fine_tuning
+from objectives._preference import DATA_HINT, last_labelled, pair_row_spec
 
 
 @dataclass

@@ -1,12 +1,18 @@
 """Supervised fine-tuning on instruction samples: next-token loss on the responses only.
 
-The rows (data/samples.py) carry `labels` that are -100 on the prompt, the template and the padding, and the
-token itself on every response token and on the eos after it; packed rows add `position_ids` and
-`segment_ids`, with which the model keeps attention inside each sample. The loss is the mean over response
+Rows (`sft_rows`, from stage 1's samples: data/samples.py): with packing, whole samples are placed into rows of
+seq_len + 1 tokens (best fit, in order of decreasing length), never split across rows; attention stays inside
+each sample through `segment_ids` (0 on padding) and `position_ids` restarting at 0 per sample. Without
+packing, one sample per row. `labels` holds the token where it carries loss (every response token and the eos
+after it) and IGNORE_INDEX elsewhere: the prompt, the template, every sample's first token (nothing before it
+in the sample predicts it) and the padding; a pad token is never a target (unlike MindFormers'
+PackingHandler, which labels the pad at sample boundaries). The loss is the mean over response
 tokens (the step weights micro-batches by them, so the global batch's mean is exact). Logged besides the
 loss: `mean_token_accuracy` (argmax = target, over response tokens) and, per step, `loss_tokens`.
 """
 from dataclasses import dataclass
+from functools import partial
+from typing import Iterator
 
 import numpy as np
 
@@ -16,9 +22,13 @@ from omegaconf import MISSING
 
 from base.errors import require
 from base.schema import INSTRUCTION_KINDS
-from data.samples import IGNORE_INDEX, sft_row_spec
+from data.errors import DataError
+from data.rows import RowSpec, Split, best_fit
 from objectives import check_fine_tuning
 from objectives._cross_entropy import WeightedCrossEntropy, masked_mean_nll
+from objectives.clm import TokenNLL
+
+IGNORE_INDEX = -100  # the label of a token without loss (the preference pairs' rows use it too)
 
 
 @dataclass
@@ -35,14 +45,57 @@ def check(cfg) -> None:
             "wired); set model.flash_attention=false, or objective.packing=false")
 
 
-def row_spec(cfg: Config):
-    return sft_row_spec(cfg.packing, cfg.truncate)
+def row_spec(cfg: Config) -> RowSpec:
+    return RowSpec(name=f"sft-{'packed' if cfg.packing else 'padded'}{'-truncated' if cfg.truncate else ''}",
+                   columns=("input_ids", "labels", "position_ids", "segment_ids"), schema=sft_schema,
+                   build=partial(sft_rows, cfg.packing, cfg.truncate))
+
+
+def sft_schema(seq_len: int) -> dict:
+    return {name: {"type": "int32", "shape": [seq_len + 1]}
+            for name in ("input_ids", "labels", "position_ids", "segment_ids")}
+
+
+def sft_rows(packing: bool, truncate: bool, split: Split, seq_len: int, tokenizer) -> Iterator[dict]:
+    """The rows of one split (see the module docstring); prints how full the rows are."""
+    if split.loss_mask is None:
+        raise DataError(f"{split.where}: holds documents, not instruction samples; objective=sft trains on sources "
+                        f"of kind {', '.join(INSTRUCTION_KINDS)}")
+    size = seq_len + 1
+    spans = [(int(a), int(b)) for a, b in zip(split.offsets[:-1], split.offsets[1:])]
+    for i, (a, b) in enumerate(spans):
+        if b - a > size and not truncate:
+            raise DataError(f"{split.where}: sample {i + 1} has {b - a} tokens, more than data.seq_len + 1 = {size}; "
+                            f"raise data.seq_len, or set objective.truncate=true to cut such samples")
+    spans = [(a, min(b, a + size)) for a, b in spans]
+    rows = [[spans[i] for i in row] for row in best_fit([b - a for a, b in spans], size)] if packing \
+        else [[span] for span in spans]
+    used = sum(b - a for a, b in spans)
+    print(f"[data] {split.where}: {len(spans):,} samples in {len(rows):,} rows of {size} tokens, "
+          f"{used / max(len(rows) * size, 1):.1%} of row tokens are sample tokens"
+          + (" (packed)" if packing else " (one sample per row)"), flush=True)
+    tokens, mask = np.asarray(split.tokens), np.asarray(split.loss_mask)
+    for row in rows:
+        out = {"input_ids": np.full(size, tokenizer.pad_id, np.int32),
+               "labels": np.full(size, IGNORE_INDEX, np.int32),
+               "position_ids": np.zeros(size, np.int32), "segment_ids": np.zeros(size, np.int32)}
+        at = 0
+        for segment, (a, b) in enumerate(row, 1):
+            n = b - a
+            ids = tokens[a:b].astype(np.int32)
+            out["input_ids"][at:at + n] = ids
+            labels = np.where(mask[a:b] > 0, ids, IGNORE_INDEX)
+            labels[0] = IGNORE_INDEX  # nothing in the sample precedes its first token
+            out["labels"][at:at + n] = labels
+            out["position_ids"][at:at + n] = np.arange(n)
+            out["segment_ids"][at:at + n] = segment
+            at += n
+        yield out
 
 
 class Objective:
     inputs = ("input_ids", "labels", "position_ids", "segment_ids")
     metrics = ("mean_token_accuracy",)
-    token_nll = True  # the loss is the mean NLL of labels[:, 1:]: evaluation adds bits per byte
 
     def __init__(self, cfg: Config, tokenizer=None, seed: int = 0):
         self.cfg = cfg
@@ -55,6 +108,13 @@ class Objective:
 
     def loss_cell(self, model: nn.Cell) -> nn.Cell:
         return ResponseLoss(model)
+
+    def token_nll(self, model: nn.Cell) -> nn.Cell:
+        """The loss is the mean NLL of the response tokens: training logs bits per byte from it and the bytes of
+        those targets, and scores trainer.eval_tasks with this cell (one text per row; the packed validation rows'
+        segments are the loss cell's, which `python -m evaluate` avoids by scoring an SFT checkpoint as a
+        language model of documents, objective=clm)."""
+        return TokenNLL(model)
 
 
 class ResponseLoss(nn.Cell):

@@ -52,9 +52,9 @@ ENTRIES = {
     "report": ("sweeps.report", "python -m sweeps.report"),
     "generate": ("generate", "python -m generate"),
     "evaluate": ("evaluate", "python -m evaluate"),
-    "instructions": ("data.instructions", "python -m data.instructions"),
-    "tasks": ("data.tasks", "python -m data.tasks"),
-    "preferences": ("data.preference_set", "python -m data.preference_set"),
+    "instructions": ("builders.instructions", "python -m builders.instructions"),
+    "tasks": ("builders.tasks", "python -m builders.tasks"),
+    "preferences": ("builders.preferences", "python -m builders.preferences"),
     "harness": ("harness", "python -m harness"),
 }
 

@@ -8,7 +8,7 @@ import pytest
 from base.validate import ConfigError, validate
 from conftest import compose_cfg, load_preset, pair_cfg, synthetic_pairs, write_jsonl
 from data import DataError
-from data.samples import IGNORE_INDEX
+from objectives.sft import IGNORE_INDEX
 
 PAIRS = [{"instruction": "Name the colour of the sky.", "chosen": "Blue.", "rejected": "Green.", "margin": 0.5},
          {"prompt": "2 + 3 =", "chosen": " 5", "rejected": " 6"},
@@ -60,7 +60,7 @@ def test_bad_pairs_name_the_file_and_line(tmp_path, base_checkpoint, record, mes
 
 
 def test_rule_built_pairs_follow_their_rules():
-    from data.preference_set import MARGINS, make_pairs, sentences
+    from builders.preferences import MARGINS, make_pairs, sentences
 
     entries = ["apple", "Banana", "cherry", "date", "elder"]
     samples = [{"instruction": f"Define {e}.", "input": "", "task": "define", "entry": e,
@@ -83,7 +83,7 @@ def test_rule_built_pairs_follow_their_rules():
 
 def hand_rouge_l(prediction, reference):
     """ROUGE-L F1 = 2 LCS / (len(p) + len(r)) over whitespace words, LCS by the textbook recursion (not
-    data.tasks' dynamic program)."""
+    evaluation/tasks.py's dynamic program)."""
     import functools
 
     p, r = tuple(prediction.split()), tuple(reference.split())
@@ -105,15 +105,16 @@ def test_on_policy_pairs_are_the_best_and_worst_of_the_models_samples(tmp_path, 
     their ROUGE-L differ by >= --min-gap, writes the same bytes whatever the batch size, and the pairs load
     as preference data."""
     from data.cache import prepare
-    from data.preference_set import main, sample_responses
-    from data.tasks import alpaca_item
-    from generate import build, load, make_generate_fn
+    from builders.preferences import main, sample_responses
+    from evaluation.tasks import alpaca_item
+    from generate import build, load
+    from models.generation import generator, make_generate_fn
 
     k, opts = 4, ["--samples", "4", "--max-new-tokens", "8", "--max-prompt-len", "80", "--seed", "5"]
     splits = {"train": [f"Say {w} {n} times." for w in ("apple", "stone") for n in (2, 3)],
               "val": ["Name a colour.", "Count to four."]}
     model_cfg, path, tokenizer = load(base_checkpoint, str(tmp_path / "unused"))
-    generate_fn = make_generate_fn(build(model_cfg, path, "CPU"), tokenizer, batch_size=8)
+    generate_fn = make_generate_fn(generator(model_cfg.family, build(model_cfg, path, "CPU")), tokenizer, batch_size=8)
     drawn = {}
     for split, instructions in splits.items():
         prompts = [alpaca_item({"instruction": i, "output": ""})["prompt"] for i in instructions]

@@ -1,22 +1,36 @@
-"""evaluate.py and data/tasks.py: bits per byte, per-token NLL, loss by position, task formats and scoring,
-the task builders on the real tiny corpora, and the CLI on a small checkpoint."""
+"""evaluation/ and `python -m evaluate`: bits per byte, per-token NLL, loss by position, task formats and scoring,
+the task builders (builders/tasks.py) on the real tiny corpora, the CLI on a small checkpoint, and an objective
+defined here getting bits per byte and task scores through its hook alone."""
 import glob
 import json
 import math
 import os
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from omegaconf import OmegaConf
+from omegaconf import MISSING, OmegaConf
 
 import mindspore as ms
 from mindspore import Tensor
 
 import evaluate as E
+from base.errors import ConfigError
+from base.paths import task_path
+from builders import instructions as I
+from builders import tasks as BT
 from conftest import CORPORA, load_preset
-from data import tasks as T
-from data import instructions as I
 from data.tokenizer import Tokenizer
+from evaluation import bpb as B
+from evaluation import tasks as T
+from evaluation.config import split_arguments
+from evaluation.passkey import PASSKEY_NEEDLE, passkey_accuracy, passkey_rows
+from evaluation.position import loss_by_position
+from evaluation.scorer import LoglikelihoodScorer, encode_pair, token_nll
+from evaluation.sources import fill_mask_counts
+from objectives.clm import TokenNLL
 
 TINY = sorted(glob.glob(os.path.join(CORPORA, "tiny", "*.jsonl")))
 
@@ -39,15 +53,15 @@ def test_piece_bytes_and_bits_per_byte_by_hand(tok):
     the, newline, eos = sp.piece_to_id("\u2581the"), sp.piece_to_id("<0x0A>"), tok.eos_id
     word = next(i for i in range(tok.vocab_size) if sp.id_to_piece(i) == "\u2581and")
     assert sp.id_to_piece(the) == "\u2581the" and sp.is_byte(newline)
-    table = E.piece_bytes(tok)
+    table = B.piece_bytes(tok)
     assert (table[the], table[newline], table[eos], table[tok.pad_id], table[word]) == (4, 1, 0, 0, 4)
     # a row: [the] -> targets: \n, the, eos, and(starts the next document: its dummy-prefix '▁' is not text)
     row = np.array([[the, newline, the, eos, word]])
     nll = np.array([[1.0, 2.0, 0.5, 3.0]])
-    n_bytes = E.target_bytes(row, table, eos, E.dummy_prefix_pieces(tok))
+    n_bytes = B.target_bytes(row, table, eos, B.dummy_prefix_pieces(tok))
     assert n_bytes.tolist() == [[1, 4, 0, 3]]
-    assert E.bits_per_byte(nll.sum(), n_bytes.sum()) == pytest.approx(6.5 / math.log(2) / 8)
-    assert E.target_bytes(row, table).tolist() == [[1, 4, 0, 4]]  # without the dummy-prefix rule
+    assert B.bits_per_byte(nll.sum(), n_bytes.sum()) == pytest.approx(6.5 / math.log(2) / 8)
+    assert B.target_bytes(row, table).tolist() == [[1, 4, 0, 4]]  # without the dummy-prefix rule
 
 
 @pytest.mark.parametrize("dummy_prefix", [True, False])
@@ -63,7 +77,7 @@ def test_the_dummy_prefix_is_told_as_the_tokenizers_model_states_it(tmp_path, du
     sp_tok = Tokenizer(str(path))
     stated = model_pb2.ModelProto.FromString(sp_tok.sp.serialized_model_proto()).normalizer_spec.add_dummy_prefix
     assert stated == dummy_prefix
-    pieces = E.dummy_prefix_pieces(sp_tok)
+    pieces = B.dummy_prefix_pieces(sp_tok)
     assert (pieces is not None) == dummy_prefix
     if dummy_prefix:
         sp = sp_tok.sp  # a text's first piece carries the prefix; a byte piece never does
@@ -74,25 +88,25 @@ def test_target_bytes_count_exactly_the_text_of_packed_documents(tok):
     texts = ["To be, or not to be: that is the question.\n", "  Whether 'tis nobler\tin the mind — to suffer", "x"]
     tokens = [t for text in texts for t in tok.encode(text) + [tok.eos_id]]
     row = np.array([tokens])
-    n_bytes = E.target_bytes(row, E.piece_bytes(tok), tok.eos_id, E.dummy_prefix_pieces(tok))
+    n_bytes = B.target_bytes(row, B.piece_bytes(tok), tok.eos_id, B.dummy_prefix_pieces(tok))
     first = tok.decode(tokens[:1])  # the first token is context only, never a target
     assert n_bytes.sum() == sum(len(t.encode("utf-8")) for t in texts) - len(first.encode("utf-8"))
 
 
 def test_unigram_nll_is_add_one_smoothed():
-    nll = E.unigram_nll(np.array([1, 1, 2]), np.array([1, 3]), vocab_size=4)
+    nll = B.unigram_nll(np.array([1, 1, 2]), np.array([1, 3]), vocab_size=4)
     np.testing.assert_allclose(nll, [-math.log(3 / 7), -math.log(1 / 7)])
 
 
 def test_loss_by_position_on_a_constructed_array():
     nll = np.arange(10, dtype=float).reshape(2, 5)  # [[0..4], [5..9]]
-    buckets = E.loss_by_position(nll, 2)
+    buckets = loss_by_position(nll, 2)
     assert [(b["start"], b["end"], b["tokens"]) for b in buckets] == [(0, 2, 4), (2, 4, 4), (4, 5, 2)]
     assert [b["loss"] for b in buckets] == [(0 + 1 + 5 + 6) / 4, (2 + 3 + 7 + 8) / 4, (4 + 9) / 2]
-    masked = E.loss_by_position(nll, 3, mask=np.array([[1, 0, 1, 1, 1], [0, 0, 0, 1, 0]]))
+    masked = loss_by_position(nll, 3, mask=np.array([[1, 0, 1, 1, 1], [0, 0, 0, 1, 0]]))
     assert masked[0]["loss"] == 1.0 and masked[0]["tokens"] == 2
     assert masked[1] == {"start": 3, "end": 5, "tokens": 3, "loss": (3 + 4 + 8) / 3}
-    assert math.isnan(E.loss_by_position(nll, 5, mask=np.zeros((2, 5)))[0]["loss"])
+    assert math.isnan(loss_by_position(nll, 5, mask=np.zeros((2, 5)))[0]["loss"])
 
 
 def test_token_nll_cell_mean_equals_the_training_loss_cell(pynative):
@@ -100,7 +114,7 @@ def test_token_nll_cell_mean_equals_the_training_loss_cell(pynative):
 
     model = tiny_llama()
     ids = np.random.default_rng(0).integers(4, 4096, (3, 33)).astype(np.int32)
-    nll = E.token_nll(E.token_nll_cell(model), [ids[:2], ids[2:]])
+    nll = token_nll(TokenNLL(model), [ids[:2], ids[2:]])
     assert nll.shape == (3, 32)
     loss = float(CausalLMLoss(model)(Tensor(ids), Tensor(ids))[0].asnumpy())
     assert nll.mean() == pytest.approx(loss, abs=1e-5)
@@ -143,8 +157,8 @@ def test_rouge_l_and_exact_match_by_hand():
 @pytest.mark.slow
 def test_scorer_on_a_real_tiny_model_end_to_end(tok, pynative):
     model = tiny_llama()
-    cell = E.token_nll_cell(model)
-    scorer = E.LoglikelihoodScorer(cell, tok, batch_size=3, max_len=64)
+    cell = TokenNLL(model)
+    scorer = LoglikelihoodScorer(cell, tok, batch_size=3, max_len=64)
     items = [{"context": "To be, or not to", "choices": [" be", " sing", " the question"], "gold": 0},
              {"context": "ROMEO:\n", "choices": ["But soft", "What light", "Arise"], "gold": 1},
              {"context": "x " * 100, "choices": [" y", " z"], "gold": 0}]  # context cut on the left
@@ -153,9 +167,9 @@ def test_scorer_on_a_real_tiny_model_end_to_end(tok, pynative):
     batched = [ll for p in result["predictions"] for ll in p["loglikelihoods"]]
     requests = [(it["context"], c) for it in items for c in it["choices"]]
     alone = [0, 2, 3, 7]  # scored alone: batching, neighbours and padding change nothing
-    one_by_one = E.LoglikelihoodScorer(cell, tok, batch_size=1, max_len=64)([requests[i] for i in alone])
+    one_by_one = LoglikelihoodScorer(cell, tok, batch_size=1, max_len=64)([requests[i] for i in alone])
     np.testing.assert_allclose([batched[i] for i in alone], one_by_one, atol=1e-4)
-    ctx, cont = T.encode_pair(tok, "To be, or not to", " be")  # by hand: eos, context, continuation
+    ctx, cont = encode_pair(tok, "To be, or not to", " be")  # by hand: eos, context, continuation
     ids = np.array([[tok.eos_id] + ctx + cont], np.int32)
     logp = ms.ops.log_softmax(model(Tensor(ids[:, :-1])), -1).asnumpy()[0]
     direct = sum(logp[len(ctx) + k, t] for k, t in enumerate(cont))
@@ -163,40 +177,41 @@ def test_scorer_on_a_real_tiny_model_end_to_end(tok, pynative):
 
 
 def test_encode_pair_moves_trailing_whitespace_to_the_continuation(tok):
-    ctx, cont = T.encode_pair(tok, "Word: ", "apple")
+    ctx, cont = encode_pair(tok, "Word: ", "apple")
     assert tok.decode(ctx) == "Word:" and ctx + cont == tok.encode("Word: apple")
 
 
 @pytest.mark.slow
 def test_generation_tasks_use_greedy_cached_generation(tokenizer_file, pynative):
-    """evaluate's generate_fn is generate.make_generate_fn: greedy continuations equal the Generator's."""
-    from conftest import load_preset
-    from data.tokenizer import Tokenizer
+    """The tasks' generate_fn is the family generator's (models/generation.py make_generate_fn): greedy
+    continuations equal the generator's own."""
     from models import build_model
-    from models.llama.generation import generator
+    from models.generation import generator
+    from objectives.clm import Config, Objective
 
     model = build_model(load_preset("model", "tiny"), 64, "fp32", "CPU", seed=0)
     tok = Tokenizer(tokenizer_file)
-    fn, why = E.generation_fn(model, tok, None)
+    _, fn, _ = T.scorers(Objective(Config(name="clm")), model, "llama", tok, 2, 64)
     texts = fn(["To be, or not", "O Romeo"], 6)
-    expected = generator(model).generate([tok.encode("To be, or not"), tok.encode("O Romeo")], 6,
-                                         eos_id=tok.eos_id, decode=tok.decode)
-    assert why is None and texts == [s.text for s in expected.samples] and all(texts)
+    expected = generator("llama", model).generate([tok.encode("To be, or not"), tok.encode("O Romeo")], 6,
+                                                  eos_id=tok.eos_id, decode=tok.decode)
+    assert texts == [s.text for s in expected.samples] and all(texts)
 
 
 def test_fill_mask_top1_equals_the_mlm_accuracy_of_the_loss_cell(pynative):
     from models import build_model
-    from objectives.mlm import MaskedLMLoss, mask_tokens
+    from objectives.mlm import FillMaskTopK, MaskedLMLoss, mask_tokens
 
-    assert E.fill_mask_counts(np.array([[[5, 6], [7, 8], [1, 2]]]), np.array([[6, 7, -100]])) == (2, 1, 2)
+    assert fill_mask_counts(np.array([[[5, 6], [7, 8], [1, 2]]]), np.array([[6, 7, -100]])) == (2, 1, 2)
     model = build_model(OmegaConf.merge(load_preset("model", "bert_tiny"), {"vocab_size": 512}), 32, "fp32",
                         "CPU", seed=1)
     ids = np.random.default_rng(0).integers(10, 512, (2, 32)).astype(np.int32)
     masked, labels = mask_tokens(ids, np.random.default_rng(1), 0.3, 4, 512, [0, 1, 2, 3])
-    inputs = (masked, np.zeros_like(ids), np.ones_like(ids))
-    n, top1, top5 = E.fill_mask_counts(E.fill_mask_cell(model, 5)(*map(Tensor, inputs)).asnumpy(), labels)
-    _, _, accuracy = MaskedLMLoss(model, False)(*map(Tensor, inputs + (labels,)))
-    assert n == int((labels != -100).sum()) > 0 and top1 <= top5
+    inputs = (masked, np.zeros_like(ids), np.ones_like(ids), labels)
+    topk, returned = (x.asnumpy() for x in FillMaskTopK(model, 5, [0, 1, 2, 3])(*map(Tensor, inputs)))
+    n, top1, top5 = fill_mask_counts(topk, returned)
+    _, _, accuracy = MaskedLMLoss(model, False)(*map(Tensor, inputs))
+    assert (returned == labels).all() and n == int((labels != -100).sum()) > 0 and top1 <= top5
     assert top1 / n == pytest.approx(float(accuracy.asnumpy()), abs=1e-6)
 
 
@@ -224,10 +239,10 @@ def test_bad_task_files_name_file_and_line(tmp_path, lines, message):
 
 
 def test_task_names_map_to_files(tmp_path):
-    assert T.task_path("verse_mc", tmp_path) == tmp_path / "verse_mc.jsonl"
-    assert T.task_path("/x/mine.jsonl", tmp_path) == T.Path("/x/mine.jsonl")
+    assert task_path("verse_mc", tmp_path) == tmp_path / "verse_mc.jsonl"
+    assert task_path("/x/mine.jsonl", tmp_path) == Path("/x/mine.jsonl")
     with pytest.raises(T.TaskError, match="no such task file"):
-        E.load_tasks(["missing"], str(tmp_path), 0)
+        T.load_tasks(["missing"], str(tmp_path), 0)
 
 
 @pytest.fixture(scope="module")
@@ -235,12 +250,12 @@ def built():
     if not TINY:
         pytest.skip(f"no tiny corpora under {CORPORA}")
     docs = list(I.read_documents(TINY))
-    return T.build(docs, n_items=500, seed=0), {d["id"]: d for d in docs}
+    return BT.build(docs, n_items=500, seed=0), {d["id"]: d for d in docs}
 
 
 def test_builders_on_the_tiny_corpora_give_true_golds_and_different_distractors(built, tmp_path):
     tasks, by_id = built
-    assert all(tasks[name] for name in T.BUILDERS), {k: len(v) for k, v in tasks.items()}
+    assert all(tasks[name] for name in BT.BUILDERS), {k: len(v) for k, v in tasks.items()}
     for name, items in tasks.items():
         for item in items:
             if "choices" in item:
@@ -250,47 +265,56 @@ def test_builders_on_the_tiny_corpora_give_true_golds_and_different_distractors(
         assert item["choices"][item["gold"]] == " " + item["entry"]
         gloss = item["context"].removeprefix("Definition: ").removesuffix("\nWord:")
         assert I.normalize(gloss) in I.normalize(by_id[item["id"]]["text"])
-        assert I.split_of("dict", item["entry"], T.VAL_FRACTION) == "val"
+        assert I.split_of("dict", item["entry"], BT.VAL_FRACTION) == "val"
     for item in tasks["cloze_code"]:
         lines = by_id[item["id"]]["text"].split("\n")
         t = item["line"] - 1
         assert item["choices"][item["gold"]] == lines[t] and item["context"] == "\n".join(lines[t - 5:t]) + "\n"
         indent = {c[:len(c) - len(c.lstrip())] for c in item["choices"]}
         assert len(indent) == 1  # distractors re-indented like the true line
-        assert I.split_of("python", item["entry"], T.VAL_FRACTION) == "val"
+        assert I.split_of("python", item["entry"], BT.VAL_FRACTION) == "val"
     for item in tasks["verse_mc"]:
         verses = dict(I.bible_verses(by_id[item["id"]]["text"]))
         number, first = item["context"].split(" ", 1)
         assert item["entry"].endswith(":" + number)
         assert first + item["choices"][item["gold"]] == verses[item["entry"]]
-        assert I.split_of("bible", item["entry"], T.VAL_FRACTION) == "val"
+        assert I.split_of("bible", item["entry"], BT.VAL_FRACTION) == "val"
     for item in tasks["verse_complete"]:
         verses = dict(I.bible_verses(by_id[item["id"]]["text"]))
         assert item["prompt"].split(" ", 1)[1] + " " + item["answer"] == verses[item["entry"]]
-    T.write_tasks(tmp_path, tasks, {})
+    BT.write_tasks(tmp_path, tasks, {})
     kinds = {name: T.load_task(tmp_path / f"{name}.jsonl").kind for name in tasks}
     assert kinds == {"definitions_mc": "multiple_choice", "cloze_code": "multiple_choice",
                      "verse_mc": "multiple_choice", "verse_complete": "generation"}
-    again = T.build(I.read_documents(TINY), n_items=500, seed=0)
+    again = BT.build(I.read_documents(TINY), n_items=500, seed=0)
     assert again == tasks  # a function of the files and the seed
 
 
 def test_task_val_fraction_is_the_instruction_sets_default():
     import inspect
 
-    assert inspect.signature(I.build).parameters["val_fraction"].default == T.VAL_FRACTION
+    assert inspect.signature(I.build).parameters["val_fraction"].default == BT.VAL_FRACTION
 
 
 # -------------------------------------------------------------------------------------------------- the CLI
 
 def test_eval_keys_are_checked():
-    eval_cfg, tasks, rest = E.split_arguments(["tasks=[a,b]", "eval.batches=3", "data.seq_len=128",
-                                               "eval.context_lengths=[128,512]"])
+    eval_cfg, tasks, rest = split_arguments(["tasks=[a,b]", "eval.batches=3", "data.seq_len=128",
+                                             "eval.context_lengths=[128,512]"])
     assert (eval_cfg.batches, eval_cfg.context_lengths, tasks, rest) == (3, [128, 512], ["a", "b"], ["data.seq_len=128"])
-    with pytest.raises(E.ConfigError, match="eval.bachtes: unknown key; did you mean eval.batches"):
-        E.split_arguments(["eval.bachtes=3"])
-    with pytest.raises(E.ConfigError, match="eval.batches"):
-        E.split_arguments(["eval.batches=many"])
+    with pytest.raises(ConfigError, match="eval.bachtes: unknown key; did you mean eval.batches"):
+        split_arguments(["eval.bachtes=3"])
+    with pytest.raises(ConfigError, match="eval.batches"):
+        split_arguments(["eval.batches=many"])
+
+
+def test_help_lists_the_eval_keys_with_their_comments(capsys):
+    with pytest.raises(SystemExit) as done:
+        E.main(["--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0
+    assert "eval.position_bucket=128" in out and "target positions per bucket of loss by position" in out
+    assert "eval.passkey_lengths=[]" in out and "prompt lengths (tokens)" in out
 
 
 def shakespeare_data(tokenizer_file):
@@ -353,10 +377,59 @@ def test_cli_refuses_model_presets_and_bad_task_files(small_checkpoint, tmp_path
     assert f"{tmp_path / 'bad.jsonl'}:1: 'choices' must be a list of at least 2" in capsys.readouterr().err
 
 
+@dataclass
+class SecondHalfConfig:
+    name: str = MISSING  # second_half
+
+
+class SecondHalf:
+    """An objective evaluation has never heard of: causal LM loss on the second half of each packed row only.
+    What it exposes for evaluation is its `token_nll` hook."""
+
+    inputs = ("input_ids", "labels")
+    metrics = ()
+
+    def __init__(self, cfg, tokenizer=None, seed: int = 0):
+        pass
+
+    def batch(self, rows: dict, sample: int) -> tuple:
+        ids = rows["input_ids"]
+        labels = ids.copy()
+        labels[:, :1 + ids.shape[1] // 2] = -100  # targets labels[:, 1:]: the second half of the row
+        return ids, labels
+
+    def loss_tokens(self, inputs: tuple) -> int:
+        return int((inputs[1][:, 1:] >= 0).sum())
+
+    def loss_cell(self, model):
+        from objectives.clm import CausalLMLoss
+
+        return CausalLMLoss(model)
+
+    def token_nll(self, model):
+        return TokenNLL(model)
+
+
+@pytest.fixture
+def second_half(monkeypatch):
+    """`objective=second_half`, registered as a plug-in registers itself (base/registry.py OBJECTIVES)."""
+    from base.registry import OBJECTIVES
+    from data.packing import PACKED
+    from plugins import register
+
+    module = SimpleNamespace(Config=SecondHalfConfig, check=lambda cfg: None, row_spec=lambda cfg: PACKED,
+                             Objective=SecondHalf)
+    monkeypatch.setitem(OBJECTIVES._items, "second_half", module)
+    register()  # its preset, objective=second_half
+
+
 @pytest.mark.slow
-def test_training_logs_the_bits_per_byte_and_task_scores_that_evaluate_gives(tokenizer_file, tmp_path, pynative):
+@pytest.mark.parametrize("objective, targets", [("clm", 256), ("second_half", 128)])
+def test_training_logs_the_bits_per_byte_and_task_scores_that_evaluate_gives(tokenizer_file, tmp_path, pynative,
+                                                                             second_half, objective, targets):
     """trainer.eval_tasks and val_bpb: what the run logs at its last step equals `python -m evaluate` on the
-    checkpoint it leaves (per-token NLLs, bytes and task scorers computed independently of the loss cell)."""
+    checkpoint it leaves (per-token NLLs, bytes and task scorers computed independently of the loss cell), for
+    clm and for an objective defined in this file, which gets them through its `token_nll` hook alone."""
     from conftest import compose_cfg
     from trainer.loop import train
 
@@ -366,7 +439,8 @@ def test_training_logs_the_bits_per_byte_and_task_scores_that_evaluate_gives(tok
         ("Now is the winter of our", [" discontent", " table"])]))
     cfg = compose_cfg("model=tiny", "trainer.max_steps=2", "trainer.micro_batch_size=2", "trainer.eval_batches=1",
                       "trainer.eval_every=1", "trainer.log_every=1", "logger.progress_bar=false",
-                      "optim.warmup_steps=1", "optim.lr=1e-2", f"trainer.eval_tasks=[{task}]", "trainer.mode=pynative")
+                      "optim.warmup_steps=1", "optim.lr=1e-2", f"trainer.eval_tasks=[{task}]", "trainer.mode=pynative",
+                      f"objective={objective}")
     cfg.data = shakespeare_data(tokenizer_file)
     run_dir = tmp_path / "run"
     last = train(cfg, str(run_dir))
@@ -376,6 +450,8 @@ def test_training_logs_the_bits_per_byte_and_task_scores_that_evaluate_gives(tok
     assert E.main([str(run_dir / "checkpoints" / "step_000002"), f"tasks=[{task}]", "--out", str(out)]) == 0
     results = json.loads(out.read_text())
     source = results["data_eval"]["sources"]["shakespeare"]
+    assert results["data_eval"]["objective"] == objective and source["tokens"] == 2 * targets
+    assert last["val_loss"] == pytest.approx(source["loss"], rel=1e-6)
     assert last["val_bpb/shakespeare"] == pytest.approx(source["bits_per_byte"], rel=1e-5)
     assert last["val_bpb"] == pytest.approx(results["data_eval"]["all"]["bits_per_byte"], rel=1e-5)
     assert last["val_task/mini_mc/acc"] == results["tasks"]["mini_mc"]["acc"]
@@ -387,9 +463,9 @@ def test_target_bytes_with_labels_count_only_the_labelled_targets(tok):
     labels = row.copy()
     n_prompt = 1 + len(tok.encode("To be"))
     labels[0, :n_prompt] = -100  # SFT: the prompt carries no loss
-    table = E.piece_bytes(tok)
-    full = E.target_bytes(row, table, tok.eos_id, E.dummy_prefix_pieces(tok))
-    masked = E.target_bytes(row, table, tok.eos_id, E.dummy_prefix_pieces(tok), labels)
+    table = B.piece_bytes(tok)
+    full = B.target_bytes(row, table, tok.eos_id, B.dummy_prefix_pieces(tok))
+    masked = B.target_bytes(row, table, tok.eos_id, B.dummy_prefix_pieces(tok), labels)
     by_hand = sum(len(tok.sp.id_to_piece(int(i)).replace("\u2581", " ").encode()) for i in row[0, n_prompt:])
     assert masked.sum() == full[:, n_prompt - 1:].sum() == by_hand
     assert (masked[:, :n_prompt - 1] == 0).all()
@@ -408,9 +484,9 @@ def test_passkey_rows_hide_the_key_at_the_depth_and_score_by_likelihood(tok):
     """Rows are exactly length + 1 tokens: eos, filler with the needle at the depth, question, candidate key;
     a scorer that knows the key (NLL 0 on its tokens only) gets accuracy 1, one that prefers a wrong key 0."""
     keys = [12345, 67890, 24680]
-    rows, counts = E.passkey_rows(tok, 256, 0.25, keys[0], keys)
+    rows, counts = passkey_rows(tok, 256, 0.25, keys[0], keys)
     assert rows.shape == (3, 257) and rows[0, 0] == tok.eos_id
-    needle = tok.encode(E.PASSKEY_NEEDLE.format(key=keys[0]))
+    needle = tok.encode(PASSKEY_NEEDLE.format(key=keys[0]))
     at = next(i for i in range(257) if list(rows[0, i:i + len(needle)]) == needle)
     assert abs(at / 257 - 0.25) < 0.05
     for row, key, n in zip(rows, keys, counts):
@@ -427,7 +503,7 @@ def test_passkey_rows_hide_the_key_at_the_depth_and_score_by_likelihood(tok):
 
     def needle_key(r):
         return tok.decode(r.tolist()).split("The pass key is ")[1][:5] == tok.decode(r.tolist())[-5:]
-    assert E.passkey_accuracy(Oracle(needle_key), tok, [128], [0.5], 4)["128"]["0.5"] == 1.0
-    assert E.passkey_accuracy(Oracle(lambda r: not needle_key(r)), tok, [128], [0.5], 4)["128"]["0.5"] == 0.0
+    assert passkey_accuracy(Oracle(needle_key), tok, [128], [0.5], 4)["128"]["0.5"] == 1.0
+    assert passkey_accuracy(Oracle(lambda r: not needle_key(r)), tok, [128], [0.5], 4)["128"]["0.5"] == 0.0
     # scored 2 rows at a time (3 rounds down to a divisor of 10): the same rows, in the same order
-    assert E.passkey_accuracy(Oracle(needle_key), tok, [128], [0.5], 4, batch_size=3)["128"]["0.5"] == 1.0
+    assert passkey_accuracy(Oracle(needle_key), tok, [128], [0.5], 4, batch_size=3)["128"]["0.5"] == 1.0

@@ -182,13 +182,14 @@ def test_sampling_options(ckpt, gen32):
 def test_generate_fn_batches_without_changing_the_text(ckpt):
     """make_generate_fn runs prompts batch_size at a time (the last batch filled up): the texts, greedy or
     sampled (each prompt on its own random stream), equal one batch of all of them."""
-    from generate import make_generate_fn
+    from models.generation import generator, make_generate_fn
 
     model, _, tok = ckpt
+    gen = generator("llama", model)
     prompts = LINES + [LINES[0][:9]]
     for options in ({}, {"temperature": 1.0, "seed": 4}):
-        whole = make_generate_fn(model, tok, batch_size=5)(prompts, 12, **options)
-        assert make_generate_fn(model, tok, batch_size=2)(prompts, 12, **options) == whole
+        whole = make_generate_fn(gen, tok, batch_size=5)(prompts, 12, **options)
+        assert make_generate_fn(gen, tok, batch_size=2)(prompts, 12, **options) == whole
         assert len(set(whole)) > 1
 
 

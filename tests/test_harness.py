@@ -71,7 +71,7 @@ def test_generate_until_cuts_at_the_stop_string(lm):
 def test_lm_eval_scores_a_mindlab_task_as_evaluate_does(base_checkpoint, tmp_path):
     """lm_eval (if installed) on a mindlab task file: the same acc and acc_norm as evaluate.py's scorer."""
     pytest.importorskip("lm_eval")
-    from data.tasks import load_task, score_multiple_choice
+    from evaluation.tasks import load_task, score_multiple_choice
 
     path = tmp_path / "mini_mc.jsonl"
     path.write_text("".join(json.dumps(item) + "\n" for item in [

@@ -1,4 +1,4 @@
-"""data/instructions.py: the instruction set derived from ../shared/corpora, checked on the real tiny corpora
+"""builders/instructions.py: the instruction set derived from ../shared/corpora, checked on the real tiny corpora
 (and, for man-page options, which no tiny page has, on the real manpages_en shard)."""
 import ast
 import glob
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from builders import instructions as I
 from conftest import CORPORA, ROOT
-from data import instructions as I
 
 TINY = sorted(glob.glob(os.path.join(CORPORA, "tiny", "*.jsonl")))
 pytestmark = pytest.mark.skipif(not TINY, reason=f"no tiny corpora under {CORPORA} (set MINDLAB_CORPORA)")
@@ -140,11 +140,9 @@ def _shards(docs, root: Path) -> Path:
 def test_cli_writes_files_and_stats_without_mindspore(docs, tmp_path):
     corpora = _shards(docs, tmp_path / "corpora")
     out = tmp_path / "out"
-    script = ("import importlib.util, sys\n"
-              "spec = importlib.util.spec_from_file_location('instructions', 'data/instructions.py')\n"
-              "module = importlib.util.module_from_spec(spec)\n"
-              "spec.loader.exec_module(module)\n"
-              "rc = module.main(sys.argv[1:])\n"
+    script = ("import sys\n"
+              "from builders.instructions import main\n"
+              "rc = main(sys.argv[1:])\n"
               "assert not [m for m in sys.modules if m.startswith('mindspore')], 'imported MindSpore'\n"
               "sys.exit(rc)\n")
     cmd = [sys.executable, "-c", script, "--corpora", str(corpora), "--out", str(out), "--max-per-task", "40",

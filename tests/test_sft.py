@@ -12,8 +12,9 @@ from base.validate import ConfigError, validate
 from conftest import compose_cfg, invoke, load_preset
 from data import DataError
 from data.rows import Split
-from data.samples import EOS, IGNORE_INDEX, encode_parts, render, sft_rows, template_parts
+from data.samples import EOS, encode_parts, render, template_parts
 from data.tokenizer import Tokenizer
+from objectives.sft import IGNORE_INDEX, sft_rows
 
 ALPACA = [{"instruction": "Name the colour of the sky.", "input": "", "output": "Blue."},
           {"instruction": "Add the numbers.", "input": "2 and 3", "output": "5"}]

@@ -8,11 +8,11 @@
                    bits per byte (objectives whose loss is a per-token NLL) and the trainer.eval_tasks scores
     Checkpointing  every trainer.save_every steps, at the end and on SIGTERM/SIGINT
 """
-import math
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
+from evaluation.validation import val_metrics
 from trainer.metrics import SpeedMonitor, peak_rss_gb
 from trainer.module import StepResult
 
@@ -64,9 +64,10 @@ class TrainMetrics:
 
 class Evaluation:
     """val_loss (token-weighted over all sources), val_ppl, and per source val_loss/<source>; the objective's
-    metrics as val_<metric> and val_<metric>/<source>. With `val_bytes` (per source, the UTF-8 bytes of the loss
-    targets, given when the loss is their mean NLL in nats): val_bpb and val_bpb/<source>, comparable across
-    tokenizers. With `tasks` (a scorer returning {"<task>/<metric>": value}): val_task/<task>/<metric>."""
+    metrics as val_<metric> and val_<metric>/<source> (evaluation/validation.py, as `python -m evaluate`). With
+    `val_bytes` (per source, the UTF-8 bytes of the loss targets, given when the loss is their mean NLL in nats):
+    val_bpb and val_bpb/<source>, comparable across tokenizers. With `tasks` (a scorer returning
+    {"<task>/<metric>": value}, evaluation/tasks.py task_scorer): val_task/<task>/<metric>."""
 
     def __init__(self, sinks: Sinks, every: int, max_steps: int, module, val: Dict[str, List[tuple]],
                  val_bytes: Optional[Dict[str, int]] = None, tasks: Optional[Callable[[], dict]] = None):
@@ -76,17 +77,7 @@ class Evaluation:
 
     def evaluate(self) -> dict:
         per_source = {source: self.module.evaluate(batches) for source, batches in self.val.items() if batches}
-        out = {}
-        if per_source:
-            tokens = [n for _, n in per_source.values()]
-            for key in ("loss",) + tuple(self.module.objective.metrics):
-                out[f"val_{key}"] = float(np.average([m[key] for m, _ in per_source.values()], weights=tokens))
-                out.update({f"val_{key}/{source}": m[key] for source, (m, _) in per_source.items()})
-            out["val_ppl"] = math.exp(min(out["val_loss"], 50.0))
-            if self.val_bytes:
-                nats = {source: m["loss"] * n for source, (m, n) in per_source.items()}  # the mean NLL x its tokens
-                out["val_bpb"] = sum(nats.values()) / math.log(2) / sum(self.val_bytes[s] for s in nats)
-                out.update({f"val_bpb/{s}": v / math.log(2) / self.val_bytes[s] for s, v in nats.items()})
+        out = val_metrics(per_source, self.module.objective.metrics, self.val_bytes)
         if self.tasks:
             out.update({f"val_task/{key}": value for key, value in self.tasks().items()})
         return out

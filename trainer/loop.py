@@ -155,17 +155,14 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
 def _downstream(cfg: DictConfig, lm, objective, data, val) -> tuple:
     """What Evaluation measures besides the objective: (the val targets' UTF-8 bytes when the objective's loss
     is a per-token NLL, for bits per byte; the trainer.eval_tasks scorer), each None when not wanted."""
-    val_bytes, tasks = None, None
-    if getattr(objective, "token_nll", False) and val:
-        from evaluate import val_target_bytes
+    from evaluation.bpb import val_target_bytes
+    from evaluation.tasks import task_scorer
 
-        val_bytes = val_target_bytes(val, data.tokenizer)
-    if cfg.trainer.eval_tasks:
-        from evaluate import task_scorer
-
-        t = cfg.trainer
-        tasks = task_scorer(lm, data.tokenizer, t.eval_tasks, t.eval_task_items, t.micro_batch_size, cfg.data.seq_len)
-    return val_bytes, tasks
+    tasks, t = None, cfg.trainer
+    if t.eval_tasks:
+        tasks = task_scorer(t.eval_tasks, t.eval_task_items, objective, lm, cfg.model.family, data.tokenizer,
+                            t.micro_batch_size, cfg.data.seq_len)
+    return val_target_bytes(objective, val, data.tokenizer), tasks
 
 
 def add_adapters(model, cfg: DictConfig):

@@ -21,6 +21,7 @@ from mindspore import Tensor
 
 from adapters.twins import libraries_in, overlay
 from base import checkpoint
+from evaluation.validation import batch_means
 from trainer.step import ApplyUpdate, ForwardBackward, TrainStep
 
 
@@ -106,11 +107,9 @@ class LocalModule:
                           dict(zip(self.objective.metrics, metrics)), self.objective.loss_tokens(inputs))
 
     def evaluate(self, batches: List[tuple]) -> Tuple[Dict[str, float], int]:
-        """(the objective's loss and metrics over `batches`, each batch weighted by its loss tokens; those tokens)."""
-        outs = np.array([[float(x.asnumpy()) for x in self.loss_net(*map(Tensor, inputs))] for inputs in batches])
-        weights = [max(self.objective.loss_tokens(inputs), 1) for inputs in batches]
-        means = np.average(outs, axis=0, weights=weights)
-        return dict(zip(("loss",) + tuple(self.objective.metrics), means.tolist())), sum(weights)
+        """(the objective's loss and metrics over `batches`, each batch weighted by its loss tokens; those tokens):
+        evaluation/validation.py, which `python -m evaluate` runs too."""
+        return batch_means(self.loss_net, self.objective, batches)
 
     def save(self, root: str, step: int, state: dict, cfg, tokenizer_file: str, is_main: bool) -> None:
         if is_main:

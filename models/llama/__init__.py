@@ -164,3 +164,20 @@ def describe(m, count) -> list:
             f"  layers      {count(c['layers'])} = {m.num_layers} x {count(c['per_layer'])}",
             f"  final norm  {count(c['final_norm'])}",
             f"  lm head     {'tied to the embedding' if m.tie_embeddings else count(c['lm_head'])}"]
+
+
+def generator(model):
+    """The model's generator (generation.py: a KV cache in two compiled graphs), made once and kept on it."""
+    from models.llama.generation import generator as llama_generator
+
+    return llama_generator(model)
+
+
+def context_window(m) -> int:
+    """The longest sequence the model serves: max_position_embeddings, widened by model.rope_scaling."""
+    return rope.window(m)
+
+
+def set_context_length(model, length: int) -> None:
+    """Dynamic NTK's tables for rows of `length` tokens (rope.py); evaluation calls it per context length."""
+    model.model.set_rope_length(length)

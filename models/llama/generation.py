@@ -177,7 +177,10 @@ def _t(array, dtype=None) -> Tensor:
 
 
 class Generator:
-    """The compiled graphs of one model (kept on it by `generator(model)`) and the decoding loop."""
+    """The compiled graphs of one model (kept on it by `generator(model)`) and the decoding loop: the family's
+    generator (models/generation.py says what callers use of it)."""
+
+    prompt_bucket = PROMPT_BUCKET
 
     def __init__(self, model):
         self.model = model

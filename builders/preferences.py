@@ -1,11 +1,11 @@
-r"""A preference set derived by rule from the instruction set: `python -m data.preference_set`.
+r"""A preference set derived by rule from the instruction set: `python -m builders.preferences`.
 
 What it measures, plainly: whether a model (a reward model, or a policy through DPO) prefers the faithful,
 fluent answer copied from the corpus over a worse one made from it by rule: a wrong entry's answer, a
 truncated, reordered or looping answer, or one with a fact swapped in from another entry. It does NOT
 measure human helpfulness or harmlessness: nobody wrote or rated these pairs; the preference is the rule.
 
-Input: the instruction set's `train.jsonl` and `val.jsonl` (`python -m data.instructions`, data/instructions.py:
+Input: the instruction set's `train.jsonl` and `val.jsonl` (`python -m builders.instructions`, builders/instructions.py:
 answers are spans copied from one corpus document, held out by entry). Each split gives the pairs of that
 split only, so an entry of val is in no training pair, as a prompt or as a negative.
 
@@ -29,11 +29,11 @@ answer is worse than a truncated right one. Writes `train.jsonl`, `val.jsonl` an
 rule, task and split) to `--out` (default `${MINDLAB_DATA_DIR:-~/.cache/mindlab/data}/preferences`),
 atomically; output is a function of the input files and `--seed` only.
 
-On-policy pairs, `python -m data.preference_set --on-policy CKPT [--samples 4] [--temperature 1.0]
+On-policy pairs, `python -m builders.preferences --on-policy CKPT [--samples 4] [--temperature 1.0]
 [--max-prompts N]`: the model's own responses, ranked by how faithful they are to the corpus answer. For each
 instruction sample (a checkable prompt: its answer is known), k responses are sampled from CKPT (usually the
-SFT checkpoint) through generate.py's KV-cache generator, each scored against the sample's output with
-evaluate.py's scorers (data/tasks.py): ranked by exact match, then ROUGE-L F. The best and the worst make a
+SFT checkpoint) through the family's generator (models/generation.py), each scored against the sample's
+output with evaluation/tasks.py's scorers: ranked by exact match, then ROUGE-L F. The best and the worst make a
 pair `{..., "margin", "corruption": "on_policy", "task", "entry", "exact_match": [chosen, rejected],
 "rouge_l": [chosen, rejected]}` when their ROUGE-L differ by at least `--min-gap`; `margin` is that
 difference, in (0, 1] like the rules' margins: 1.0 is a verbatim answer against one sharing no word with it.
@@ -62,10 +62,10 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from base.errors import ArgumentParser, UsageError, entry_point
+from base.paths import data_dir
 from data.errors import DataError
-from data.tasks import alpaca_item, exact_match, rouge_l
+from evaluation.tasks import alpaca_item, exact_match, rouge_l
 
-DATA_DIR = Path(os.environ.get("MINDLAB_DATA_DIR", Path.home() / ".cache" / "mindlab" / "data"))
 SPLITS = ("train", "val")
 MARGINS = {"neighbour": 1.0, "loop": 1.0, "fact_swap": 0.5, "shuffle": 0.5, "truncate": 0.25}
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
@@ -186,7 +186,7 @@ def read_split(instructions: Path, split: str) -> List[dict]:
     path = instructions / f"{split}.jsonl"
     if not path.exists():
         raise UsageError(f"{path} does not exist; build the instruction set first: "
-                         f"python -m data.instructions --out {instructions}")
+                         f"python -m builders.instructions --out {instructions}")
     return [_sample(line, f"{path}:{number}")
             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if line.strip()]
 
@@ -235,7 +235,7 @@ def on_policy_pair(sample: dict, responses: Sequence[str], min_gap: float) -> Op
 def sample_responses(generate_fn: Callable, prompts: Sequence[str], ids: Sequence[int], k: int,
                      max_new_tokens: int, **options) -> List[List[str]]:
     """k responses per prompt; prompt i's j-th comes from the random stream (seed, ids[i] * k + j), so it does not
-    depend on the batch it was drawn in (generate_fn batches: generate.make_generate_fn)."""
+    depend on the batch it was drawn in (generate_fn batches: models/generation.py make_generate_fn)."""
     rows = [(prompt, at * k + j) for prompt, at in zip(prompts, ids) for j in range(k)]
     texts = generate_fn([p for p, _ in rows], max_new_tokens, rows=[r for _, r in rows], **options)
     return [texts[i * k:(i + 1) * k] for i in range(len(prompts))]
@@ -243,19 +243,21 @@ def sample_responses(generate_fn: Callable, prompts: Sequence[str], ids: Sequenc
 
 def build_on_policy(ckpt: str, instructions: Path, out: Path, args) -> dict:
     """Samples, ranks and pairs every split of `args.splits`; writes them and stats.json to `out`."""
-    from generate import build, load, make_generate_fn
-    from models.llama.generation import PROMPT_BUCKET
+    from generate import build, load
+    from models.generation import generator, make_generate_fn
 
     samples = {split: read_split(instructions, split)[:args.max_prompts or None] for split in args.splits}
     with tempfile.TemporaryDirectory(prefix="mindlab-on-policy-") as workdir:
         model_cfg, path, tokenizer = load(ckpt, workdir)
         model = build(model_cfg, path, args.device)  # reads the weights: the temporary directory may go
-    width = -(-args.max_prompt_len // PROMPT_BUCKET) * PROMPT_BUCKET  # one padded prompt length: two graphs
+    gen = generator(model_cfg.family, model)
+    bucket = gen.prompt_bucket
+    width = -(-args.max_prompt_len // bucket) * bucket  # one padded prompt length: two graphs
     if width + args.max_new_tokens > model_cfg.max_position_embeddings:
         raise UsageError(f"--max-new-tokens: {args.max_new_tokens} new tokens after prompts of up to {width} tokens "
-                         f"(--max-prompt-len rounded up to {PROMPT_BUCKET}) overflow the model's context "
+                         f"(--max-prompt-len rounded up to {bucket}) overflow the model's context "
                          f"(max_position_embeddings={model_cfg.max_position_embeddings})")
-    generate_fn = make_generate_fn(model, tokenizer, batch_size=args.batch_size)
+    generate_fn = make_generate_fn(gen, tokenizer, batch_size=args.batch_size)
     stats = {"checkpoint": str(Path(path).resolve()), "source": str(instructions), "samples": args.samples,
              "temperature": args.temperature, "max_new_tokens": args.max_new_tokens, "min_gap": args.min_gap,
              "seed": args.seed, "splits": {}}
@@ -293,18 +295,18 @@ def _sample(line: str, where: str) -> dict:
     try:
         sample = json.loads(line)
     except ValueError as err:
-        raise DataError(f"{where}: invalid JSON ({err}); rebuild the instruction set: python -m data.instructions") \
-            from None
+        raise DataError(f"{where}: invalid JSON ({err}); rebuild the instruction set: "
+                        f"python -m builders.instructions") from None
     if not isinstance(sample, dict) or not all(isinstance(sample.get(k), str) for k in SAMPLE_KEYS):
         raise DataError(f"{where}: not a sample of the instruction set (needs the strings {', '.join(SAMPLE_KEYS)}); "
-                        f"rebuild it: python -m data.instructions")
+                        f"rebuild it: python -m builders.instructions")
     return sample
 
 
 @entry_point
 def main(argv=None) -> None:
-    parser = ArgumentParser(prog="python -m data.preference_set", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--instructions", type=Path, default=DATA_DIR / "instructions",
+    parser = ArgumentParser(prog="python -m builders.preferences", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--instructions", type=Path, default=data_dir() / "instructions",
                         help="directory with the instruction set's train.jsonl and val.jsonl")
     parser.add_argument("--out", type=Path, help="default: <data dir>/preferences, or preferences_on_policy")
     parser.add_argument("--seed", type=int, default=0)
@@ -322,7 +324,7 @@ def main(argv=None) -> None:
     on_policy.add_argument("--device", default="CPU", help="MindSpore device target (CPU, Ascend, GPU)")
     args = parser.parse_args(argv)
     if args.on_policy is None:
-        out = args.out or DATA_DIR / "preferences"
+        out = args.out or data_dir() / "preferences"
         build(args.instructions, out, args.seed, args.max_pairs)
     else:
         checks = [(args.samples >= 2, "--samples", f"must be >= 2 (a pair needs two responses), got {args.samples}"),
@@ -337,7 +339,7 @@ def main(argv=None) -> None:
         for ok, name, message in checks:
             if not ok:
                 raise UsageError(f"{name}: {message}")
-        out = args.out or DATA_DIR / "preferences_on_policy"
+        out = args.out or data_dir() / "preferences_on_policy"
         build_on_policy(args.on_policy, args.instructions, out, args)
     print(f"[preferences] wrote {out}")
 

@@ -1,26 +1,9 @@
-r"""Evaluation tasks, lm-evaluation-harness style: the two task file formats, builders that derive real tasks
-from ../shared/corpora by rule, and the scoring helpers. `python -m evaluate CKPT tasks=[...]` runs them
-(the model side: evaluate.py); `python -m data.tasks build` writes them.
+r"""Evaluation tasks derived by rule from ../shared/corpora: `python -m builders.tasks build [--corpora DIR]
+[--out DIR] [--items 500] [--seed 0]`, written to `--out` (default `${MINDLAB_DATA_DIR:-~/.cache/mindlab/data}/tasks`)
+as `<name>.jsonl` + `stats.json`, in evaluation/tasks.py's formats (`python -m evaluate CKPT tasks=[...]` and
+trainer.eval_tasks score them):
 
-Formats: JSONL, one item per line (other keys, such as "entry" or "source", are kept and ignored):
-
-  multiple choice   {"context": str, "choices": [str, ...], "gold": int}
-      Scored by the log-likelihood of each choice's tokens given the context, summed over its tokens
-      (`score_multiple_choice`): `acc` is the share of items whose highest-scoring choice is the gold one,
-      `acc_norm` the same with each score divided by the choice's UTF-8 byte length (lm-eval's acc_norm, which
-      divides by len(str); the same for ASCII). `chance` is the mean of 1 / number of choices. Choices carry
-      their own leading space (" apple"), as in lm-eval.
-  generation        {"prompt": str, "answer": str[, "until": [str, ...]]}
-      A `generate_fn(prompts, max_new_tokens) -> list[str]` continues each prompt; the continuation is cut at
-      the first of the item's `until` strings (stop sequences, e.g. "\n"), and compared with the answer, both
-      stripped: `exact_match`, and `rouge_l` (ROUGE-L F-measure over whitespace tokens, `rouge_l`).
-
-A file holds one format; an item that breaks it stops the load with TaskError naming `file:line`.
-
-Real tasks (`python -m data.tasks build [--corpora DIR] [--out DIR] [--items 500] [--seed 0]`), written to
-`--out` (default `${MINDLAB_DATA_DIR:-~/.cache/mindlab/data}/tasks`) as `<name>.jsonl` + `stats.json`:
-
-  definitions_mc  A WordNet or GCIDE definition (the first sense's gloss, as data/instructions.py's
+  definitions_mc  A WordNet or GCIDE definition (the first sense's gloss, as builders/instructions.py's
                   reverse question takes it: no examples, synonym list or citations; >= 15 characters; not
                   naming its own headword) -> its headword among 4 headwords of the same dictionary: the gold
                   and 3 others drawn with the seed (different words, not among the gold's WordNet synonyms,
@@ -34,7 +17,7 @@ Real tasks (`python -m data.tasks build [--corpora DIR] [--out DIR] [--items 500
                   among 4: the true one and the second halves of 3 other verses.
   verse_complete  (generation) the same first half -> the second half, with until=["\n"].
 
-Held out from instruction tuning: an item exists only for an entry that data/instructions.py puts in its
+Held out from instruction tuning: an item exists only for an entry that builders/instructions.py puts in its
 validation split (its `split_of(family, entry, 0.05)`: the headword for definitions_mc, the qualified
 function name for cloze_code, the verse reference for the verse tasks), and distractors are drawn from such
 entries too, so no task text is a training target of `data=instructions`. Each task keeps `--items` items
@@ -51,15 +34,14 @@ import re
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from base.errors import ArgumentParser, UserError, entry_point
-from base.paths import default_tasks_dir, task_path
-from data import instructions as I
+from base.errors import ArgumentParser, entry_point
+from base.paths import corpora_dir, default_tasks_dir
+from builders import instructions as I
 
-VAL_FRACTION = 0.05  # data/instructions.py's default --val-fraction: items come from its val split only
+VAL_FRACTION = 0.05  # builders/instructions.py's default --val-fraction: items come from its val split only
 CHOICES = 4
 CODE_CONTEXT_LINES = 5
 CODE_MIN_CHARS = 10  # a target or distractor line has at least this many non-blank characters
@@ -70,193 +52,6 @@ TASK_SHARDS = ("wordnet", "gcide", "cpython311_stdlib", "kjv_bible")  # the corp
 
 Item = dict
 
-
-class TaskError(UserError, ValueError):
-    """A task file that breaks its format; the message names file:line."""
-
-    exit_code = 2  # a task named on the command line
-
-
-@dataclass
-class Task:
-    name: str
-    path: str
-    kind: str  # "multiple_choice" | "generation"
-    items: List[Item]
-
-
-# ------------------------------------------------------------------------------------------------ loading
-
-def _check_item(item, where: str) -> str:
-    """The item's kind, after checking its fields; TaskError naming `where` (file:line) otherwise."""
-    if not isinstance(item, dict):
-        raise TaskError(f"{where}: an item must be a JSON object, got {type(item).__name__}")
-    if "prompt" in item or "answer" in item:
-        for key in ("prompt", "answer"):
-            if not isinstance(item.get(key), str):
-                raise TaskError(f"{where}: generation item: '{key}' " + ("is missing" if key not in item else
-                                f"must be a string, got {type(item[key]).__name__}"))
-        until = item.get("until", [])
-        if not isinstance(until, list) or not all(isinstance(u, str) and u for u in until):
-            raise TaskError(f"{where}: 'until' must be a list of non-empty strings, got {until!r}")
-        return "generation"
-    if "context" not in item:
-        raise TaskError(f"{where}: the item has neither 'context' (multiple choice) nor 'prompt' (generation); "
-                        f"its keys: {', '.join(item) or 'none'}")
-    if not isinstance(item["context"], str):
-        raise TaskError(f"{where}: 'context' must be a string, got {type(item['context']).__name__}")
-    choices = item.get("choices")
-    if choices is None:
-        raise TaskError(f"{where}: multiple-choice item: 'choices' is missing")
-    if not isinstance(choices, list) or len(choices) < 2 or not all(isinstance(c, str) and c for c in choices):
-        raise TaskError(f"{where}: 'choices' must be a list of at least 2 non-empty strings, got {choices!r}")
-    gold = item.get("gold")
-    if gold is None:
-        raise TaskError(f"{where}: multiple-choice item: 'gold' is missing")
-    if not isinstance(gold, int) or isinstance(gold, bool):
-        raise TaskError(f"{where}: 'gold' must be an integer index into 'choices', got {gold!r}")
-    if not 0 <= gold < len(choices):
-        raise TaskError(f"{where}: gold {gold} is out of range for {len(choices)} choices (0..{len(choices) - 1})")
-    return "multiple_choice"
-
-
-def alpaca_item(sample: dict) -> dict:
-    """An Alpaca sample (instruction, input, output; e.g. data=instructions' held-out val.jsonl) as a generation
-    item: the SFT prompt of the default template, the output as the answer, generation stopping at eos."""
-    from data.samples import TEMPLATES
-
-    template = TEMPLATES["alpaca"]["prompt_input" if sample.get("input") else "prompt_no_input"]
-    return {"prompt": template.format(instruction=sample["instruction"], input=sample.get("input", "")),
-            "answer": sample["output"]}
-
-
-def load_task(path: os.PathLike, name: Optional[str] = None) -> Task:
-    """Read and check a task file (all items of one format; Alpaca samples are generation items)."""
-    path = Path(path)
-    if not path.is_file():
-        raise TaskError(f"{path}: no such task file (build the real tasks with `python -m data.tasks build`)")
-    items, kinds = [], set()
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise TaskError(f"{where}: not JSON ({err.msg} at column {err.colno})") from None
-            if isinstance(item, dict) and "instruction" in item and "output" in item:  # Alpaca (data/instructions)
-                item = alpaca_item(item)
-            kind = _check_item(item, where)
-            if kinds and kind not in kinds:
-                raise TaskError(f"{where}: a {kind.replace('_', '-')} item in a file of "
-                                f"{next(iter(kinds)).replace('_', '-')} items; one format per file")
-            kinds.add(kind)
-            items.append(item)
-    if not items:
-        raise TaskError(f"{path}: no items")
-    return Task(name or path.stem, str(path), kinds.pop(), items)
-
-
-# ------------------------------------------------------------------------------------------------ scoring
-
-Loglikelihood = Callable[[List[Tuple[str, str]]], List[float]]  # (context, continuation) pairs -> sum logprob
-
-
-def score_multiple_choice(items: Sequence[Item], loglikelihood: Loglikelihood) -> dict:
-    """acc, acc_norm and chance over `items`. `loglikelihood` gets every (context, choice) pair of every item in
-    one call (so the caller can batch them) and returns the summed log-probability of each choice's tokens."""
-    requests = [(item["context"], choice) for item in items for choice in item["choices"]]
-    scores = list(loglikelihood(requests))
-    if len(scores) != len(requests):
-        raise ValueError(f"loglikelihood returned {len(scores)} scores for {len(requests)} requests")
-    correct = correct_norm = 0
-    predictions = []
-    at = 0
-    for item in items:
-        k = len(item["choices"])
-        ll = scores[at:at + k]
-        at += k
-        norm = [s / max(len(c.encode("utf-8")), 1) for s, c in zip(ll, item["choices"])]
-        best, best_norm = _argmax(ll), _argmax(norm)
-        correct += best == item["gold"]
-        correct_norm += best_norm == item["gold"]
-        predictions.append({"pred": best, "pred_norm": best_norm, "loglikelihoods": ll})
-    n = len(items)
-    return {"n": n, "acc": correct / n, "acc_norm": correct_norm / n,
-            "chance": sum(1.0 / len(item["choices"]) for item in items) / n, "predictions": predictions}
-
-
-def _argmax(values: Sequence[float]) -> int:
-    """The first index of the largest value (ties go to the earlier choice, as numpy's argmax)."""
-    return max(range(len(values)), key=lambda i: (values[i], -i))
-
-
-def lcs_length(a: Sequence[str], b: Sequence[str]) -> int:
-    """Length of the longest common subsequence of two token lists (dynamic programming, O(len(a) * len(b)))."""
-    if not a or not b:
-        return 0
-    previous = [0] * (len(b) + 1)
-    for x in a:
-        current = [0]
-        for j, y in enumerate(b):
-            current.append(previous[j] + 1 if x == y else max(previous[j + 1], current[j]))
-        previous = current
-    return previous[-1]
-
-
-def rouge_l(prediction: str, reference: str) -> float:
-    """ROUGE-L F-measure (beta = 1) over whitespace tokens: LCS / len(prediction) is the precision, LCS /
-    len(reference) the recall, F = 2PR / (P + R); 0 when either is empty or nothing is shared."""
-    pred, ref = prediction.split(), reference.split()
-    lcs = lcs_length(pred, ref)
-    if lcs == 0:
-        return 0.0
-    precision, recall = lcs / len(pred), lcs / len(ref)
-    return 2 * precision * recall / (precision + recall)
-
-
-def cut_at(text: str, until: Sequence[str]) -> str:
-    """`text` up to the first occurrence of any stop string."""
-    ends = [text.find(u) for u in until if u in text]
-    return text[:min(ends)] if ends else text
-
-
-def exact_match(prediction: str, answer: str) -> bool:
-    return prediction.strip() == answer.strip()
-
-
-def score_generation(items: Sequence[Item], generate_fn: Callable[[List[str], int], List[str]],
-                     max_new_tokens: int) -> dict:
-    """exact_match and rouge_l (means over items) of `generate_fn`'s continuations, called once for all
-    prompts (it batches)."""
-    outputs = list(generate_fn([item["prompt"] for item in items], max_new_tokens))
-    if len(outputs) != len(items):
-        raise ValueError(f"generate_fn returned {len(outputs)} texts for {len(items)} prompts")
-    em = rl = 0.0
-    predictions = []
-    for item, output in zip(items, outputs):
-        prediction = cut_at(output, item.get("until", [])).strip()
-        em += exact_match(prediction, item["answer"])
-        rl += rouge_l(prediction, item["answer"].strip())
-        predictions.append(prediction)
-    n = len(items)
-    return {"n": n, "exact_match": em / n, "rouge_l": rl / n, "predictions": predictions}
-
-
-def encode_pair(tokenizer, context: str, continuation: str) -> Tuple[List[int], List[int]]:
-    """(context ids, continuation ids) as lm-eval's `_encode_pair`: whitespace ending the context moves to the
-    continuation, the pair is encoded as one text and the continuation is what follows the context's own
-    encoding (so the tokens are those the model sees in running text, not a separately encoded fragment)."""
-    spaces = len(context) - len(context.rstrip())
-    if spaces:
-        context, continuation = context[:-spaces], context[-spaces:] + continuation
-    whole = tokenizer.encode(context + continuation)
-    n = len(tokenizer.encode(context)) if context else 0
-    return whole[:n], whole[n:]
-
-
-# ----------------------------------------------------------------------------------------------- building
 
 def _is_val(family: str, entry: str) -> bool:
     return I.split_of(family, entry, VAL_FRACTION) == "val"
@@ -336,7 +131,7 @@ def definitions_mc(docs: Iterable[I.Doc], n_items: int = 500, seed: int = 0) -> 
 
 
 def _functions(tree: ast.Module) -> Iterable[Tuple[str, ast.AST]]:
-    """(qualified name, node) of top-level functions and methods of top-level classes: data/instructions.py's
+    """(qualified name, node) of top-level functions and methods of top-level classes: builders/instructions.py's
     python entries."""
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -488,7 +283,7 @@ def task_shards(corpora: os.PathLike) -> List[Path]:
 
 @entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = ArgumentParser(prog="python -m data.tasks", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m builders.tasks", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="derive the evaluation tasks from the corpora")
     b.add_argument("--corpora", type=Path, default=None, help="corpora dir (default: $MINDLAB_CORPORA, else "
@@ -500,7 +295,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     b.add_argument("--tasks", nargs="*", choices=list(BUILDERS), default=None)
     args = parser.parse_args(argv)
     start = time.time()
-    corpora = args.corpora or I.corpora_dir()
+    corpora = args.corpora or corpora_dir()
     paths = task_shards(corpora)
     tasks = build(I.read_documents(paths), args.items, args.seed, args.tasks)
     stats = {"seed": args.seed, "items": args.items, "val_fraction": VAL_FRACTION,

@@ -21,7 +21,7 @@ import numpy as np
 
 from data.errors import DataError
 from data.rows import RowSpec, Split
-from data.samples import IGNORE_INDEX
+from objectives.sft import IGNORE_INDEX
 
 SIDES = ("chosen", "rejected")
 DATA_HINT = "use data=preferences or your own {prompt, chosen, rejected} JSONL with kind: preference"

@@ -1,4 +1,5 @@
-"""BERT pretraining rows from one split's tokenized documents: `[CLS] A [SEP] B [SEP]`, padded.
+"""BERT pretraining rows (objectives/mlm.py's) from one split's tokenized documents: `[CLS] A [SEP] B [SEP]`,
+padded.
 
 Input is what data/documents.py writes: `tokens/<source>.<split>.npy`, every document's ids followed by
 eos, and `.offsets.npy`, the start of every document and then the total length. The eos ending each

@@ -1,4 +1,4 @@
-r"""An instruction-tuning set derived by rule from ../shared/corpora: `python -m data.instructions`.
+r"""An instruction-tuning set derived by rule from ../shared/corpora: `python -m builders.instructions`.
 
 What it measures, plainly: faithful recall of reference text that the corpora contain (dictionary
 definitions, man-page lines, stdlib docstrings, Wikipedia leads, Bible verses) and following the answer
@@ -62,8 +62,7 @@ function of the corpus files, the seed and the options only.
 Writes `train.jsonl`, `val.jsonl` and `stats.json` (samples per task and split, what each filter dropped)
 to `--out` (default `${MINDLAB_DATA_DIR:-~/.cache/mindlab/data}/instructions`), atomically. Reads the
 `.jsonl.gz` shards of `--corpora` (default `$MINDLAB_CORPORA`, else `../shared/corpora` beside the
-checkout). Pure Python and the standard library: no MindSpore (though `python -m data.instructions` runs
-the `data` package's `__init__`, which does import it; `python data/instructions.py` does not).
+checkout). Pure Python and the standard library: no MindSpore.
 """
 from __future__ import annotations
 
@@ -662,7 +661,7 @@ def write(out_dir: os.PathLike, train: List[dict], val: List[dict], stats: dict)
 
 @entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = ArgumentParser(prog="python -m data.instructions", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m builders.instructions", description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpora", type=Path, default=None, help="corpora dir (default: $MINDLAB_CORPORA, "
                         "else ../shared/corpora beside the checkout)")
     parser.add_argument("--out", type=Path, default=None, help="output dir (default: "

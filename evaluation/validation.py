@@ -1,0 +1,41 @@
+"""The objective's loss and metrics over held-out batches, each batch weighted by its loss tokens: what training
+logs as val_loss, val_<metric> (and per source), and what `python -m evaluate` reports as `loss`, by the same
+code, so its loss column reproduces a run's val_loss."""
+import math
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+Means = Tuple[Dict[str, float], int]  # ({"loss": ..., <metric>: ...}, loss tokens)
+
+
+def batch_means(loss_net, objective, batches: List[tuple]) -> Means:
+    """(the objective's loss and metrics over `batches` through its loss cell `loss_net`, each batch weighted by its
+    loss tokens; those tokens)."""
+    from mindspore import Tensor
+
+    outs = np.array([[float(x.asnumpy()) for x in loss_net(*map(Tensor, inputs))] for inputs in batches])
+    weights = [max(objective.loss_tokens(inputs), 1) for inputs in batches]
+    means = np.average(outs, axis=0, weights=weights)
+    return dict(zip(("loss",) + tuple(objective.metrics), means.tolist())), sum(weights)
+
+
+def val_metrics(per_source: Dict[str, Means], metrics: Sequence[str],
+                val_bytes: Optional[Dict[str, int]] = None) -> dict:
+    """val_loss (token-weighted over all sources), val_ppl, per source val_loss/<source>; the objective's
+    `metrics` as val_<metric> and val_<metric>/<source>. With `val_bytes` (per source, the UTF-8 bytes of the
+    loss targets, given when the loss is their mean NLL in nats: evaluation/bpb.py val_target_bytes): val_bpb
+    and val_bpb/<source>."""
+    out = {}
+    if not per_source:
+        return out
+    tokens = [n for _, n in per_source.values()]
+    for key in ("loss",) + tuple(metrics):
+        out[f"val_{key}"] = float(np.average([m[key] for m, _ in per_source.values()], weights=tokens))
+        out.update({f"val_{key}/{source}": m[key] for source, (m, _) in per_source.items()})
+    out["val_ppl"] = math.exp(min(out["val_loss"], 50.0))
+    if val_bytes:
+        nats = {source: m["loss"] * n for source, (m, n) in per_source.items()}  # the mean NLL x its tokens
+        out["val_bpb"] = sum(nats.values()) / math.log(2) / sum(val_bytes[s] for s in nats)
+        out.update({f"val_bpb/{s}": v / math.log(2) / val_bytes[s] for s, v in nats.items()})
+    return out
