@@ -62,6 +62,30 @@ def resolve(path: str) -> str:
         else f"no intact checkpoint is left in {root}"))
 
 
+def tokenizer_of(path: str) -> Optional[str]:
+    """A checkpoint's tokenizer.model (any form `resolve` takes), or None when it has none."""
+    path = resolve(path)
+    directory = os.path.dirname(path) if path.endswith(".safetensors") else path
+    file = os.path.join(directory, TOKENIZER)
+    return file if os.path.isfile(file) else None
+
+
+def check_same_tokenizer(key: str, first: str, first_tokenizer: Optional[str], second: str,
+                         second_tokenizer: Optional[str]) -> None:
+    """Refuse (ConfigError on `key`, naming both sides) two models, or a model and its data, whose tokenizer.model
+    files differ: the same ids would mean other pieces to each (a vocabulary of the same size is not enough).
+    Nothing is checked where a side has no tokenizer file."""
+    from base.errors import ConfigError
+
+    if not (first_tokenizer and second_tokenizer):
+        return
+    a, b = tokenizer_digest(first_tokenizer), tokenizer_digest(second_tokenizer)
+    if a != b:
+        raise ConfigError(key, f"{first} and {second} use different tokenizers ({first_tokenizer}: sha256 {a[:12]}; "
+                          f"{second_tokenizer}: sha256 {b[:12]}): the same token ids would mean different text to "
+                          "each; pair models (and data) that share one tokenizer.model")
+
+
 def tokenizer_digest(path: str) -> str:
     """SHA-256 of a tokenizer.model file: what two models or a model and its data must share to understand each
     other (recorded in every checkpoint's state.json)."""

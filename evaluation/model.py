@@ -17,7 +17,10 @@ def load_model(cfg: DictConfig, ckpt: str):
     if peft.get("name", "none") != "none":
         from adapters.lora import apply_lora, lora_state
 
-        if saved.stage.init_from:
+        if saved.stage.init_from:  # the base the adapters were trained on: the same tokenizer, the same shapes
+            checkpoint.check_same_tokenizer("checkpoint", f"the LoRA checkpoint {ckpt}", checkpoint.tokenizer_of(ckpt),
+                                            f"its base {saved.stage.init_from}",
+                                            checkpoint.tokenizer_of(saved.stage.init_from))
             checkpoint.load_weights(saved.stage.init_from, model)
         apply_lora(model, peft, cfg.trainer.seed)
         checkpoint.load_weights(ckpt, model, only=set(lora_state(model)))

@@ -28,6 +28,7 @@ from base.errors import ArgumentParser, UsageError, entry_point
 from models import FAMILIES, family
 
 ADAPTER_CONFIG = "adapter_config.json"  # in a LoRA run's checkpoints (adapters only)
+REWARD_HEAD = "score.weight"  # the scalar head a reward model adds to the decoder (objectives/rm.py)
 
 
 def _read_checkpoint(ckpt_dir: str):
@@ -106,7 +107,7 @@ def export_hf(ckpt_dir: str, out_dir: str, merge_lora: bool = False, location: O
     save_file(adapter.to_hf(weights), os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as f:
         config = adapter.hf_config(cfg.model)
-        if OmegaConf.select(cfg, "objective.name") == "rm":  # the decoder and a scalar head
+        if REWARD_HEAD in weights:  # a reward model (objectives/rm.py): the decoder and a scalar head
             config.update(adapter.REWARD_MODEL)
         json.dump(config, f, indent=2)
     if os.path.exists(tokenizer):
@@ -114,15 +115,14 @@ def export_hf(ckpt_dir: str, out_dir: str, merge_lora: bool = False, location: O
 
 
 def export_mindformers(ckpt_dir: str, out_dir: str) -> None:
-    """A MindFormers `.ckpt` and the model part of a MindFormers run YAML (Llama only: MindFormers 1.9 has
-    no other family mindlab trains)."""
-    from models.llama.mindformers import export_checkpoint
-
+    """A MindFormers `.ckpt` and the model part of a MindFormers run YAML, by the family's `export_mindformers`
+    hook (Llama's: MindFormers 1.9 has no other family mindlab trains)."""
     cfg, weights = _read_checkpoint(ckpt_dir)
-    if model_family(cfg).__name__ != "models.llama":
-        raise UsageError(f"{ckpt_dir}: --to mindformers exports Llama checkpoints only; this one is "
-                         f"model.family={cfg.model.family}; use --to hf")
-    export_checkpoint(cfg, weights, out_dir)
+    fam = model_family(cfg)
+    if not hasattr(fam, "export_mindformers"):
+        raise UsageError(f"{ckpt_dir}: --to mindformers: model.family={cfg.model.family} has no MindFormers "
+                         "counterpart; use --to hf")
+    fam.export_mindformers(cfg, weights, out_dir)
     tokenizer = os.path.join(ckpt_dir, "tokenizer.model")
     if os.path.exists(tokenizer):
         shutil.copy(tokenizer, out_dir)

@@ -30,6 +30,10 @@ An objective module exposes:
     attach(model, cfg)   after the weights are loaded (and LoRA applied), before the optimizer: returns the
                          cell that is trained and saved (the reward model's head on the decoder), and may
                          build what the loss needs besides it (DPO's frozen reference model)
+  and, for chaining stages (recipe/: a stage's missing input comes from an earlier stage that provides it),
+    PROVIDES             what a checkpoint of this objective is to later stages, e.g. "reward_model" (rm)
+    NEEDS                {what: the config key it goes into} this objective takes from an earlier stage, e.g.
+                         {"reward_model": "objective.reward_model"} (ppo)
   and, for an objective that makes its own batches (PPO samples them: objectives/ppo.py),
     next_inputs(draw)    the next micro-batch's inputs, calling draw() -> (rows, sample) for rows as it needs
                          them (no held-out evaluation is run on rows then)

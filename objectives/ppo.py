@@ -50,6 +50,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 from omegaconf import MISSING, OmegaConf
 
+from base import checkpoint
 from base.errors import ConfigError, require
 from base.schema import INSTRUCTION_KINDS
 from data.errors import DataError
@@ -88,6 +89,9 @@ class Config:
     score_norm: str = "auto"  # rm_val (the RM checkpoint's held-out mean/std) | running | auto: rm_val if saved
 
 
+NEEDS = {"reward_model": "objective.reward_model"}  # taken from an earlier reward-model stage (recipe/)
+
+
 def check(cfg) -> None:
     o = cfg.objective
     check_fine_tuning(cfg, "ppo", INSTRUCTION_KINDS, "use data=instructions (its prompts are sampled from)")
@@ -120,17 +124,24 @@ def check(cfg) -> None:
     require(o.score_norm in SCORE_NORMS, "objective.score_norm", f"got {o.score_norm!r}; choose one of "
             f"{', '.join(SCORE_NORMS)}")
     _reference.check(cfg, "objective.reference", ("copy", "lora_base"))  # responses are sampled while training
-    if os.path.isdir(o.reward_model):
-        rm = OmegaConf.load(os.path.join(o.reward_model, "config.yaml"))
+    if not os.path.exists(o.reward_model):  # a dry run may plan with a reward model not trained yet (recipe/)
+        require(cfg.dry_run, "objective.reward_model", f"{o.reward_model} is not a checkpoint directory")
+        return
+    reward_model = checkpoint.resolve(o.reward_model)
+    if os.path.isdir(reward_model):
+        rm = OmegaConf.load(os.path.join(reward_model, "config.yaml"))
         require(OmegaConf.select(rm, "objective.name") == "rm", "objective.reward_model",
                 f"{o.reward_model} is not a reward-model checkpoint (its objective is "
                 f"{OmegaConf.select(rm, 'objective.name')}); train one with stage=rm")
         require(rm.model.vocab_size == cfg.model.vocab_size, "objective.reward_model",
                 f"its vocabulary ({rm.model.vocab_size}) differs from the policy's ({cfg.model.vocab_size}); the "
                 f"reward model must share the policy's tokenizer")
-        require(o.score_norm != "rm_val" or val_reward_stats(o.reward_model), "objective.score_norm",
+        checkpoint.check_same_tokenizer("objective.reward_model", f"the reward model {o.reward_model}",
+                                        checkpoint.tokenizer_of(reward_model), "the policy's data",
+                                        cfg.data.tokenizer.path)
+        require(o.score_norm != "rm_val" or val_reward_stats(reward_model), "objective.score_norm",
                 f"rm_val normalizes scores by the reward model's held-out mean and std, and "
-                f"{os.path.join(o.reward_model, 'state.json')} has no objective.val_reward_mean/val_reward_std "
+                f"{os.path.join(reward_model, 'state.json')} has no objective.val_reward_mean/val_reward_std "
                 f"(an RM run without val pairs, or from before they were saved); train the reward model with "
                 f"held-out pairs (a source's val_paths, or data.val_fraction > 0), or set objective.score_norm=running")
     else:
@@ -175,7 +186,9 @@ def memory(cfg):
     from planner.memory import DTYPE_BYTES, ObjectiveMemory
 
     m, o = cfg.model, cfg.objective
-    rm = OmegaConf.load(os.path.join(o.reward_model, "config.yaml")).model
+    rm = m  # a reward model not trained yet (a recipe's plan): the policy's shape, as RLHF pipelines usually have it
+    if os.path.exists(o.reward_model):
+        rm = OmegaConf.load(os.path.join(checkpoint.resolve(o.reward_model), "config.yaml")).model
     counts = family(rm.family).parameter_count(rm)
     columns = o.max_prompt_len + o.max_new_tokens
     cache = (2 * m.num_layers * cfg.trainer.micro_batch_size * m.num_kv_heads * columns
@@ -292,17 +305,18 @@ class Objective:
         from models.generation import generator
 
         self.reference = _reference.build_reference(model, cfg, self.cfg.reference)
-        rm_model = OmegaConf.load(os.path.join(self.cfg.reward_model, "config.yaml")).model
+        rm_path = checkpoint.resolve(self.cfg.reward_model)
+        rm_model = OmegaConf.load(os.path.join(rm_path, "config.yaml")).model
         rm_model = OmegaConf.merge(OmegaConf.structured(family(rm_model.family).Config), rm_model)  # newer keys
         reward_model = RewardModel(build_model(rm_model, cfg.data.seq_len, cfg.precision.compute_dtype,
                                                cfg.device.target, cfg.trainer.seed, is_sharded(cfg.parallel)), 0)
-        checkpoint.load_weights(self.cfg.reward_model, reward_model)
+        checkpoint.load_weights(rm_path, reward_model)
         reward_model.update_parameters_name("reward.")
         for p in reward_model.get_parameters():
             p.requires_grad = False
         reward_model.set_train(False)
         self.reward_model, self.lm, self.generator = reward_model, model, generator(cfg.model.family, model)
-        self.score_stats = val_reward_stats(self.cfg.reward_model) if self.cfg.score_norm != "running" else None
+        self.score_stats = val_reward_stats(rm_path) if self.cfg.score_norm != "running" else None
         print("[ppo] scores normalized by " + (f"the reward model's held-out mean {self.score_stats[0]:.4f} and std "
               f"{self.score_stats[1]:.4f}" if self.score_stats else "their running mean and std"), flush=True)
         self.policy = PolicyWithValue(model)

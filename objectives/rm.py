@@ -47,6 +47,9 @@ class Config:
     skip_long: bool = False  # leave out pairs with a side longer than data.seq_len instead of refusing them
 
 
+PROVIDES = "reward_model"  # a later stage's reward model (recipe/: PPO's objective.reward_model)
+
+
 def check(cfg) -> None:
     check_fine_tuning(cfg, "rm", PREFERENCE_KINDS, DATA_HINT)
     require(cfg.objective.center_coefficient >= 0, "objective.center_coefficient",

@@ -73,45 +73,54 @@ def mindlab_run(cfg, steps: int) -> Tuple[dict, List[List[tuple]], List[float]]:
 
 
 def torch_model(cfg, initial: dict):
-    """(the Hugging Face model holding `initial`, its parameter name -> mindlab name)."""
+    """(the Hugging Face model holding `initial`, its parameter name -> mindlab name): the family's transformers
+    class (its hf adapter's first architecture), eager attention, loaded through the adapter's to_hf."""
     import torch
+    import transformers
 
-    if cfg.model.family == "bert":
-        from transformers import BertConfig, BertForPreTraining
+    from models import family
 
-        from models.bert import hf
-
-        model = BertForPreTraining(BertConfig(**hf.hf_config(cfg.model), attn_implementation="eager"))
-        names = {name: name for name in initial}  # the same names; the tied decoder aliases are not parameters
-    else:
-        from transformers import LlamaConfig, LlamaForCausalLM
-
-        from models.llama import hf
-
-        model = LlamaForCausalLM(LlamaConfig(**hf.hf_config(cfg.model), attn_implementation="eager"))
-        names = {hf._rename(name, hf.HF_NAMES): name for name in initial}
+    hf = family(cfg.model.family).hf
+    config = {k: v for k, v in hf.hf_config(cfg.model).items() if k not in ("architectures", "model_type")}
+    architecture = getattr(transformers, hf.ARCHITECTURES[0])
+    model = architecture(architecture.config_class(**config, attn_implementation="eager"))
+    names = hf.to_hf({name: name for name in initial})  # HF name -> mindlab name (a tied alias -> its source)
     model.load_state_dict({k: torch.from_numpy(v) for k, v in hf.to_hf(initial).items()}, strict=True)
     return model.float().train(), names
+
+
+def _clm_loss(model, input_ids, labels, ignore_index: int):
+    """Rows of seq_len + 1 tokens: predict each next token, mean over the labels that count."""
+    from torch.nn.functional import cross_entropy
+
+    logits = model(input_ids[:, :-1]).logits
+    labels = labels[:, 1:].reshape(-1)
+    return cross_entropy(logits.reshape(-1, logits.shape[-1]), labels, ignore_index=ignore_index), \
+        int((labels != ignore_index).sum())
+
+
+def _mlm_loss(model, input_ids, token_type_ids, attention_mask, labels, *sentence, ignore_index: int = -100):
+    """The masked-LM mean plus the sentence task's mean over rows (BertForPreTraining's two heads)."""
+    from torch.nn.functional import cross_entropy
+
+    out = model(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
+    loss = cross_entropy(out.prediction_logits.reshape(-1, out.prediction_logits.shape[-1]), labels.reshape(-1))
+    if sentence:
+        loss = loss + cross_entropy(out.seq_relationship_logits, sentence[0])
+    return loss, int((labels != ignore_index).sum())
+
+
+# objective.name -> its loss in PyTorch, on the objective's own inputs (the objectives this check covers)
+TORCH_LOSSES = {"clm": lambda model, inputs, o: _clm_loss(model, *inputs, ignore_index=o.ignore_index),
+                "mlm": lambda model, inputs, o: _mlm_loss(model, *inputs)}
 
 
 def torch_loss(cfg, model, inputs: tuple):
     """(the micro-batch's loss: a mean over its loss tokens, as mindlab's loss cell; how many there are)."""
     import torch
-    from torch.nn.functional import cross_entropy
 
-    t = [torch.from_numpy(x.astype(np.int64)) for x in inputs]
-    if cfg.model.family == "bert":  # objective=mlm: masked-LM mean + the sentence task's mean over rows
-        input_ids, token_type_ids, attention_mask, labels, *sentence = t
-        out = model(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
-        loss = cross_entropy(out.prediction_logits.reshape(-1, out.prediction_logits.shape[-1]), labels.reshape(-1))
-        if sentence:
-            loss = loss + cross_entropy(out.seq_relationship_logits, sentence[0])
-        return loss, int((labels != -100).sum())
-    input_ids, labels = t  # objective=clm: rows of seq_len + 1 tokens
-    logits = model(input_ids[:, :-1]).logits
-    ignore = cfg.objective.ignore_index
-    labels = labels[:, 1:].reshape(-1)
-    return cross_entropy(logits.reshape(-1, logits.shape[-1]), labels, ignore_index=ignore), int((labels != ignore).sum())
+    return TORCH_LOSSES[cfg.objective.name](model, [torch.from_numpy(x.astype(np.int64)) for x in inputs],
+                                            cfg.objective)
 
 
 def torch_run(cfg, initial: dict, batches: List[List[tuple]]) -> List[float]:

@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from base.checkpoint import resolve
 from base.errors import ConfigError, UserError
 from base.paths import REPO_ROOT
+from base.registry import OBJECTIVES
 from base.validate import validate
 from recipe.spec import Stage, override_value
 
@@ -91,6 +92,7 @@ def plan(stages: List[Stage], root: Path, compose: Callable[[List[str]], DictCon
     """Every stage composed, validated and keyed, in order (see the module docstring)."""
     done: List[Planned] = []
     by_name = {}
+    line: Optional[Planned] = None  # the stage the next training stage starts from: not one providing a side input
     for stage in stages:
         if stage.kind == "evaluate":
             target = by_name[stage.source]
@@ -98,19 +100,23 @@ def plan(stages: List[Stage], root: Path, compose: Callable[[List[str]], DictCon
             planned = Planned(stage, key, root / STORE / f"{stage.name}-{key}", list(stage.overrides), source=target)
         else:
             overrides = list(stage.overrides)
-            start = stage.init_from or (str(by_name[stage.source].dir) if stage.source else None)
+            source = line if stage.source else None
+            start = stage.init_from or (str(source.dir) if source else None)
             if start and not any(o.startswith("stage.init_from=") for o in overrides):
                 overrides.append(f"stage.init_from={override_value(start)}")
             try:
                 cfg = compose(overrides)
-                if cfg.objective.name == "ppo" and not any(o.startswith("objective.reward_model=") for o in overrides):
-                    rms = [p for p in done if p.config is not None and p.config.objective.name == "rm"]
-                    reward = stage.reward_model or (str(rms[-1].dir) if rms else None)
-                    if reward is None:
-                        raise ConfigError(f"recipe.stages.{stage.name}", "a PPO stage scores its samples with a "
-                                          "reward model: put a reward-model stage (stage: rm) before it, or set "
-                                          f"recipe.stages.{stage.name}.reward_model=<checkpoint>")
-                    overrides.append(f"objective.reward_model={override_value(reward)}")
+                needs = getattr(OBJECTIVES[cfg.objective.name], "NEEDS", {})
+                missing = {what: key for what, key in needs.items() if not any(o.startswith(f"{key}=") for o in overrides)}
+                for what, key in missing.items():  # e.g. PPO's reward model: the last stage that trained one
+                    given = [p for p in done if p.config is not None and
+                             getattr(OBJECTIVES[p.config.objective.name], "PROVIDES", None) == what]
+                    if not given:
+                        raise ConfigError(f"recipe.stages.{stage.name}", f"objective={cfg.objective.name} takes a "
+                                          f"{what} from an earlier stage: put a stage that trains one before it, or "
+                                          f"set recipe.stages.{stage.name}.{key}=<checkpoint>")
+                    overrides.append(f"{key}={override_value(str(given[-1].dir))}")
+                if missing:
                     cfg = compose(overrides)
                 validate(OmegaConf.merge(cfg, {"dry_run": True}))
             except ConfigError as err:
@@ -118,8 +124,9 @@ def plan(stages: List[Stage], root: Path, compose: Callable[[List[str]], DictCon
             except Exception as err:  # Hydra's composition errors: an unknown preset or key
                 raise _stage_error(stage, _one_line(err)) from None
             key = config_key(cfg)
-            planned = Planned(stage, key, root / STORE / f"{stage.name}-{key}", overrides, cfg,
-                              by_name[stage.source] if stage.source else None)
+            planned = Planned(stage, key, root / STORE / f"{stage.name}-{key}", overrides, cfg, source)
+            if not hasattr(OBJECTIVES[cfg.objective.name], "PROVIDES"):  # (a reward model is a side branch)
+                line = planned
         done.append(planned)
         by_name[stage.name] = planned
     return done

@@ -12,8 +12,11 @@ conf/recipe/<name>.yaml:
       dpo: {data: preferences}                               #     its preset, nested mappings are keys
       evaluate: {kind: evaluate, data: default, tasks: [], prompts: ["Define: apple"]}
 
-A training stage starts from the previous training stage's final checkpoint (`init_from: <path>` instead), a
-PPO stage scores with the last reward-model stage's (`reward_model: <path>` instead); `overrides: [...]` takes
+A training stage starts from the final checkpoint of the training stage before it whose objective does not train a
+side input for later stages (a reward model is one: PPO after SFT and RM starts from SFT's; `init_from: <path>`
+instead); what
+its objective takes from an earlier stage (its NEEDS: PPO's reward model) comes from the last stage whose objective
+PROVIDES it, unless its key is set (`objective: {reward_model: <path>}`); `overrides: [...]` takes
 raw train.py overrides for anything the mapping cannot say. An evaluation stage scores the previous training
 stage's checkpoint (`of: <stage>` another one) with `python -m evaluate` (`data`, `tasks`, `eval: {key: value}`)
 and greedy generations for `prompts` (instructions, wrapped in the checkpoint's own template).
@@ -28,7 +31,7 @@ from base.errors import ConfigError
 
 GROUPS = ("model", "parallel", "data", "objective", "peft", "optim", "precision", "device", "logger")
 KINDS = ("train", "evaluate")
-TRAIN_KEYS = ("stage", "kind", "init_from", "reward_model", "overrides")
+TRAIN_KEYS = ("stage", "kind", "init_from", "overrides")
 EVALUATE_KEYS = ("kind", "of", "data", "tasks", "eval", "prompts", "max_new_tokens", "overrides")
 
 
@@ -40,7 +43,6 @@ class Stage:
     overrides: List[str]  # train.py overrides (train), evaluate's (evaluate)
     source: Optional[str] = None  # the stage whose final checkpoint it starts from (train) or scores (evaluate)
     init_from: Optional[str] = None  # a checkpoint given instead of a source stage
-    reward_model: Optional[str] = None  # a PPO stage's reward-model checkpoint, given instead of a stage
     tasks: Optional[List[str]] = None  # evaluate: task names (None: evaluate's default, every built task)
     prompts: List[str] = field(default_factory=list)  # evaluate: instructions to generate answers for
     max_new_tokens: int = 64
@@ -139,9 +141,9 @@ def parse(recipe: DictConfig, declared: List[str], stage_presets: List[str]) -> 
         if preset not in stage_presets:
             raise ConfigError(f"{key}.stage", f"no stage preset {preset!r} in conf/stage/; choose one of "
                               f"{', '.join(stage_presets)} (or set recipe.stages.{name}.stage)")
-        init_from, reward_model = node.pop("init_from", None), node.pop("reward_model", None)
+        init_from = node.pop("init_from", None)
         overrides = [f"stage={preset}"] + flatten(merged(common, node)) + [str(o) for o in extra]
         stages.append(Stage(index, name, kind, overrides, source=None if init_from else last_train,
-                            init_from=init_from, reward_model=reward_model))
+                            init_from=init_from))
         last_train = name
     return stages

@@ -305,3 +305,26 @@ def test_a_reward_model_of_another_vocabulary_is_refused(tmp_path, base_checkpoi
     with pytest.raises(ConfigError, match="its vocabulary \\(8192\\) differs from the policy's \\(4096\\)"):
         validate(compose_cfg("stage=ppo", f"stage.init_from={base_checkpoint}", "model=tiny",
                              f"objective.reward_model={other}"))
+
+
+def test_a_reward_model_of_another_tokenizer_of_the_same_size_is_refused(tmp_path, base_checkpoint,
+                                                                         reward_checkpoint):
+    """Same vocabulary size, other pieces: a reward model that would read the policy's ids as other text (its
+    tokenizer with two pieces' ids swapped) is refused at start, naming both sides."""
+    import shutil
+
+    from sentencepiece import sentencepiece_model_pb2 as model_pb2
+
+    other = tmp_path / "rm"
+    shutil.copytree(reward_checkpoint, other)
+    proto = model_pb2.ModelProto()
+    proto.ParseFromString((other / "tokenizer.model").read_bytes())
+    a, b = proto.pieces[100], proto.pieces[101]
+    a.piece, b.piece = b.piece, a.piece
+    (other / "tokenizer.model").write_bytes(proto.SerializeToString())
+    with pytest.raises(ConfigError) as err:
+        validate(compose_cfg("stage=ppo", f"stage.init_from={base_checkpoint}", "model=tiny",
+                             f"objective.reward_model={other}"))
+    assert err.value.key == "objective.reward_model"
+    assert str(err.value).startswith(f"objective.reward_model: the reward model {other} and the policy's data use "
+                                     f"different tokenizers ({other / 'tokenizer.model'}: sha256 ")

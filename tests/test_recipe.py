@@ -78,11 +78,24 @@ def test_a_fine_tuning_stage_with_nothing_to_start_from_is_refused_before_anythi
     assert err.value.key == "recipe.stages.dpo" and "stage.init_from" in str(err.value)
     with pytest.raises(ConfigError) as err:
         runner.plan(stages_of({"pretrain": {"stage": "tiny_pretrain"}, "ppo": {"data": "instructions"}}), tmp_path)
-    assert err.value.key == "recipe.stages.ppo" and "put a reward-model stage (stage: rm) before it" in str(err.value)
+    assert err.value.key == "recipe.stages.ppo" and str(err.value) == (
+        "recipe.stages.ppo: objective=ppo takes a reward_model from an earlier stage: put a stage that trains one "
+        "before it, or set recipe.stages.ppo.objective.reward_model=<checkpoint>")
     with pytest.raises(ConfigError) as err:
         runner.plan(stages_of({"pretrain": {"stage": "tiny_pretrain", "optim": {"lr": 7}}}), tmp_path)
     assert err.value.key == "recipe.stages.pretrain" and "optim.lr: must be in (0, 1]" in str(err.value)
     assert not os.listdir(tmp_path)
+
+
+def test_a_stage_takes_what_it_needs_from_the_last_stage_that_provides_it(tmp_path):
+    """PPO needs a reward model (objectives/ppo.py NEEDS); the rm stage's objective provides one (PROVIDES): its
+    directory is the PPO stage's objective.reward_model, planned before either has run."""
+    planned = runner.plan(stages_of({"pretrain": {"stage": "tiny_pretrain"}, "sft": {"data": "instructions"},
+                                     "rm": {"data": "preferences"}, "ppo": {"data": "instructions"}}), tmp_path)
+    rm, ppo = planned[2], planned[3]
+    assert f"objective.reward_model={rm.dir}" in ppo.args and ppo.config.objective.reward_model == str(rm.dir)
+    assert f"stage.init_from={planned[1].dir}" in ppo.args  # the policy starts from SFT's, not the reward model's
+    assert f"stage.init_from={planned[1].dir}" in rm.args
 
 
 def fake_execute(calls):

@@ -142,6 +142,26 @@ def sft_cfg(tmp_path, base, *overrides):
                        "logger.progress_bar=false", *overrides)
 
 
+def test_a_checkpoint_and_data_of_different_tokenizers_are_refused_before_training(tmp_path, base_checkpoint):
+    """The same vocabulary size is not enough: data tokenized by another tokenizer.model (two pieces' ids swapped)
+    would be read as other text by the checkpoint; refused at start, naming both, before any step or file."""
+    from sentencepiece import sentencepiece_model_pb2 as model_pb2
+
+    from trainer.loop import train
+
+    proto = model_pb2.ModelProto()
+    proto.ParseFromString(open(os.path.join(base_checkpoint, "tokenizer.model"), "rb").read())
+    proto.pieces[100].piece, proto.pieces[101].piece = proto.pieces[101].piece, proto.pieces[100].piece
+    other = tmp_path / "other.model"
+    other.write_bytes(proto.SerializeToString())
+    with pytest.raises(ConfigError) as err:
+        train(sft_cfg(tmp_path, base_checkpoint, f"data.tokenizer.path={other}"), str(tmp_path / "run"))
+    assert err.value.key == "data.tokenizer.path"
+    assert str(err.value).startswith(f"data.tokenizer.path: stage.init_from={base_checkpoint} and data=repeat use "
+                                     f"different tokenizers ({os.path.join(base_checkpoint, 'tokenizer.model')}: ")
+    assert not os.path.exists(tmp_path / "run" / "checkpoints")
+
+
 @pytest.mark.slow
 def test_sft_stage_trains_from_a_checkpoint_in_process(tmp_path, base_checkpoint):
     from trainer.loop import train

@@ -48,6 +48,10 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     plugin = objective_plugin(cfg.objective.name)
     data = build_data(cfg.data, rows_per_batch, dp_rank=dp_rank, dp_size=dp, seed=t.seed,
                       eval_batches=t.eval_batches, spec=plugin.row_spec(cfg.objective))
+    if cfg.stage.init_from:  # the checkpoint must read the data's ids as the same text
+        checkpoint.check_same_tokenizer("data.tokenizer.path", f"stage.init_from={cfg.stage.init_from}",
+                                        checkpoint.tokenizer_of(cfg.stage.init_from), f"data={cfg.data.name}",
+                                        str(data.tokenizer.path))
 
     model = build_model(cfg.model, cfg.data.seq_len, cfg.precision.compute_dtype, cfg.device.target, t.seed, sharded)
     if cfg.stage.init_from:

@@ -79,6 +79,13 @@ def attention_kind(cfg: Config, device_target: str, compute_dtype: str, sharded:
     return "fused" if "attention" in kernel_libraries(cfg, compute_dtype, device_target, sharded) else "plain"
 
 
+def export_mindformers(cfg, weights: dict, out_dir: str) -> None:
+    """A MindFormers .ckpt and run YAML of a checkpoint's config and weights (models/llama/mindformers.py)."""
+    from models.llama.mindformers import export_checkpoint
+
+    export_checkpoint(cfg, weights, out_dir)
+
+
 def recompute_cells(model, mode: str) -> list:
     """full: each decoder layer; selective: only the attention core's scores/softmax block (each query block
     when model.attention_chunk is set), or flash attention's core. The fused kernel keeps no scores: selective has
