@@ -48,12 +48,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = ArgumentParser(prog="python -m evaluate", description=__doc__.split("\n\n")[0],
                             epilog="eval.<key>=value (default, what it sets):\n" + eval_keys_help(),
                             formatter_class=RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", help="a checkpoint directory (.../checkpoints/step_NNNNNN)")
+    parser.add_argument("checkpoint", help="a checkpoint: a run directory, its checkpoints/ or latest, or a step "
+                        "directory (.../checkpoints/step_NNNNNN)")
     parser.add_argument("overrides", nargs="*", help="train.py overrides, tasks=[...], eval.<key>=value")
     parser.add_argument("--out", default=None, help="JSON results file (default: CKPT/eval.json)")
     parser.add_argument("--tasks-dir", default=None, help="where task names are looked up (default: "
                         "${MINDLAB_DATA_DIR:-~/.cache/mindlab/data}/tasks)")
     args = parser.parse_intermixed_args(argv)
+    from base import checkpoint
     from base.registry import OBJECTIVES
     from evaluation.report import format_report
     from evaluation.run import run
@@ -61,6 +63,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from trainer.runtime import init_runtime
 
     eval_cfg, task_names, overrides = split_arguments(args.overrides)
+    args.checkpoint = checkpoint.resolve(args.checkpoint)  # a run, its checkpoints/, `latest` or a step
     cfg = compose_config(args.checkpoint, overrides)
     if task_names is None and not hasattr(OBJECTIVES[cfg.objective.name].Objective, "token_nll"):
         task_names = []  # the built tasks are scored by log-likelihood: an objective with a per-token NLL's

@@ -37,8 +37,12 @@ def parse_args(argv: Optional[List[str]]):
                             formatter_class=RawDescriptionHelpFormatter)
     parser.add_argument("source", metavar="CKPT_OR_HF_DIR", help="mindlab checkpoint dir or Hugging Face Llama dir")
     prompts = parser.add_mutually_exclusive_group(required=True)
-    prompts.add_argument("--prompt", help="one prompt (streamed to stdout)")
-    prompts.add_argument("--prompts-file", help="JSONL, one {\"prompt\": ...} per line")
+    prompts.add_argument("--prompt", help="one prompt, as it is (streamed to stdout)")
+    prompts.add_argument("--instruction", help="one instruction, wrapped in the checkpoint's own template (data."
+                         "template: the prompt its SFT trained it to answer after; streamed to stdout)")
+    prompts.add_argument("--prompts-file", help="JSONL, one object per line: {\"prompt\": ...} as it is, "
+                         "{\"instruction\": ...[, \"input\": ...]} or {\"messages\": [{\"role\", \"content\"}, ...]} "
+                         "in the checkpoint's template")
     parser.add_argument("--out", help="write the samples here as JSONL (default: stdout for a prompts file)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=1.0, help="0: greedy (default 1)")
@@ -74,11 +78,13 @@ def unescape(text: str) -> str:
 
 
 def read_prompts(args) -> List[dict]:
-    """[{"prompt": str, ...}] with `where` (the argument or file:line) for error messages."""
-    if args.prompt is not None:
-        if not args.prompt:
-            raise UsageError("--prompt: the prompt is empty")
-        return [{"prompt": args.prompt, "where": "--prompt"}]
+    """[{"prompt" | "instruction" | "messages": ..., ...}] with `where` (the argument or file:line) for errors."""
+    for flag, key in (("--prompt", "prompt"), ("--instruction", "instruction")):
+        value = getattr(args, key)
+        if value is not None:
+            if not value:
+                raise UsageError(f"{flag}: the {key} is empty")
+            return [{key: value, "where": flag}]
     if not os.path.isfile(args.prompts_file):
         raise UsageError(f"--prompts-file: no such file: {args.prompts_file}")
     records = []
@@ -91,10 +97,16 @@ def read_prompts(args) -> List[dict]:
                 record = json.loads(line)
             except json.JSONDecodeError as err:
                 raise UsageError(f"{where}: not a JSON object ({err})") from None
-            if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
-                raise UsageError(f'{where}: needs a "prompt" string, as {{"prompt": "..."}}')
-            if not record["prompt"]:
-                raise UsageError(f"{where}: the prompt is empty")
+            kinds = [k for k in ("prompt", "instruction", "messages") if isinstance(record, dict) and k in record]
+            if len(kinds) != 1 or not isinstance(record[kinds[0]], list if kinds[0] == "messages" else str):
+                raise UsageError(f'{where}: needs one of a "prompt" or an "instruction" string, or a "messages" list, '
+                                 'as {"instruction": "..."}')
+            if not record[kinds[0]]:
+                raise UsageError(f"{where}: the {kinds[0]} is empty")
+            if kinds[0] == "messages" and not all(isinstance(m, dict) and m.get("role") in ("system", "user", "assistant")
+                                                  and isinstance(m.get("content"), str) for m in record["messages"]):
+                raise UsageError(f'{where}: each message needs a "role" (system, user or assistant) and a "content" '
+                                 "string")
             records.append({**record, "where": where})
     if not records:
         raise UsageError(f"{args.prompts_file}: no prompts in the file")
@@ -102,15 +114,13 @@ def read_prompts(args) -> List[dict]:
 
 
 def checkpoint_dir(source: str) -> str:
-    """The directory holding config.yaml + model.safetensors (following a run's `latest`), or an HF dir."""
-    if not os.path.isdir(source):
+    """The directory holding config.yaml + model.safetensors (a run, its checkpoints/ or `latest` followed:
+    base/checkpoint.py resolve), or an HF dir."""
+    from base.checkpoint import resolve
+
+    if not os.path.exists(source):
         raise UsageError(f"CKPT_OR_HF_DIR: no such directory: {source}")
-    for root in (source, os.path.join(source, "checkpoints")):
-        latest = os.path.join(root, "latest")
-        if os.path.isfile(latest):
-            with open(latest, encoding="utf-8") as f:
-                return os.path.join(root, f.read().strip())
-    return source
+    return resolve(source)
 
 
 def load(source: str, workdir: str):
@@ -150,11 +160,19 @@ def load(source: str, workdir: str):
     return model_cfg, path, tokenizer
 
 
-def encode_prompts(records, tokenizer, context: int, max_new_tokens: int) -> List[List[int]]:
-    """Token ids per prompt, checked against the model's context (max_position_embeddings)."""
+def encode_prompts(records, tokenizer, context: int, max_new_tokens: int, template: dict) -> List[List[int]]:
+    """Token ids per prompt, checked against the model's context (max_position_embeddings). An instruction or a
+    chat is wrapped in `template` first, as training rendered it (its text becomes the record's "prompt")."""
+    from data.samples import encode_parts, prompt_parts
+
     encoded = []
     for r in records:
-        ids = tokenizer.encode(r["prompt"])
+        if "prompt" in r:
+            ids = tokenizer.encode(r["prompt"])
+        else:
+            parts = prompt_parts(r, template)
+            ids = encode_parts(tokenizer, parts)[0]
+            r["prompt"] = "".join(text for text, _ in parts if text is not None)
         if not ids:
             raise UsageError(f"{r['where']}: the prompt encodes to no tokens")
         if len(ids) > context:
@@ -195,7 +213,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     records = read_prompts(args)
     with tempfile.TemporaryDirectory(prefix="mindlab-generate-") as workdir:
         model_cfg, path, tokenizer = load(args.source, workdir)
-        prompts = encode_prompts(records, tokenizer, model_cfg.max_position_embeddings, args.max_new_tokens)
+        from data.samples import template_of
+
+        template = template_of(OmegaConf.load(os.path.join(path, "config.yaml")))
+        prompts = encode_prompts(records, tokenizer, model_cfg.max_position_embeddings, args.max_new_tokens, template)
+        if template["assistant_end"] and any("instruction" in r or "messages" in r for r in records):
+            args.stop = args.stop + [template["assistant_end"]]  # a templated answer ends with it, then eos
         model = build(model_cfg, path, args.device)  # reads the weights: the temp dir may go after this
     from models.generation import generator
 
@@ -227,7 +250,7 @@ def run(args, gen, tokenizer, records, prompts) -> None:
     bucket = gen.prompt_bucket
     width = -(-max(len(p) for p in prompts) // bucket) * bucket  # one prompt length for all batches
     batch_size = min(args.batch_size, len(prompts))
-    single = args.prompt is not None
+    single = args.prompt is not None or args.instruction is not None
     out = open(args.out, "w", encoding="utf-8") if args.out else (None if single else sys.stdout)
     options = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                    repetition_penalty=args.repetition_penalty, eos_id=eos_id, stop=args.stop, seed=args.seed,

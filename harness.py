@@ -51,6 +51,7 @@ class MindlabLM:
 
     def __init__(self, checkpoint: str, batch_size: int = 8, max_length: Optional[int] = None,
                  overrides: Sequence[str] = ()):
+        from base.checkpoint import resolve
         from base.registry import OBJECTIVES
         from data import Tokenizer
         from evaluation.config import compose_config
@@ -58,6 +59,7 @@ class MindlabLM:
         from evaluation.scorer import LoglikelihoodScorer
         from trainer.runtime import init_runtime
 
+        checkpoint = resolve(checkpoint)  # a run, its checkpoints/, `latest` or a step
         cfg = compose_config(checkpoint, list(overrides))
         self.tokenizer = Tokenizer(os.path.join(checkpoint, "tokenizer.model"))
         objective = OBJECTIVES[cfg.objective.name].Objective(cfg.objective, self.tokenizer, cfg.trainer.seed)

@@ -108,6 +108,44 @@ def render_pair(pair: dict, t: Dict[str, str]) -> List[List[Part]]:
     return [sample(pair["chosen"]), sample(pair["rejected"])]
 
 
+def template_of(config) -> Dict[str, str]:
+    """The template a run's instruction samples were rendered with: its config's data.template (a checkpoint's
+    config.yaml; alpaca's without one)."""
+    saved = OmegaConf.select(config, "data.template") or {}
+    return template_parts(OmegaConf.merge(OmegaConf.structured(TemplateConfig), saved))
+
+
+def prompt_parts(record: dict, t: Dict[str, str]) -> List[Part]:
+    """What a model trained on these samples is prompted with, as it saw it in training: an instruction (and
+    input) as the alpaca prompt, or a chat's messages (earlier assistant turns closed by their eos) then the
+    assistant's start. Generation (`python -m generate --instruction`) continues after it."""
+    if "messages" in record:
+        return render({"messages": list(record["messages"])}, "chat", t) + [(t["assistant_start"], False)]
+    return render({"instruction": record["instruction"], "input": record.get("input", ""), "output": ""},
+                  "alpaca", t)[:1]
+
+
+def chat_template(t: Dict[str, str]) -> str:
+    """The template as a Hugging Face chat template (Jinja), rendering what training rendered: a single user message
+    as the alpaca prompt without input (what an instruction sample is prompted with), any other conversation turn by
+    turn (system, user, assistant with its end and eos); add_generation_prompt adds the assistant's start."""
+    def lit(text: str) -> str:
+        return json.dumps(text)
+
+    def fill(part: str, field: str) -> str:  # "...{field}..." -> a Jinja expression around the message's content
+        before, _, after = part.partition("{" + field + "}")
+        return f"{lit(before)} + message['content'] + {lit(after)}"
+
+    return ("{%- if messages|length == 1 and messages[0]['role'] == 'user' -%}"
+            "{%- for message in messages -%}{{ " + fill(t["prompt_no_input"], "instruction") + " }}{%- endfor -%}"
+            "{%- else -%}{%- for message in messages -%}"
+            "{%- if message['role'] == 'system' -%}{{ " + fill(t["system"], "content") + " }}"
+            "{%- elif message['role'] == 'user' -%}{{ " + fill(t["user"], "content") + " }}"
+            "{%- else -%}{{ " + lit(t["assistant_start"]) + " + message['content'] + " + lit(t["assistant_end"]) +
+            " + eos_token }}{%- endif -%}{%- endfor -%}"
+            "{%- if add_generation_prompt -%}{{ " + lit(t["assistant_start"]) + " }}{%- endif -%}{%- endif -%}")
+
+
 def encode_parts(tokenizer: Tokenizer, parts: List[Part]) -> Tuple[List[int], List[int]]:
     """(ids, loss flags). Consecutive text parts are encoded as one string (so no token boundary is forced
     between them); a token carries loss when its last byte is in a loss-bearing part."""

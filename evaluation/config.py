@@ -8,8 +8,8 @@ checkpoint's own config, and the `eval.<key>=value` / `tasks=[...]` arguments, w
     (`data=_checkpoint`, ...), so the validation rows, their batches and BERT's validation masks are the ones
     its training evaluated (the `loss` column reproduces metrics.jsonl's val_loss); `data=<preset>` and
     `data.seq_len=512` work as in train.py. A checkpoint that trained on instruction samples or preference
-    pairs (SFT, RM, DPO, PPO) is scored on documents with train.py's default objective (objective=clm), as the
-    language model it is.
+    pairs (SFT, RM, DPO, PPO) is scored as the language model it is (train.py's default objective, clm) on the
+    documents of the run it descends from (stage.init_from, back to its pretraining: `documents_of`).
   - the tokenizer is the checkpoint's tokenizer.model: the data's cache is reused as it is when it was built
     with that very file (the training run's own data), else data.tokenizer.path points at a copy of it named
     by its SHA-256 under data.cache_dir/tokenizers/, so every checkpoint of a run shares one prepared cache.
@@ -114,6 +114,28 @@ def _sample_data(data) -> bool:
     return any(s.kind in SAMPLE_KINDS for s in data.sources)
 
 
+def documents_of(saved: DictConfig, saved_file: str) -> DictConfig:
+    """The documents a checkpoint is evaluated on by default: its own data, or, for one that trained on instruction
+    samples or preference pairs (SFT, RM, DPO, PPO), the data of the checkpoint it started from, and so on back to
+    the pretraining run it descends from (stage.init_from)."""
+    from base import checkpoint
+
+    config, where = saved, saved_file
+    for _ in range(16):
+        if "data" not in config:
+            raise ConfigError("data", f"{where} names no data (a converted model?); give one, e.g. data=default")
+        if not _sample_data(config.data):
+            return config.data
+        start = OmegaConf.select(config, "stage.init_from")
+        path = os.path.join(checkpoint.resolve(start), "config.yaml") if start and os.path.exists(start) else None
+        if path is None or not os.path.isfile(path):
+            raise ConfigError("data", f"{saved_file} trained on samples (data={saved.data.name}) and the checkpoint it "
+                              f"started from ({start}) is not there to say which documents it knows; give them, e.g. "
+                              "data=default or data=corpora_5dom")
+        config, where = OmegaConf.load(path), path
+    raise ConfigError("data", f"{saved_file}: no pretraining data found along its stage.init_from chain; give data=")
+
+
 def compose_config(ckpt: str, overrides: Sequence[str]) -> DictConfig:
     """train.py's composition of `overrides` over the checkpoint's model (and, unless overridden, its data,
     objective and validation batching), validated; data.tokenizer set to the checkpoint's tokenizer."""
@@ -142,13 +164,8 @@ def compose_config(ckpt: str, overrides: Sequence[str]) -> DictConfig:
     store.store(group="model", name=CHECKPOINT_PRESET, node=model_node)
     head = [f"model={CHECKPOINT_PRESET}"]
     if "data" not in given:
-        if "data" not in saved:
-            raise ConfigError("data", f"{saved_file} names no data (a converted model?); give one, e.g. data=default")
-        if _sample_data(saved.data):
-            raise ConfigError("data", f"the checkpoint trained on instruction samples (data={saved.data.name}); "
-                              "evaluate it on documents, e.g. data=corpora_5dom or data=default")
-        store.store(group="data", name=CHECKPOINT_PRESET, node=OmegaConf.merge(OmegaConf.structured(DataConfig),
-                                                                              saved.data))
+        data = documents_of(saved, saved_file)
+        store.store(group="data", name=CHECKPOINT_PRESET, node=OmegaConf.merge(OmegaConf.structured(DataConfig), data))
         head.append(f"data={CHECKPOINT_PRESET}")
     # the objective it trained with on documents (its rows, BERT's validation masks); one that trained on samples
     # or pairs leaves train.py's default, a language model of documents

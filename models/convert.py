@@ -24,6 +24,7 @@ from omegaconf import OmegaConf
 
 from base.checkpoint import CheckpointError, resolve
 from base.outputs import output_dir
+from data.samples import chat_template, template_of
 from base.errors import ArgumentParser, UsageError, entry_point
 from models import FAMILIES, family
 
@@ -111,7 +112,9 @@ def export_hf(ckpt_dir: str, out_dir: str, merge_lora: bool = False, location: O
             config.update(adapter.REWARD_MODEL)
         json.dump(config, f, indent=2)
     if os.path.exists(tokenizer):
-        adapter.save_tokenizer(tokenizer, out_dir)
+        adapter.save_tokenizer(tokenizer, out_dir, chat_template(template_of(cfg)))
+    if hasattr(adapter, "save_generation_config"):  # a family that generates
+        adapter.save_generation_config(cfg.model, out_dir)
 
 
 def export_mindformers(ckpt_dir: str, out_dir: str) -> None:

@@ -507,3 +507,33 @@ def test_passkey_rows_hide_the_key_at_the_depth_and_score_by_likelihood(tok):
     assert passkey_accuracy(Oracle(lambda r: not needle_key(r)), tok, [128], [0.5], 4)["128"]["0.5"] == 0.0
     # scored 2 rows at a time (3 rounds down to a divisor of 10): the same rows, in the same order
     assert passkey_accuracy(Oracle(needle_key), tok, [128], [0.5], 4, batch_size=3)["128"]["0.5"] == 1.0
+
+
+def test_an_sft_checkpoint_is_evaluated_on_the_documents_of_the_run_it_descends_from(tmp_path, base_checkpoint):
+    """No data= given: a checkpoint that trained on instruction samples (or pairs) is scored as a language model
+    on the documents of the checkpoint it started from (stage.init_from), back to its pretraining; given as a run
+    directory or its `latest`, as every checkpoint argument."""
+    import shutil
+
+    from omegaconf import OmegaConf
+
+    from base import checkpoint
+    from evaluation.config import compose_config
+
+    run = tmp_path / "sft_run"
+    step = run / "checkpoints" / "step_000010"
+    shutil.copytree(base_checkpoint, step)
+    (run / "checkpoints" / "latest").write_text("step_000010\n")
+    saved = OmegaConf.load(step / "config.yaml")
+    saved.data = OmegaConf.merge(saved.data, {"name": "instructions", "sources": [
+        {"name": "instructions", "kind": "alpaca", "paths": ["/nowhere/train.jsonl"]}]})
+    saved.stage.init_from = base_checkpoint
+    OmegaConf.save(saved, step / "config.yaml")
+    cfg = compose_config(checkpoint.resolve(str(run)), [])
+    base = OmegaConf.load(os.path.join(base_checkpoint, "config.yaml"))
+    assert cfg.data.name == base.data.name and [s.name for s in cfg.data.sources] == [s.name for s in base.data.sources]
+    assert cfg.objective.name == "clm"
+    saved.stage.init_from = str(tmp_path / "gone")
+    OmegaConf.save(saved, step / "config.yaml")
+    with pytest.raises(ConfigError, match="is not there to say which documents it knows; give them, e.g. data="):
+        compose_config(str(step), [])

@@ -18,7 +18,7 @@ from base import checkpoint
 from conftest import ROOT, load_preset
 from data.tokenizer import Tokenizer
 from models import build_model
-from models.convert import export_hf
+from models.convert import export_hf, main as cli_convert
 from models.llama.generation import Generator, choose, filter_top_k_top_p, penalize_repetition
 
 LINES = ["To be, or not to be, that is the question:", "Shall I compare thee to a summer's day?",
@@ -258,3 +258,43 @@ def test_cli_as_a_process_exits_2_without_a_traceback(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == f"error: CKPT_OR_HF_DIR: no such directory: {tmp_path / 'nowhere'}\n"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("template", ["alpaca", "chatml"])
+def test_an_instruction_is_prompted_as_the_checkpoints_training_template_renders_it(ckpt, tmp_path, template):
+    """`--instruction` and prompts-file instructions / chats are wrapped in the checkpoint's data.template: the
+    prompt is the text (and the ids) SFT trained the model to answer after; the HF export's chat template renders
+    the same text for transformers' apply_chat_template."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from data.samples import encode_parts, prompt_parts, render, template_of
+
+    _, path, tok = ckpt
+    copy = tmp_path / "ckpt"
+    shutil.copytree(path, copy)
+    saved = OmegaConf.load(copy / "config.yaml")
+    saved.data = {"template": {"name": template}}
+    OmegaConf.save(saved, copy / "config.yaml")
+    t = template_of(saved)
+    expected = render({"instruction": "Name a colour.", "input": "", "output": ""}, "alpaca", t)[0][0]
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"instruction": "Name a colour."}) + "\n" + json.dumps({"messages": chat}) + "\n")
+    out = tmp_path / "samples.jsonl"
+    assert cli.main([str(copy), "--prompts-file", str(prompts), "--out", str(out), "--max-new-tokens", "4",
+                     "--temperature", "0"]) == 0
+    first, second = [json.loads(line) for line in out.read_text().splitlines()]
+    assert first["instruction"] == "Name a colour." and first["prompt"] == expected
+    assert second["prompt"] == "".join(text for text, _ in prompt_parts({"messages": chat}, t))
+    assert encode_parts(tok, prompt_parts({"instruction": "Name a colour."}, t))[0] == tok.encode(expected)
+
+    hf_dir = tmp_path / "hf"
+    assert cli_convert([str(copy), str(hf_dir), "--to", "hf"]) == 0
+    hf_tok = AutoTokenizer.from_pretrained(str(hf_dir))
+    assert hf_tok.apply_chat_template([{"role": "user", "content": "Name a colour."}], tokenize=False,
+                                      add_generation_prompt=True) == expected
+    assert hf_tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == second["prompt"]
+    assert json.loads((hf_dir / "generation_config.json").read_text())["eos_token_id"] == tok.eos_id

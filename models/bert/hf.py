@@ -11,7 +11,7 @@ No transformers import here: the functions work on numpy arrays and plain dicts.
 """
 import os
 import shutil
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import numpy as np
 
@@ -100,7 +100,8 @@ def config_from_hf(hf: Dict[str, Any], where: str) -> Dict[str, Any]:
     }
 
 
-def save_tokenizer(tokenizer_file: str, out_dir: str) -> None:
+def save_tokenizer(tokenizer_file: str, out_dir: str, chat_template: Optional[str] = None) -> None:
     """The sentencepiece model as is: transformers' BERT tokenizers are WordPiece, which it is not. Load it with
-    sentencepiece (or mindlab's data.tokenizer.Tokenizer); [CLS] [SEP] [MASK] are whole pieces 4, 5, 6."""
+    sentencepiece (or mindlab's data.tokenizer.Tokenizer); [CLS] [SEP] [MASK] are whole pieces 4, 5, 6. An
+    encoder is not prompted: `chat_template` is not written."""
     shutil.copy(tokenizer_file, os.path.join(out_dir, "tokenizer.model"))

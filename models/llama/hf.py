@@ -7,7 +7,7 @@ yarn, llama3: transformers builds equal tables); fixed NTK (a raised base) is ex
 `rope_theta` itself, which is the same function.
 """
 import re
-from typing import Dict
+from typing import Dict, Optional
 
 import numpy as np
 
@@ -127,9 +127,20 @@ def config_from_hf(hf: dict, where: str) -> dict:
     return model
 
 
-def save_tokenizer(tokenizer_file: str, out_dir: str) -> None:
-    """The sentencepiece model as a Hugging Face LlamaTokenizer (tokenizer.model + its config files)."""
+def save_tokenizer(tokenizer_file: str, out_dir: str, chat_template: Optional[str] = None) -> None:
+    """The sentencepiece model as a Hugging Face LlamaTokenizer (tokenizer.model + its config files), with the
+    training template as its chat template (`apply_chat_template` then renders what SFT trained on)."""
     from transformers import LlamaTokenizer
 
-    LlamaTokenizer(vocab_file=tokenizer_file, add_bos_token=False, add_eos_token=False, legacy=False,
-                   pad_token="<pad>").save_pretrained(out_dir)
+    tokenizer = LlamaTokenizer(vocab_file=tokenizer_file, add_bos_token=False, add_eos_token=False, legacy=False,
+                               pad_token="<pad>")
+    tokenizer.chat_template = chat_template
+    tokenizer.save_pretrained(out_dir)
+
+
+def save_generation_config(m, out_dir: str) -> None:
+    """generation_config.json: the special tokens generation stops at and pads with, and the context length."""
+    from transformers import GenerationConfig
+
+    GenerationConfig(bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
+                     max_length=rope_scaling_to_hf(m)[2]).save_pretrained(out_dir)
