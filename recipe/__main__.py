@@ -20,7 +20,7 @@ from base.errors import ConfigError, entry_point
 from base.paths import REPO_ROOT
 from plugins import register
 from recipe import report
-from recipe.runner import RECORD, plan, run
+from recipe.runner import RECORD, build_datasets, check_links, dry_run_report, plan, run
 from recipe.spec import parse
 
 RECIPES = REPO_ROOT / "conf" / "recipe"
@@ -31,12 +31,13 @@ def _register() -> None:
     `common` and `stages` stay open: `recipe.stages.sft.optim.lr=3e-4` adds a key the recipe file does not set."""
     register()
     cs = ConfigStore.instance()
-    base = OmegaConf.create({"name": "???", "metric": None, "goal": "max", "common": {}, "stages": {}})
+    base = OmegaConf.create({"name": "???", "metric": None, "goal": "max", "datasets": [], "common": {}, "stages": {}})
     for node in (base, base.common, base.stages):
         OmegaConf.set_struct(node, False)
     cs.store(group="recipe", name="base_recipe", node=base)
     cs.store(name="recipe_app", node=OmegaConf.create({
         "defaults": [{"recipe": "???"}, "_self_"],
+        "dry_run": False,  # plan every stage (train.py's dry run for the training ones) and run nothing
         "hydra": {"job": {"chdir": False},
                   "run": {"dir": "recipes/${now:%Y-%m-%d}/${now:%H-%M-%S}"},
                   "sweep": {"dir": "recipes/multirun/${now:%Y-%m-%d}/${now:%H-%M-%S}", "subdir": "${hydra.job.num}"},
@@ -56,6 +57,11 @@ def app(cfg: DictConfig) -> None:
     presets = sorted(p.stem for p in (REPO_ROOT / "conf" / "stage").glob("*.yaml"))
     stages = parse(cfg.recipe, declared, presets)
     planned = plan(stages, root)
+    if cfg.dry_run:
+        print(dry_run_report(planned))
+        return
+    check_links(planned, job_dir)  # a changed stage in this directory is refused before anything is built
+    build_datasets(list(cfg.recipe.datasets))
     variant = hc.job.override_dirname or job_dir.name
     record = {"recipe": name, "variant": variant, "overrides": list(hc.overrides.task), "metric": cfg.recipe.metric,
               "goal": cfg.recipe.goal, "stages": []}
@@ -70,7 +76,7 @@ def app(cfg: DictConfig) -> None:
 def main(argv=None) -> None:
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
-    if len(sys.argv) > 1 and not any(a.startswith("recipe=") for a in sys.argv[1:]) and "--help" not in sys.argv:
+    if not any(a.startswith(("recipe=", "--")) for a in sys.argv[1:]):
         choices = ", ".join(sorted(p.stem for p in RECIPES.glob("*.yaml")))
         raise ConfigError("recipe", f"name a recipe: python -m recipe recipe=<name>, one of {choices}")
     app()

@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from hydra.experimental.callback import Callback
+
 from base.errors import ArgumentParser, UsageError, entry_point
 from base.outputs import owned_files
 
@@ -71,6 +73,12 @@ def load_variant(job_dir: Path) -> dict:
         stage["samples"] = _lines(samples) if samples.is_file() else []
     record["dir"] = str(job_dir)
     return record
+
+
+def variants_in(directory) -> bool:
+    """Whether `directory` is a recipe run or a sweep of them."""
+    directory = Path(directory)
+    return (directory / RECORD).is_file() or any((p / RECORD).is_file() for p in directory.iterdir() if p.is_dir())
 
 
 def variants(directory: Path) -> List[dict]:
@@ -212,14 +220,14 @@ def write(directory: Path) -> Path:
     return directory / REPORT
 
 
-class SweepReport:
+class SweepReport(Callback):
     """Hydra callback of `python -m recipe -m ...`: the sweep's report.html once every variant has run."""
 
     def on_multirun_end(self, config, **kwargs) -> None:
         from hydra.core.hydra_config import HydraConfig
 
         sweep = Path(HydraConfig.get().sweep.dir)
-        if any((p / RECORD).is_file() for p in sweep.iterdir() if p.is_dir()):
+        if sweep.is_dir() and variants_in(sweep):
             print(f"[recipe] sweep report: {write(sweep)}")
 
 

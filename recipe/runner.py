@@ -202,6 +202,44 @@ def stage_commands(p: Planned, workdir: Path, variant: str) -> List[List[str]]:
     return commands
 
 
+# datasets a recipe may ask for: name -> (the builder's command, what it writes under the data dir: base/paths.py)
+DATASETS = {"instructions": (["-m", "builders.instructions"], "instructions"),
+            "preferences": (["-m", "builders.preferences"], "preferences"),
+            "tasks": (["-m", "builders.tasks", "build"], "tasks")}
+
+
+def build_datasets(names: List[str], stream=sys.stdout) -> None:
+    """Build each dataset the recipe names whose directory is not there yet (builders/), in order."""
+    from base.paths import data_dir
+
+    for name in names:
+        if name not in DATASETS:
+            raise ConfigError("recipe.datasets", f"no builder for {name!r}; choose from {', '.join(DATASETS)}")
+        args, out = DATASETS[name]
+        if (data_dir() / out).is_dir():
+            continue
+        print(f"[recipe] building {name}: python {' '.join(args)}", file=stream, flush=True)
+        (data_dir()).mkdir(parents=True, exist_ok=True)
+        code = execute([sys.executable, *args], data_dir() / f"{out}.build.log", stream)
+        if code != 0:
+            raise StageFailed(f"building {name} failed (exit {code}; its log: {data_dir() / f'{out}.build.log'})")
+
+
+def dry_run_report(planned: List[Planned]) -> str:
+    """Each stage's plan: a training stage's dry-run report (layout, memory, time), an evaluation's command."""
+    from planner.dry_run import dry_run_report as train_report
+
+    parts = []
+    for p in planned:
+        head = f"=== stage {p.stage.dirname} ({p.stage.kind}) -> {p.dir}"
+        if p.config is None:
+            parts.append(f"{head}\n  python -m evaluate <{p.source.stage.name}'s checkpoint> {' '.join(p.args)}")
+        else:
+            parts.append(f"{head}\n  python train.py {' '.join(p.args)}\n\n" +
+                         train_report(OmegaConf.merge(p.config, {"dry_run": True})))
+    return "\n\n".join(parts)
+
+
 def run(planned: List[Planned], job_dir: Path, variant: str, stream=sys.stdout) -> List[dict]:
     """Run the stages that are not finished, in order; returns what recipe.json records about each."""
     check_links(planned, job_dir)
@@ -218,10 +256,11 @@ def run(planned: List[Planned], job_dir: Path, variant: str, stream=sys.stdout) 
             state = "reused" if finished(p) else "ran"
             if state == "ran":
                 print(f"[recipe] stage {p.stage.dirname}: {p.stage.kind} -> {p.dir}", file=stream, flush=True)
+                log = p.dir.parent / f"{p.dir.name}.log"  # beside the stage's directory, which is train.py's own
                 for command in stage_commands(p, p.dir, variant):
-                    code = execute(command, p.dir / "stage.log", stream)
+                    code = execute(command, log, stream)
                     if code != 0:
-                        raise StageFailed(f"stage {p.stage.name} failed (exit {code}; its log: {p.dir / 'stage.log'}); "
+                        raise StageFailed(f"stage {p.stage.name} failed (exit {code}; its log: {log}); "
                                           "fix what it says and run the same command again: finished stages are kept "
                                           "and this one resumes")
                 if p.stage.kind == "evaluate":

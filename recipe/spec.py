@@ -70,12 +70,23 @@ def override_value(value) -> str:
     return json.dumps(text).replace("'", "\\'")
 
 
+class Preset(dict):
+    """A group's preset with keys set on top of it: the recipe's common `model: 7b` and a stage's `model:
+    {recompute: selective}` are model=7b model.recompute=selective."""
+
+    def __init__(self, name: str, keys: dict):
+        super().__init__(keys)
+        self.name = name
+
+
 def flatten(node: dict, prefix: str = "") -> List[str]:
     """train.py overrides of a mapping: a string at a top-level config group is that group's preset (`data:
     instructions` -> data=instructions), nested mappings are keys (`optim: {lr: 1e-4}` -> optim.lr=0.0001)."""
     out = []
     for key, value in node.items():
-        if isinstance(value, dict):
+        if isinstance(value, Preset):
+            out += [f"{key}={value.name}"] + flatten(value, f"{prefix}{key}.")
+        elif isinstance(value, dict):
             out += flatten(value, f"{prefix}{key}.")
         elif not prefix and key in GROUPS and isinstance(value, str):
             out.append(f"{key}={value}")
@@ -85,10 +96,19 @@ def flatten(node: dict, prefix: str = "") -> List[str]:
 
 
 def merged(base: dict, over: dict) -> dict:
-    """`over` on top of `base`, mappings merged key by key (a stage's keys on top of the recipe's common ones)."""
+    """`over` on top of `base`, mappings merged key by key (a stage's keys on top of the recipe's common ones); at
+    a top-level group, a preset and keys on either side make both (Preset)."""
     out = dict(base)
     for key, value in over.items():
-        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        old = out.get(key)
+        if isinstance(value, dict) and isinstance(old, dict):
+            out[key] = Preset(old.name, merged(old, value)) if isinstance(old, Preset) else merged(old, value)
+        elif key in GROUPS and isinstance(value, str) and isinstance(old, dict) and not isinstance(old, Preset):
+            out[key] = Preset(value, old)
+        elif key in GROUPS and isinstance(value, dict) and isinstance(old, str):
+            out[key] = Preset(old, value)
+        else:
+            out[key] = value
     return out
 
 
@@ -123,7 +143,8 @@ def parse(recipe: DictConfig, declared: List[str], stage_presets: List[str]) -> 
         if kind == "evaluate":
             unknown = sorted(set(node) - set(EVALUATE_KEYS))
             if unknown:
-                raise ConfigError(f"{key}.{unknown[0]}", f"an evaluation stage takes {', '.join(EVALUATE_KEYS)}")
+                raise ConfigError(f"{key}.{unknown[0]}", f"an evaluation stage does not take {unknown[0]}; it takes "
+                                  f"{', '.join(EVALUATE_KEYS)}")
             source = node.pop("of", None) or last_train
             if source is None:
                 raise ConfigError(key, "an evaluation stage scores a training stage's checkpoint: put one before it")

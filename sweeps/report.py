@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 
 from base.errors import ArgumentParser, UsageError, UserError, entry_point
 from base.outputs import owned_files
+from recipe import report as recipe_report
 from sweeps import table
 from sweeps.page import render
 from sweeps.plots import curves, png, val_by_source
@@ -25,6 +26,8 @@ def build(sweep_dir: str, use_wandb: bool = True) -> str:
     """Write report.html and the PNGs into `sweep_dir`; returns report.html's path."""
     if not os.path.isdir(sweep_dir):
         raise UsageError(f"{sweep_dir}: no such directory; give a multirun dir, e.g. multirun/2026-11-30/10-00-00")
+    if recipe_report.variants_in(sweep_dir):  # a sweep of recipes (python -m recipe -m): stage by stage
+        return str(recipe_report.write(sweep_dir))
     runs = load_sweep(sweep_dir)
     if not runs:
         raise UserError(f"{sweep_dir}: no job dirs (holding .hydra/overrides.yaml) under it; give the multirun dir "

@@ -56,6 +56,7 @@ ENTRIES = {
     "tasks": ("builders.tasks", "python -m builders.tasks"),
     "preferences": ("builders.preferences", "python -m builders.preferences"),
     "harness": ("harness", "python -m harness"),
+    "recipe": ("recipe.__main__", "python -m recipe"),
 }
 
 

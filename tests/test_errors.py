@@ -91,6 +91,9 @@ class World:
         self.write("stranger/notes.txt", b"my notes\n")
         self.write("sweep_foreign_report/0/.hydra/overrides.yaml", b"- optim.lr=0.001\n")
         self.write("sweep_foreign_report/report.html", b"<p>my own report</p>\n")
+        self.recipe_run = self.path("recipe_run")  # a recipe directory whose SFT stage ran with another config
+        os.makedirs(os.path.join(self.recipe_run, "stages", "sft-000000000000"))
+        os.symlink(os.path.join("stages", "sft-000000000000"), os.path.join(self.recipe_run, "02-sft"))
         self.no_ckpt = self.path("ckpt/not_a_checkpoint")
         os.makedirs(self.no_ckpt)
         self.write("ckpt/not_a_checkpoint/notes.txt", b"just notes\n")
@@ -277,6 +280,28 @@ CASES = [
       "a sweep dir that is not there"),
     C("report: a report.html it did not write", "report", lambda w: [w.path("sweep_foreign_report")],
       lambda w: [w.path("sweep_foreign_report", "report.html")], 2, "a file of the report's name that is not its own"),
+    # ---------------------------------------------------------------------------------------------- recipe
+    C("recipe: none named", "recipe", lambda w: [f"hydra.run.dir={w.path('r0')}"], ["recipe", "tiny_chat"], 2),
+    C("recipe: unknown", "recipe", lambda w: ["recipe=nope", f"hydra.run.dir={w.path('r0')}"],
+      ["recipe=nope", "tiny_chat"], 2),
+    C("recipe: override for a stage it lacks", "recipe",
+      lambda w: ["recipe=tiny_chat", "recipe.stages.rm.optim.lr=1e-4", f"hydra.run.dir={w.path('r1')}"],
+      ["recipe.stages.rm", "pretrain, sft, dpo, evaluate"], 2, "an override naming a stage the recipe does not have"),
+    C("recipe: unknown stage preset", "recipe",
+      lambda w: ["recipe=tiny_chat", "recipe.stages.sft.stage=sfft", f"hydra.run.dir={w.path('r2')}"],
+      ["recipe.stages.sft.stage", "sfft"], 2),
+    C("recipe: evaluation before training", "recipe",
+      lambda w: ["recipe=bert_tiny", "~recipe.stages.mlm.stage", "recipe.stages.mlm.kind=evaluate",
+                 f"hydra.run.dir={w.path('r3')}"],
+      ["recipe.stages.mlm", "training stage"], 2, "an evaluation stage with no training stage before it"),
+    C("recipe: a stage that cannot start", "recipe",
+      lambda w: ["recipe=tiny_chat", "~recipe.stages.pretrain.stage", "recipe.stages.pretrain.kind=evaluate",
+                 "recipe.stages.pretrain.of=dpo",
+                 f"hydra.run.dir={w.path('r4')}"], ["recipe.stages.pretrain.of", "dpo"], 2),
+    C("recipe: changed stage in its directory", "recipe",
+      lambda w: ["recipe=tiny_chat", f"hydra.run.dir={w.recipe_run}"],
+      lambda w: ["recipe.stages.sft", w.recipe_run, "another config"], 2, "rerunning a recipe directory with a "
+      "stage's config changed"),
     C("report: no runs", "report", lambda w: [w.sweep_empty], lambda w: [w.sweep_empty, "overrides.yaml"], 1),
     C("report: corrupt metrics", "report", lambda w: [w.path("sweep_bad_metrics")],
       lambda w: [w.path("sweep_bad_metrics", "0", "metrics.jsonl") + ":2"], 1, "a corrupt metrics.jsonl in a sweep"),
@@ -372,7 +397,8 @@ def world(tmp_path_factory, tokenizer_file):
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_bad_input_is_one_clear_line(case, world):
-    protected = (world.run, world.cache, world.ckpt, world.stranger, world.path("sweep_foreign_report"))
+    protected = (world.run, world.cache, world.ckpt, world.stranger, world.path("sweep_foreign_report"),
+                 world.recipe_run)
     before = snapshot(*protected)
     out = invoke(case.entry, case.argv(world), case.env)
     assert not out.traceback, f"a traceback instead of one error line:\n{out.err[-3000:]}"

@@ -31,6 +31,13 @@ def test_a_mapping_becomes_train_py_overrides():
         "stage.allow_random_init=true"]
 
 
+def test_a_preset_and_keys_of_the_same_group_make_both():
+    stages = stages_of({"pretrain": {"stage": "tiny_pretrain", "model": {"recompute": "full"}, "data": "wiki"}},
+                       common={"model": "small", "data": {"seq_len": 128}})
+    assert stages[0].overrides == ["stage=tiny_pretrain", "model=small", "model.recompute=full", "data=wiki",
+                                   "data.seq_len=128"]
+
+
 def test_stages_chain_in_order_with_common_keys_under_their_own():
     stages = stages_of({"pretrain": {"stage": "tiny_pretrain"}, "sft": {"model": "small", "optim": {"lr": 1e-4}},
                         "evaluate": {"kind": "evaluate", "data": "default", "eval": {"batches": 2}}},
@@ -168,7 +175,7 @@ def test_a_failed_stage_stops_the_recipe_with_one_line_and_keeps_what_finished(t
 
     monkeypatch.setattr(runner, "execute", failing)
     planned = runner.plan(stages_of(CHAIN), tmp_path)
-    with pytest.raises(runner.StageFailed, match="stage sft failed \\(exit 1; its log: .*stage.log\\)"):
+    with pytest.raises(runner.StageFailed, match="stage sft failed \\(exit 1; its log: .*sft-.*\\.log\\)"):
         runner.run(planned, tmp_path, "v")
     assert runner.finished(planned[0]) and not runner.finished(planned[1])
 
@@ -185,3 +192,105 @@ def test_the_report_puts_every_stage_of_every_variant_side_by_side(tmp_path, mon
     assert table[0] == ("| variant | pretrain/loss | pretrain/val_loss | sft/loss | sft/val_loss | evaluate/loss | "
                         "evaluate/bits_per_byte |")
     assert table[2].startswith("| lr0 (best) | 1.5000 | 1.2500 |") and table[3].startswith("| lr1 | 1.5000")
+
+
+# --- real stages: train.py, evaluate and generate processes on model=tiny ---------------------------------------
+
+def synthetic_alpaca(path: Path) -> str:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    words = ["apple", "river", "stone", "cloud", "green", "quick", "silent", "table"]
+    path.write_text("".join(json.dumps({"instruction": f"Repeat {w} {n} times.", "input": "",
+                                        "output": " ".join([w] * n)}) + "\n"
+                            for w, n in zip(rng.choice(words, 200), rng.integers(1, 6, 200))))
+    return str(path)
+
+
+def real_chain(tmp: Path, sft_init_from=None) -> dict:
+    sft = {"stage": "sft", "trainer": {"max_steps": 12, "save_every": 4, "eval_every": 6, "eval_batches": 2,
+                                       "micro_batch_size": 4, "log_every": 2},
+           "data": {"seq_len": 128, "val_fraction": 0.1},
+           "overrides": [f"data.sources=[{{name: repeat, kind: alpaca, paths: [{synthetic_alpaca(tmp / 'sft.jsonl')}]}}]",
+                         "data.name=repeat"]}
+    if sft_init_from:
+        return {"sft": {**sft, "init_from": sft_init_from}}
+    return {"pretrain": {"stage": "tiny_pretrain", "trainer": {"max_steps": 16, "eval_every": 8, "save_every": 8,
+                                                               "micro_batch_size": 4, "eval_batches": 1},
+                         "data": {"seq_len": 64}},
+            "sft": sft,
+            "evaluate": {"kind": "evaluate", "data": "default", "tasks": [], "eval": {"batches": 1},
+                         "prompts": ["Repeat apple 3 times."], "max_new_tokens": 8}}
+
+
+@pytest.fixture(scope="module")
+def chained(tmp_path_factory):
+    """pretrain -> SFT -> evaluate, for real, into one recipe directory."""
+    root = tmp_path_factory.mktemp("recipe")
+    stages = stages_of(real_chain(root), common={"logger": {"progress_bar": False}})
+    planned = runner.plan(stages, root)
+    records = runner.run(planned, root, "v")
+    (root / "recipe.json").write_text(json.dumps({"recipe": "r", "variant": "v", "metric": "sft/val_loss",
+                                                  "goal": "min", "stages": records}))
+    return root, planned, records
+
+
+@pytest.mark.slow
+def test_a_real_chain_trains_each_stage_from_the_last_and_evaluates_the_result(chained):
+    root, planned, records = chained
+    assert [r["state"] for r in records] == ["ran", "ran", "ran"]
+    sft_config = OmegaConf.load(root / "02-sft" / "config.yaml")
+    assert sft_config.stage.init_from == str(planned[0].dir) and sft_config.objective.name == "sft"
+    assert sft_config.data.tokenizer.path == str(planned[0].dir / "checkpoints" / "step_000016" / "tokenizer.model")
+    evaluated = json.loads((root / "03-evaluate" / "eval.json").read_text())
+    assert evaluated["checkpoint"] == str(planned[1].dir / "checkpoints" / "step_000012")
+    [sample] = [json.loads(line) for line in (root / "03-evaluate" / "samples.jsonl").read_text().splitlines()]
+    assert sample["instruction"] == "Repeat apple 3 times." and sample["prompt"].endswith("### Response:\n")
+    [run] = variants(root)
+    assert run["stages"][1]["metrics"]["val_loss"] < run["stages"][1]["metrics"]["loss"] + 5  # numbers were read
+    assert {"loss", "bits_per_byte"} <= set(run["stages"][2]["metrics"])
+
+
+@pytest.mark.slow
+def test_a_recipe_killed_during_sft_resumes_and_ends_as_the_uninterrupted_one(chained, tmp_path):
+    """SIGKILL the recipe process while its SFT stage trains (after its first checkpoint), run it again: the
+    stage resumes from that checkpoint and its metrics equal those of the uninterrupted chain's SFT (which
+    started from the same pretrained checkpoint); the killed stage's process died with the recipe."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    root, planned, _ = chained
+    chain = real_chain(tmp_path, sft_init_from=str(planned[0].dir))
+    driver = ("import json, sys; from pathlib import Path; from omegaconf import OmegaConf; "
+              "from plugins import register; register(); "
+              "from recipe import runner; from recipe.spec import parse; "
+              "stages = json.loads(sys.argv[1]); root = Path(sys.argv[2]); "
+              "runner.run(runner.plan(parse(OmegaConf.create({'name': 'r', 'common': {'logger': {'progress_bar': False}}, "
+              "'stages': stages}), list(stages), json.loads(sys.argv[3])), root), root, 'v')")
+    command = [sys.executable, "-c", driver, json.dumps(chain), str(tmp_path / "run"), json.dumps(PRESETS)]
+    proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = None
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        found = list((tmp_path / "run" / "stages").glob("sft-*/metrics.jsonl"))
+        if found and any(json.loads(line).get("step", 0) >= 6 for line in found[0].read_text().splitlines()
+                         if line.strip()):
+            metrics = found[0]
+            break
+        time.sleep(0.2)
+    assert metrics is not None, "the SFT stage never reached step 6"
+    children = psutil.Process(proc.pid).children(recursive=True)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    psutil.wait_procs(children, timeout=30)
+    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    assert subprocess.run(command, cwd=REPO_ROOT, capture_output=True).returncode == 0
+    resumed = [json.loads(line) for line in metrics.read_text().splitlines()]
+    reference = [json.loads(line) for line in (root / "02-sft" / "metrics.jsonl").read_text().splitlines()]
+    keys = ("step", "loss", "val_loss", "val_mean_token_accuracy")
+    assert [{k: m[k] for k in keys if k in m} for m in resumed] == [{k: m[k] for k in keys if k in m}
+                                                                    for m in reference]
