@@ -157,7 +157,7 @@ def curves_png(runs: List[dict]) -> Optional[bytes]:
         for r in runs:
             points = next((s["curve"] for s in r["stages"] if s["name"] == name), [])
             if points:
-                ax.plot(*zip(*points), label=r["variant"])
+                ax.plot(*zip(*points), marker="." if len(points) < 20 else None, label=r["variant"])
         ax.set_title(name)
         ax.set_xlabel("step")
         ax.set_ylabel("train loss")

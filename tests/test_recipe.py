@@ -294,3 +294,34 @@ def test_a_recipe_killed_during_sft_resumes_and_ends_as_the_uninterrupted_one(ch
     keys = ("step", "loss", "val_loss", "val_mean_token_accuracy")
     assert [{k: m[k] for k in keys if k in m} for m in resumed] == [{k: m[k] for k in keys if k in m}
                                                                     for m in reference]
+
+
+@pytest.mark.slow  # a headless Chromium, ~5 s
+def test_the_report_of_two_variants_renders_in_headless_chromium(tmp_path, monkeypatch):
+    import shutil
+    import subprocess
+
+    from recipe.report import write
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install -y chromium)")
+    monkeypatch.setattr(runner, "execute", fake_execute([]))
+    for num in range(2):
+        job = tmp_path / str(num)
+        records = runner.run(runner.plan(stages_of({**CHAIN, "sft": {"data": "instructions",
+                                                                    "optim": {"lr": 1e-4 * (num + 1)}}}), tmp_path),
+                             job, f"recipe.stages.sft.optim.lr={1e-4 * (num + 1):g}")
+        (job / "recipe.json").write_text(json.dumps({"recipe": "r", "variant": f"lr{num}", "metric": "sft/val_loss",
+                                                     "goal": "min", "stages": records}))
+    page = write(tmp_path)
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([chromium, *flags, "--dump-dom", f"file://{page}"], capture_output=True, text=True, timeout=90)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert dom.stdout.count("<tr") == 3 and dom.stdout.count('class="best"') == 1  # a header, two variants
+    assert "lr0" in dom.stdout and "lr1" in dom.stdout and "data:image/png;base64," in dom.stdout
+    shot = tmp_path / "report.png"
+    subprocess.run([chromium, *flags, f"--screenshot={shot}", "--window-size=1400,1200", f"file://{page}"],
+                   capture_output=True, timeout=90, check=True)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
