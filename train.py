@@ -1,7 +1,9 @@
 """mindlab's one entry point: compose the config, validate it, then train (or print the dry-run plan).
 
     python train.py model=125m optim.lr=1e-3 trainer.max_steps=2000
-    python train.py model=13b parallel=tp8pp2 dry_run=true
+    python train.py model=13b parallel=tp8pp2 device=ascend910b dry_run=true
+    python train.py model=13b parallel=tp8pp2 device=ascend910b nodes=2 node_rank=$R master_addr=$HEAD ...
+                                                            # on each of two nodes (README: Across nodes)
     python train.py -m optim.lr=1e-4,3e-4 data.seq_len=256,512
 """
 import boot  # noqa: F401  (first: imports MindSpore before anything that loads protobuf)
@@ -15,7 +17,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from base.errors import UserError, entry_point
+from base.errors import ConfigError, UserError, entry_point
 from base.outputs import check_run_dir
 from base.schema import REPO_ROOT
 from plugins import register
@@ -36,9 +38,38 @@ def swept_values(hydra_cfg) -> str:
     return ",".join(f"{o.key_or_group}={o.get_value_element_as_str()}" for o in job)
 
 
+def check_multi_node(cfg: DictConfig, hydra_overrides) -> None:
+    """A run across nodes: node 0's address, and one run directory given on every node's command line (the
+    default is a timestamp, which differs between nodes): the nodes must share it."""
+    if not cfg.master_addr:
+        raise ConfigError("master_addr", f"nodes={cfg.nodes} needs node 0's address (msrun's scheduler runs there): "
+                          "add master_addr=<host of node_rank=0> on every node")
+    if not any(o.startswith("hydra.run.dir=") for o in hydra_overrides):
+        raise ConfigError("hydra.run.dir", f"nodes={cfg.nodes}: every node's ranks write into one run directory; add "
+                          "hydra.run.dir=<the same directory on a filesystem all nodes share> on every node")
+
+
+class Refused(BaseException):
+    """A user error on its way out of a single run: Hydra's job runner catches Exceptions and prints "Error executing
+    job with overrides: [...]" before re-raising them, a second line; this passes it by, and `main` unwraps it."""
+
+    def __init__(self, error: UserError):
+        super().__init__(str(error))
+        self.error = error
+
+
 @hydra.main(version_base="1.3", config_path=os.path.join(REPO_ROOT, "conf"), config_name="config")
 def run(cfg: DictConfig):
     """A user error (base/errors.py) propagates to `main`, which prints it as one line."""
+    try:
+        return run_job(cfg)
+    except UserError as err:
+        if HydraConfig.get().mode == RunMode.MULTIRUN:  # a sweep's failed job stays Hydra's to report
+            raise
+        raise Refused(err) from None
+
+
+def run_job(cfg: DictConfig):
     p = cfg.parallel
     processes = p.dp * p.tp * p.pp
     relaunch = launched_world_size() == 1 and processes > 1 and not cfg.dry_run  # e.g. parallel=dp2 on one box
@@ -48,12 +79,16 @@ def run(cfg: DictConfig):
 
         print(dry_run_report(cfg, list(HydraConfig.get().overrides.task)))
         return None
-    if launched_world_size() == 1:  # (the processes msrun starts write into the directory their parent checked)
-        check_run_dir(HydraConfig.get().runtime.output_dir)  # a new directory or an earlier run's, nothing else
+    nodes = cfg.nodes or 1
+    if relaunch and nodes > 1:
+        check_multi_node(cfg, HydraConfig.get().overrides.hydra)
+    if launched_world_size() == 1 and cfg.node_rank == 0:  # msrun's workers, and the other nodes, write into the
+        check_run_dir(HydraConfig.get().runtime.output_dir)  # directory node 0 checked: a new one or an earlier run's
     if relaunch:
         from distributed.launch import relaunch as launch
 
-        sys.exit(launch(processes, HydraConfig.get().runtime.output_dir))
+        sys.exit(launch(processes, HydraConfig.get().runtime.output_dir, nodes, cfg.node_rank, cfg.master_addr,
+                        cfg.master_port))
     from trainer.loop import train  # the training stack loads only when training
     from trainer.metrics import write_status
 
@@ -87,7 +122,10 @@ def main(argv=None) -> None:
     """`python train.py [overrides]`: Hydra reads sys.argv; `argv` replaces it (tests run this in-process)."""
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
-    run()
+    try:
+        run()
+    except Refused as refused:
+        raise refused.error from None
 
 
 if __name__ == "__main__":

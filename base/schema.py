@@ -251,6 +251,12 @@ class Config:
     # nodes of device.devices_per_node devices the run spans; null: as many as the layout needs (one device for
     # parallel=auto). The dry run with parallel=auto ranks the layouts of nodes x devices_per_node devices.
     nodes: Optional[int] = None
+    # Across nodes (nodes > 1), the same command on every node with its own node_rank (0: the node at master_addr);
+    # train.py starts msrun on each with devices_per_node workers, all writing into one hydra.run.dir that every
+    # node shares (README "Across nodes"; scripts/slurm_msrun.sbatch fills these in under Slurm).
+    node_rank: int = 0
+    master_addr: Optional[str] = None  # node 0's address (msrun's scheduler listens there)
+    master_port: int = 8118  # the scheduler's port on node 0, the same on every node
     dry_run: bool = False  # print the plan (parallel=auto: the layouts that fit, fastest first), then exit
 
 

@@ -143,7 +143,13 @@ def _check_nodes(cfg: DictConfig) -> None:
                  "dry run: add dry_run=true, then start the layout it recommends (its command lines)")
         return
     devices = p.dp * p.tp * p.pp
-    if nodes is None or cfg.device.target == "CPU":
+    _require(nodes is not None or cfg.node_rank == 0, "node_rank", f"{cfg.node_rank} needs nodes (the run's node count)")
+    if nodes is None:
+        return
+    _require(0 <= cfg.node_rank < nodes, "node_rank", f"must be in [0, nodes={nodes}), got {cfg.node_rank}")
+    _require(devices % nodes == 0, "nodes", f"parallel={p.name} uses {devices} devices, which nodes={nodes} cannot "
+             "share evenly")
+    if cfg.device.target == "CPU":  # one CPU "device" per node, but a CPU node runs several workers (parallel=dp2)
         return
     fits = devices <= per_node if nodes == 1 else devices == nodes * per_node
     _require(fits, "nodes", f"parallel={p.name} uses {devices} devices, but nodes={nodes} x "
@@ -254,13 +260,37 @@ def _check_eval_tasks(cfg: DictConfig) -> None:
                      "the real tasks with `python -m builders.tasks build`, or give a .jsonl path)")
 
 
+def devices_here(target: str) -> int:
+    """How many `target` devices MindSpore reports on this machine (0 where its package has no such backend), read
+    without MindSpore's warnings about the backends it could not load: the refusal says it in one line."""
+    import logging
+
+    from mindspore import hal
+
+    logging.disable(logging.WARNING)
+    try:
+        return hal.device_count(target) if hal.is_available(target) else 0
+    finally:
+        logging.disable(logging.NOTSET)
+
+
 def _check_machine(cfg: DictConfig, world_size: int) -> None:
-    p, target = cfg.parallel, cfg.device.target
+    """The config against this machine, before anything is started (train.py relaunches under msrun after it)."""
+    p, d, target = cfg.parallel, cfg.device, cfg.device.target
     devices = p.dp * p.tp * p.pp
+    if target != "CPU":
+        here = devices_here(target)
+        _require(here > 0, "device", f"device={d.name}: this machine has no {target} devices; plan with dry_run=true "
+                 "or use device=cpu")
+        local = devices // (cfg.nodes or 1)
+        _require(local <= here, "parallel", f"parallel={p.name} runs {local} workers on this node, which has {here} "
+                 f"{target} devices" + ("" if cfg.nodes else f"; across nodes set nodes={-(-devices // here)} "
+                                        "(README: Across nodes)") + ", or add dry_run=true for its plan")
     if target == "CPU" and (p.tp > 1 or p.pp > 1):
         raise ConfigError("parallel", f"parallel={p.name} (dp={p.dp} x tp={p.tp} x pp={p.pp}) needs {devices} "
-                          "Ascend/GPU devices, found CPU: MindSpore runs tensor and pipeline parallelism only on "
-                          "Ascend/GPU. Add dry_run=true to see its layout and memory plan here.")
+                          f"Ascend/GPU devices, found CPU (device={d.name}): MindSpore runs tensor and pipeline parallelism "
+                          "only on Ascend/GPU. On such nodes set device=ascend910b|h100|a100; here add dry_run=true "
+                          "to see its layout and memory plan.")
     _require(target != "CPU" or not is_sharded(p), "parallel.optimizer_shard", "optimizer sharding runs in "
              "MindSpore's semi-auto parallel mode, which needs Ascend/GPU; set parallel.optimizer_shard=false on CPU")
     _require(cfg.precision.compute_dtype != "bf16" or target != "CPU", "precision",

@@ -5,7 +5,12 @@ msrun writes one log per worker to <run dir>/workers/. The launch fails (non-zer
 fails: a watchdog polls the workers and, when one is gone without having marked itself done, kills the
 rest, msrun and its scheduler (msrun alone kills the workers within a second but then waits ~30 s for
 its scheduler's heartbeat timeout), and prints the log tail of every worker that died within half a
-second of the first. Multi-node: start msrun yourself on each node (README; scripts/slurm_msrun.sbatch).
+second of the first.
+
+Across nodes (`nodes=N node_rank=r master_addr=HOST hydra.run.dir=SHARED`, the same command on every node; README,
+scripts/slurm_msrun.sbatch), each node's train.py starts its own msrun with that node's share of the workers,
+pointed at node 0's scheduler; every rank writes into the one shared run dir, each node's worker logs go to
+<run dir>/workers/node<r>/, and the watchdog here watches this node's workers.
 """
 import os
 import signal
@@ -13,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 import psutil
@@ -27,7 +33,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def msrun_command(workers: int, run_dir: str, script: str, overrides: List[str]) -> List[str]:
+@dataclass
+class Nodes:
+    """Where this node's workers sit in the run: `count` nodes of equal shares, this one `rank`, node 0 at
+    `master_addr`:`master_port`. One node: the local machine, a free port."""
+    count: int = 1
+    rank: int = 0
+    master_addr: Optional[str] = None
+    master_port: Optional[int] = None
+
+    def log_dir(self, run_dir: str) -> str:
+        """msrun's worker logs and this node's python shim: its own folder when nodes share the run dir."""
+        return os.path.join(run_dir, "workers", *([f"node{self.rank}"] if self.count > 1 else []))
+
+    def ranks(self, workers: int) -> range:
+        """The global ranks msrun starts on this node: node r holds [r * share, (r + 1) * share)."""
+        share = workers // self.count
+        return range(self.rank * share, (self.rank + 1) * share)
+
+
+def msrun_command(workers: int, run_dir: str, script: str, overrides: List[str], nodes: Nodes = Nodes()) -> List[str]:
     """msrun run by this interpreter (not whichever `msrun` is first on PATH).
 
     `--bind_core=True`: msrun starts each worker under `taskset` on its own share of this process's CPUs (on
@@ -36,17 +61,19 @@ def msrun_command(workers: int, run_dir: str, script: str, overrides: List[str])
     tokens/s unbound and 12,300 bound (medians of four and five runs; model=small 917 against 1,068, three pairs),
     the same losses."""
     msrun = [sys.executable, "-c", "import sys; from mindspore.parallel.cluster.run import main; sys.exit(main())"]
-    return [*msrun, f"--worker_num={workers}", f"--local_worker_num={workers}", f"--master_port={free_port()}",
-            "--bind_core=True", "--join=True", f"--log_dir={os.path.join(run_dir, 'workers')}", script, *overrides,
+    cluster = [f"--master_port={free_port()}"] if nodes.count == 1 else [
+        f"--master_addr={nodes.master_addr}", f"--master_port={nodes.master_port}", f"--node_rank={nodes.rank}"]
+    return [*msrun, f"--worker_num={workers}", f"--local_worker_num={workers // nodes.count}", *cluster,
+            "--bind_core=True", "--join=True", f"--log_dir={nodes.log_dir(run_dir)}", script, *overrides,
             f"hydra.run.dir={run_dir}"]
 
 
-def interpreter_env(run_dir: str) -> Dict[str, str]:
+def interpreter_env(log_dir: str) -> Dict[str, str]:
     """The environment for msrun: its workers start as `python SCRIPT` looked up on PATH, so PATH starts with a
     directory whose `python` runs this interpreter. (A venv's python given by its path, with PATH not holding
     the venv, would otherwise start the system's python: `No module named 'mindspore'` in every worker.) A
     wrapper script, not a symlink: a venv is recognised by the path the interpreter is started from."""
-    shim = os.path.join(run_dir, "workers", "bin")
+    shim = os.path.join(log_dir, "bin")
     os.makedirs(shim, exist_ok=True)
     python = os.path.join(shim, "python")
     with open(f"{python}.tmp", "w", encoding="utf-8") as f:
@@ -139,25 +166,29 @@ def _watch(msrun: subprocess.Popen, run_dir: str) -> List[int]:
     return []
 
 
-def relaunch(workers: int, run_dir: str) -> int:
-    """Run this script's command under msrun with `workers` local processes; returns the exit code."""
+def relaunch(workers: int, run_dir: str, nodes: int = 1, node_rank: int = 0, master_addr: Optional[str] = None,
+             master_port: Optional[int] = None) -> int:
+    """Run this script's command under msrun, this node's share of `workers` processes on it (all of them on one
+    node); returns the exit code."""
+    here = Nodes(nodes, node_rank, master_addr, master_port)
     overrides = [a for a in sys.argv[1:] if not a.startswith("hydra.run.dir=")]
-    cmd = msrun_command(workers, run_dir, os.path.abspath(sys.argv[0]), overrides)
+    cmd = msrun_command(workers, run_dir, os.path.abspath(sys.argv[0]), overrides, here)
     print(f"[launch] {workers} workers: {' '.join(cmd)}", flush=True)
-    for rank in range(workers):  # markers of an earlier launch into this run dir
+    for rank in here.ranks(workers):  # markers of an earlier launch into this run dir
         if os.path.exists(_done_marker(run_dir, rank)):
             os.remove(_done_marker(run_dir, rank))
-    msrun = subprocess.Popen(cmd, env=interpreter_env(run_dir))
+    log_dir = here.log_dir(run_dir)
+    msrun = subprocess.Popen(cmd, env=interpreter_env(log_dir))
     failed = _watch(msrun, run_dir)
     if not failed and msrun.returncode != 0:  # msrun ended the job before the watcher saw the worker die
-        failed = [rank for rank in range(workers) if not os.path.exists(_done_marker(run_dir, rank))
-                  and os.path.exists(os.path.join(run_dir, "workers", f"worker_{rank}.log"))]
+        failed = [rank for rank in here.ranks(workers) if not os.path.exists(_done_marker(run_dir, rank))
+                  and os.path.exists(os.path.join(log_dir, f"worker_{rank}.log"))]
     if not failed:
         return msrun.returncode
     print(f"[launch] worker {', '.join(map(str, failed))} stopped without finishing; stopped the other workers",
           file=sys.stderr)
     for rank in failed:
-        log = os.path.join(run_dir, "workers", f"worker_{rank}.log")
+        log = os.path.join(log_dir, f"worker_{rank}.log")
         with open(log, errors="replace") as f:
             tail = [line for line in f.read().splitlines()
                     if not line.startswith(("[INFO]", "[WARNING]")) and "WARNING" not in line][-15:]

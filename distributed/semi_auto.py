@@ -8,6 +8,7 @@ the plain model from outside (the model file holds no parallel code). Used when 
                                    `AutoParallel` with .pipeline(stages) and .hsdp() (optimizer sharding over dp),
                                    and the per-rank strategy file MindSpore writes when it compiles
     save_rank_slices / load_rank_slices   checkpoints as per-rank slices + strategy (sharded_checkpoint.py)
+    barrier()                      every rank of the run (all nodes) waits for the others
 
 Only Ascend and GPU compile sharded graphs; on CPU MindSpore stops at its first parallel pass with
 "Invalid communication backend: CPU for semi_auto_parallel/auto_parallel mode" — tests/test_semi_auto.py runs
@@ -79,6 +80,13 @@ def save_rank_slices(step_dir: str, step: nn.Cell, rank: int, run_dir: str) -> N
     os.replace(tmp, final)
     if rank == 0:
         merge_pipeline_strategys(os.path.join(run_dir, "strategy"), os.path.join(step_dir, STRATEGY))
+
+
+def barrier() -> None:
+    """Wait until every rank of the run has got here (the whole world: all nodes)."""
+    from mindspore.communication.comm_func import barrier as world_barrier
+
+    world_barrier()
 
 
 def load_rank_slices(step_dir: str, compiled: AutoParallel, rank: int, example_inputs: tuple) -> None:

@@ -43,7 +43,7 @@ from mindspore import Tensor, nn, ops
 from omegaconf import MISSING
 
 from base.errors import require
-from base.schema import PREFERENCE_KINDS
+from base.schema import PREFERENCE_KINDS, is_sharded
 from objectives import _reference, check_fine_tuning
 from objectives._preference import COLUMNS, DATA_HINT, pair_row_spec
 from objectives.sft import IGNORE_INDEX
@@ -72,6 +72,12 @@ def check(cfg) -> None:
             f"applies to loss=sigmoid only, not {o.loss}; set it to 0")
     require(o.nll_coefficient >= 0, "objective.nll_coefficient", f"must be >= 0, got {o.nll_coefficient}")
     _reference.check(cfg, "objective.reference")
+    # Refused, not planned: the tensor/pipeline plan lays out the policy alone; the reference (copy, lora_base) is
+    # a second model in the step graph with no strategies or stages, and `precomputed` scores every pair with the
+    # whole model on each device before training.
+    require(not is_sharded(cfg.parallel), "parallel", f"objective=dpo trains data parallel only (parallel={cfg.parallel.name}: "
+            "its reference model is not in the tensor/pipeline plan); use parallel=single or a dp layout (e.g. "
+            "parallel=dp8 parallel.optimizer_shard=false)")
 
 
 def row_spec(cfg: Config):

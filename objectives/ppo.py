@@ -112,7 +112,11 @@ def check(cfg) -> None:
             f"must divide trainer.micro_batch_size={cfg.trainer.micro_batch_size} (the prompts of a rollout)")
     require(cfg.trainer.grad_accum == 1, "trainer.grad_accum", "objective=ppo takes one optimizer step per "
             "minibatch (objective.minibatches); set trainer.grad_accum=1")
-    require(cfg.parallel.dp == 1, "parallel.dp", "objective=ppo runs on one device here; set parallel=single")
+    # One device: the rollouts generate outside the training step's graph (the generator's own graphs), which a
+    # data-parallel or tensor/pipeline layout does not lay out; the reward and value heads are not in the plan.
+    p = cfg.parallel
+    require(p.dp == p.tp == p.pp == 1, "parallel", f"objective=ppo runs on one device (parallel={p.name}: its rollouts "
+            "generate outside the sharded training graph); set parallel=single")
     require(generates(cfg.model.family), "model.family", f"objective=ppo samples responses with the family's "
             f"generator, and model.family={cfg.model.family} has none")
     require(o.max_prompt_len + o.max_new_tokens <= cfg.model.max_position_embeddings,  # generation's columns

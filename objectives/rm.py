@@ -35,7 +35,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from omegaconf import MISSING
 
 from base.errors import require
-from base.schema import PREFERENCE_KINDS
+from base.schema import PREFERENCE_KINDS, is_sharded
 from objectives import check_fine_tuning
 from objectives._preference import DATA_HINT, last_labelled, pair_row_spec
 
@@ -54,6 +54,12 @@ def check(cfg) -> None:
     check_fine_tuning(cfg, "rm", PREFERENCE_KINDS, DATA_HINT)
     require(cfg.objective.center_coefficient >= 0, "objective.center_coefficient",
             f"must be >= 0, got {cfg.objective.center_coefficient}")
+    # Refused, not planned: the tensor/pipeline plan (models/<family>/plan.py) lays out the language model's own
+    # cells, and the score head, its stage and the pair's two sides are not among them; nothing sharded runs here
+    # to check a plan of them against.
+    require(not is_sharded(cfg.parallel), "parallel", f"objective=rm trains data parallel only (parallel={cfg.parallel.name}: "
+            "its score head is not in the tensor/pipeline plan); use parallel=single or a dp layout (e.g. parallel=dp8) "
+            "without parallel.optimizer_shard")
 
 
 def row_spec(cfg: Config):

@@ -1,4 +1,4 @@
-"""From a planned layout to the commands that start it: msrun on each node (or scripts/slurm_msrun.sbatch), and the
+"""From a planned layout to the commands that start it: train.py on each node (or scripts/slurm_msrun.sbatch), and the
 MindFormers parallel_config of the same layout, to compare with MindFormers' own recipes.
 
 How ranks map to nodes: msrun gives node r the ranks [r * devices_per_node, (r + 1) * devices_per_node), and
@@ -27,20 +27,16 @@ def run_overrides(user: Sequence[str], c: Candidate, nodes: int) -> List[str]:
 
 
 def commands(overrides: Sequence[str], c: Candidate, devices_per_node: int) -> List[str]:
-    """The command on each node (one python line on a single node: train.py starts msrun itself) and the sbatch
-    line that runs them under Slurm."""
+    """The command on each node (train.py starts msrun itself, with that node's workers) and the sbatch line that
+    runs it on each node under Slurm."""
     args = " ".join(shlex.quote(o) for o in overrides)
     if c.world <= devices_per_node:
         return [f"python train.py {args}"]
     nodes = c.world // devices_per_node
-    env = "" if devices_per_node == 8 else f"DEVICES_PER_NODE={devices_per_node} "
-    return [f"# on node r = 0..{nodes - 1}, with RUN_DIR on a filesystem every node shares and MASTER_ADDR node 0's "
-            "address:",
-            f"msrun --worker_num={c.world} --local_worker_num={devices_per_node} --master_addr=$MASTER_ADDR "
-            f"--master_port={MASTER_PORT} --node_rank=$r --join=True --log_dir=$RUN_DIR/workers/node$r "
-            f"train.py hydra.run.dir=$RUN_DIR {args}",
+    return [f"# on node r = 0..{nodes - 1}, with RUN_DIR on a filesystem every node shares and HEAD node 0's address:",
+            f"python train.py {args} node_rank=$r master_addr=$HEAD master_port={MASTER_PORT} hydra.run.dir=$RUN_DIR",
             "# or under Slurm (scripts/slurm_msrun.sbatch runs the line above on each node):",
-            f"{env}sbatch --nodes={nodes} scripts/slurm_msrun.sbatch {args}"]
+            f"sbatch --nodes={nodes} scripts/slurm_msrun.sbatch {args}"]
 
 
 def mindformers_parallel_config(c: Candidate, dtype: str) -> str:

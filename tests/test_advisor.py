@@ -130,14 +130,15 @@ def test_the_advisor_prints_the_best_and_commands_that_run_it():
     argv = ["model=70b", "device=ascend910b", "nodes=4", "data.seq_len=4096", "dry_run=true"]
     text = dry_run_report(compose_cfg(*argv), argv)
     assert re.search(r"\d+ of \d+ layouts fit in 58 GiB usable per device, 64 less 6 reserved", text)
-    msrun = next(line for line in text.splitlines() if line.startswith("msrun "))
-    assert "--worker_num=32 --local_worker_num=8" in msrun and "--node_rank=$r" in msrun
+    node = next(line for line in text.splitlines() if line.startswith("python train.py "))
+    node_keys = ["node_rank=$r", "master_addr=$HEAD", "master_port=8118", "hydra.run.dir=$RUN_DIR"]
+    assert node.endswith(" " + " ".join(node_keys))
     sbatch = next(line for line in text.splitlines() if line.startswith("sbatch "))
     assert sbatch.startswith("sbatch --nodes=4 scripts/slurm_msrun.sbatch ")
-    run = shlex.split(msrun.split(" train.py ", 1)[1])[1:]  # after hydra.run.dir
+    run = shlex.split(node.split(" train.py ", 1)[1])[:-len(node_keys)]
     assert shlex.split(sbatch.split("slurm_msrun.sbatch ", 1)[1]) == run
     assert "dry_run=true" not in run and "nodes=4" in run
-    cfg = compose_cfg(*run, "dry_run=true")
+    cfg = compose_cfg(*run, "node_rank=3", "master_addr=head", "dry_run=true")
     validate(cfg)
     best = Search(cfg).option(candidate_of(cfg))
     layout = re.search(r"the fastest: (dp\d+) (tp\d+) (pp\d+)", text).groups()
@@ -147,7 +148,7 @@ def test_the_advisor_prints_the_best_and_commands_that_run_it():
     assert "pipeline_stage: " + str(cfg.parallel.pp) in text and "data_parallel: " + str(cfg.parallel.dp) in text
 
 
-def test_one_node_needs_no_msrun_line():
+def test_one_node_needs_no_node_keys():
     c = Candidate(4, 1, 2, True, False, "none", 1, 256)
     assert commands(run_overrides(["model=7b", "device=ascend910b", "dry_run=true"], c, 1), c, 8) == [
         "python train.py model=7b device=ascend910b parallel=single parallel.name=dp4tp1pp2 parallel.dp=4 "

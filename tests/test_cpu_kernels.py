@@ -315,7 +315,7 @@ def test_auto_picks_the_kernels_where_they_apply(built):
     assert kernel_libraries(m, "fp16", "CPU", False) == set()  # the kernels are fp32
     assert kernel_libraries(m, "fp32", "Ascend", False) == set()
     assert kernel_libraries(m, "fp32", "CPU", True) == set()  # a tp/pp layout: plan.py's strategies, on the plain ops
-    assert attention_kind(m, "Ascend", "fp32", False) == "flash"
+    assert attention_kind(m, "Ascend", "bf16", False) == "flash"  # (fp32 with flash: refused, tests/test_cluster_path.py)
     m.attention_chunk = 64  # an explicit plain-attention setting; the layer kernels still apply
     assert kernel_libraries(m, "fp32", "CPU", False) == {"layers"}
     m.attention_chunk, m.layer_kernels = 0, "plain"

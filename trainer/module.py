@@ -151,13 +151,16 @@ class ShardedModule(LocalModule):
         return StepResult(float(loss.asnumpy()), grad_norm, bool(finite.asnumpy()), lr)
 
     def save(self, root: str, step: int, state: dict, cfg, tokenizer_file: str, is_main: bool) -> None:
-        """Every rank its slices; rank 0 also state.json and `latest`, what a resume looks for."""
+        """Every rank writes its slices; once all have (a barrier over the run, every node), rank 0 writes state.json
+        and moves `latest`, what a resume looks for: `latest` never names a step with a rank's slice still
+        missing (a node that dies mid-save leaves the previous `latest`)."""
         import os
 
-        from distributed.semi_auto import save_rank_slices
+        from distributed.semi_auto import barrier, save_rank_slices
 
         step_dir = os.path.join(root, f"step_{step:06d}")
         save_rank_slices(step_dir, self.compiled.network, self.rank, self.run_dir)
+        barrier()
         if is_main:
             checkpoint.write_metadata(step_dir, step, state, cfg, tokenizer_file)
             checkpoint.set_latest(root, step_dir)

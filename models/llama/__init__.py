@@ -9,7 +9,7 @@ Importing this package is cheap (no MindSpore): the config schema and the dry ru
 """
 from typing import Set
 
-from base.errors import require
+from base.errors import ConfigError, require
 from base.schema import use_flash_attention
 from models.llama import hf, rope
 from models.llama.accounting import flops_per_token, layer_activation_factors, matmul_parameter_count, \
@@ -108,6 +108,7 @@ def check(cfg) -> None:
     require(m.attention_chunk >= 0, "model.attention_chunk", f"must be >= 0 (0: off), got {m.attention_chunk}")
     require(not (m.attention_chunk and m.flash_attention), "model.attention_chunk",
             "flash attention already works in blocks; set model.attention_chunk=0 or model.flash_attention=false")
+    check_flash_precision(cfg)
     p = cfg.parallel
     import kernels
 
@@ -135,6 +136,19 @@ def check(cfg) -> None:
             f"num_heads={m.num_heads} is not a multiple of num_kv_heads={m.num_kv_heads}")
     for key in ("num_heads", "num_kv_heads", "vocab_size", "intermediate_size"):
         require(m[key] % p.tp == 0, "parallel.tp", f"tp={p.tp} does not divide model.{key}={m[key]}")
+
+
+def check_flash_precision(cfg) -> None:
+    """Flash attention computes in fp16/bf16: MindSpore documents `FlashAttentionScore` for those inputs only
+    (some newer CANN kernels also take fp32, far slower). Checked in the dry run too, so a plan never says
+    "compute fp32 ... attention flash"."""
+    m, device = cfg.model, cfg.device
+    if cfg.precision.compute_dtype != "fp32" or device.target != "Ascend" or not use_flash_attention(m, device.target):
+        return  # (elsewhere flash attention is refused for having no kernel: base/validate.py)
+    how = "null: on by default on " + device.target if m.flash_attention is None else str(m.flash_attention).lower()
+    raise ConfigError("precision", f"fp32 with flash attention (model.flash_attention={how}): flash attention takes "
+                      f"fp16/bf16 inputs only; use precision=auto ({device.compute_dtype} on device={device.name}) or "
+                      "precision=fp16|bf16, or set model.flash_attention=false for attention in fp32")
 
 
 def check_rope_scaling(m) -> None:
