@@ -1,4 +1,4 @@
-"""The hand-written gradients (objectives/_cross_entropy.py, models/llama/model.py Softmax) equal autodiff's and
+"""The hand-written gradients (objectives/_cross_entropy.py, models/llama/device_ops.py Softmax) equal autodiff's and
 PyTorch's: they exist only to keep MindSpore's CPU kernels from holding memory, never to change a number."""
 import numpy as np
 import pytest
@@ -7,7 +7,7 @@ import mindspore as ms
 import torch
 from mindspore import Tensor, nn, ops
 
-from models.llama.model import Softmax
+from models.llama.device_ops import Softmax
 from objectives._cross_entropy import WeightedCrossEntropy, masked_mean_nll
 
 IGNORE = -100

@@ -71,14 +71,41 @@ def test_checkpoint_splits_agree_with_the_primitive_strategies(semi_auto_paralle
 def test_sequence_parallel_shards_every_norm_primitive_along_the_sequence(semi_auto_parallel):
     model = build_model(load_preset("model", "tiny"), 64, "fp32", "CPU", seed=0, sharded=True)
     plan = apply_tensor_parallel(model, llama_plan, dp=1, tp=2, sequence_parallel=True)
-    act = (2, 1)  # RMSNorm works on rows [batch x sequence, hidden]: split over dp x tp
+    act = (1, 2, 1)  # [batch, sequence, hidden]: the sequence split over tp
     expected = {"square": (act,), "mean": (act,), "add": (act, ()), "rsqrt": (act,), "normalize": (act, act),
-                "scale": (act, act)}
-    norms = [f"model.layers.{i}.{n}" for i in range(4) for n in ("attention_norm", "ffn_norm")] + ["model.norm_out"]
-    assert {k: v for k, v in plan.items() if k.rpartition(".")[0] in norms} == \
-        {f"{norm}.{op}": s for norm in norms for op, s in expected.items()}
-    assert dict(model.cells_and_names())["model.norm_out"].scale.in_strategy == (act, act)
+                "scale": (act, (1,))}
+    assert {k: v for k, v in plan.items() if k.rpartition(".")[0] in NORMS} == \
+        {f"{norm}.{op}": s for norm in NORMS for op, s in expected.items()}
+    assert dict(model.cells_and_names())["model.norm_out"].scale.in_strategy == (act, (1,))
     assert plan["model.layers.0.attention.wq.matmul"] == COL  # the tensor-parallel part is unchanged
+
+
+NORMS = [f"model.layers.{i}.{n}" for i in range(4) for n in ("attention_norm", "ffn_norm")] + ["model.norm_out"]
+
+
+def test_flash_attention_is_split_by_head_over_tp_and_by_batch_over_dp(semi_auto_parallel):
+    """As MindFormers shards its FlashAttentionScore (BNSD): q, k, v (dp, tp, 1, 1), the compressed causal mask
+    replicated, a packed-sample mask by batch. GQA (8 heads, 2 kv heads): the kv heads split over tp too. What the
+    Ascend build of a tp/pp layout holds: flash attention, Ascend's RmsNorm, MindSpore's RoPE products."""
+    from models.llama.device_ops import FusedRMSNorm
+    from models.llama.model import FlashCoreAttention, Rotary
+
+    cfg = OmegaConf.merge(load_preset("model", "tiny"), {"num_kv_heads": 2})
+    model = build_model(cfg, 64, "bf16", "Ascend", seed=0, sharded=True)
+    cells = dict(model.cells_and_names())
+    assert all(isinstance(cells[f"model.layers.{i}.attention.core"], FlashCoreAttention) for i in range(4))
+    assert all(type(cells[f"model.layers.{i}.attention.rope"]) is Rotary for i in range(4))
+    plan = apply_tensor_parallel(model, llama_plan, dp=2, tp=2, sequence_parallel=True)
+    heads = (2, 2, 1, 1)
+    for i in range(4):
+        core = f"model.layers.{i}.attention.core"
+        assert plan[f"{core}.causal"] == (heads, heads, heads, (1, 1))
+        assert plan[f"{core}.masked"] == (heads, heads, heads, (2, 1, 1, 1))
+        assert f"{core}.block.qk" not in plan
+    assert cells["model.layers.1.attention.core"].causal.in_strategy == (heads, heads, heads, (1, 1))
+    assert all(isinstance(cells[norm], FusedRMSNorm) for norm in NORMS)
+    assert {k: v for k, v in plan.items() if k.rpartition(".")[0] in NORMS} == \
+        {f"{norm}.norm": ((2, 2, 1), (1,)) for norm in NORMS}
 
 
 def test_lora_adapters_are_split_like_their_base_linear(semi_auto_parallel):

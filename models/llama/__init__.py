@@ -4,6 +4,7 @@
     accounting.py  parameters and FLOPs from the config      mindformers.py  MindFormers' Llama + its export
     hf.py          Hugging Face names and config.json        plan.py         tensor/pipeline parallel plan
     kernels.py     the CPU kernels' twins of model.py's cells (apply_kernels swaps them in where they apply)
+    device_ops.py  the devices' twins: CPU workarounds, Ascend's fused RMSNorm and RoPE (apply_kernels too)
 
 Importing this package is cheap (no MindSpore): the config schema and the dry run use it.
 """
@@ -16,9 +17,9 @@ from models.llama.accounting import flops_per_token, layer_activation_factors, m
     parameter_count, stage_parameters
 from models.llama.config import LlamaConfig as Config
 
-__all__ = ["Config", "apply_kernels", "attention_kind", "build", "check", "describe", "flops_per_token", "hf",
-           "kernel_libraries", "layer_activation_factors", "matmul_parameter_count", "parameter_count",
-           "stage_parameters"]
+__all__ = ["Config", "apply_kernels", "attention_kind", "build", "check", "describe", "device_passes",
+           "flops_per_token", "hf", "kernel_libraries", "layer_activation_factors", "matmul_parameter_count",
+           "parameter_count", "stage_parameters"]
 CAUSAL = True  # decoder-only: objectives that need bidirectional attention refuse it
 
 
@@ -60,15 +61,35 @@ def kernel_libraries(cfg: Config, compute_dtype: str, device_target: str, sharde
     return chosen
 
 
+def device_passes(cfg: Config, device_target: str, sharded: bool) -> Set[str]:
+    """The device twins (models/llama/device_ops.py) the native model takes: "cpu" (MindSpore's CPU kernels'
+    workarounds) on CPU outside a tp/pp layout (a sharded plan runs on Ascend/GPU only; its strategies are set on the
+    plain ops); on Ascend its fused RMSNorm ("ascend") and, outside a tp/pp layout, its fused RoPE ("ascend-rope")."""
+    if cfg.impl != "native":
+        return set()
+    if device_target == "CPU":
+        return set() if sharded else {"cpu"}
+    if device_target == "Ascend":
+        return {"ascend"} if sharded else {"ascend", "ascend-rope"}
+    return set()
+
+
 def apply_kernels(model, cfg: Config, compute_dtype: str, device_target: str, sharded: bool) -> Set[str]:
-    """Swap the twins of kernel_libraries' choice into the built model (adapters/twins.py overlay); returns it."""
+    """Swap the twins of kernel_libraries' choice into the built model, then the device's (device_passes) into the
+    cells the kernels left plain (adapters/twins.py overlay); returns the passes applied."""
+    from adapters.twins import overlay
+
     libraries = kernel_libraries(cfg, compute_dtype, device_target, sharded)
     if libraries:
         import models.llama.kernels  # noqa: F401  (registers the twins)
-        from adapters.twins import overlay
 
         overlay(model, libraries)
-    return libraries
+    passes = device_passes(cfg, device_target, sharded)
+    if passes:
+        import models.llama.device_ops  # noqa: F401  (registers the twins)
+
+        overlay(model, passes)
+    return libraries | passes
 
 
 def attention_kind(cfg: Config, device_target: str, compute_dtype: str, sharded: bool) -> str:

@@ -12,24 +12,20 @@ Linear weights are [out_features, in_features] as in both.
 RoPE follows the Hugging Face / MindFormers convention ("rotate half"): the rotary pairs are (i, i + d/2),
 not the interleaved (2i, 2i+1) pairs of Meta's original code.
 
-Broadcasting: the elementwise ops whose operands differ in shape (RMSNorm's 1/rms and weight, RoPE's cos/sin,
-the attention bias) first broadcast the smaller operand with `ops.broadcast_to`. MindSpore's CPU Mul/Add with
-broadcasting keeps two int64 index arrays of the output's size for the life of the graph (4x the fp32 output),
-one pair per op instance, forward and backward: ~1.8 GiB of the 5.5 GiB peak at model=small
-(benchmarks/memory_timeline.py). The explicit broadcast is a transient copy from the memory pool instead.
-Reductions run on 2-D [rows, features] views: MindSpore's CPU ReduceSum/ReduceMean over the last axis of a 3-D
-or 4-D tensor takes ~9x as long as over the same data viewed as 2-D (2.5 vs 0.3 ms at [8, 256, 384], 7.9 vs 0.9
-ms at [8, 6, 256, 256]: kernels/probes/mindspore_ops.py), and autodiff turns every broadcast into such a reduction in
-the backward.
+Devices: the cells here use MindSpore's ops as written (broadcasting, reductions over the last axis, autodiff's
+softmax gradient), which is what Ascend and GPU run. After the build, models/llama/device_ops.py's twins replace a
+few of them where a device wants otherwise: on CPU the memory and speed workarounds MindSpore's CPU kernels need
+(explicit broadcasts, 2-D reductions, a hand-written softmax backward), on Ascend its fused RMSNorm and RoPE.
 
 Precision: parameters are fp32 (master weights). Matmuls run in `compute_dtype` (fp32/fp16/bf16);
 RMSNorm statistics, softmax and the loss stay in fp32.
 
 Attention: CoreAttention below on [B, heads, S, D] (the kv heads repeated for GQA), or Ascend's flash attention
-(`model.flash_attention`). This file is plain MindSpore and runs everywhere; converters replace some of its cells
-after the build without changing it: LoRA (adapters/lora.py) and, on CPU, the compiled twins the family's build
-swaps in where they apply (models/llama/__init__.py). The tensor/pipeline plan (plan.py) sets its
-strategies on the primitives here.
+(`model.flash_attention`: the FlashAttentionScore primitive, kv heads as they are). This file is plain MindSpore and
+runs everywhere; converters replace some of its cells after the build without changing it: LoRA (adapters/lora.py),
+the device twins above and, on CPU, the compiled kernels' twins (models/llama/kernels.py), each where the family's
+build finds they apply (models/llama/__init__.py). The tensor/pipeline plan (plan.py) sets its strategies on the
+primitives here.
 
 Inference (`LlamaForCausalLM.generate`, models/llama/generation.py) goes through the `cached` methods: the same
 weights and operations as `construct`, plus a static-shape KV cache per layer ([B, n_kv_heads, L, head_dim] for
@@ -42,6 +38,7 @@ import numpy as np
 
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
+from mindspore.ops.operations.nn_ops import FlashAttentionScore
 
 from models.llama import rope
 from models.llama.config import LlamaConfig
@@ -68,25 +65,9 @@ class Linear(nn.Cell):
         return self.matmul(x, self.weight.astype(self.compute_dtype)).reshape(shape[:-1] + (-1,))
 
 
-class ColumnBroadcast(nn.Cell):
-    """col [N, 1] -> [N, width of `like`]. `ops.tile` forward (MindSpore's CPU BroadcastTo along the columns takes
-    5-8x as long: kernels/probes/mindspore_ops.py); the gradient is the 2-D row sums (the autodiff of either op reduces
-    slower). 16 RMSNorms forward and backward at [2048, 384]: 61 -> 44 ms."""
-
-    def __init__(self):
-        super().__init__()
-        self.tile, self.row_sum = ops.Tile(), ops.ReduceSum(keep_dims=True)
-
-    def construct(self, col, like):
-        return self.tile(col, (1, like.shape[-1]))
-
-    def bprop(self, col, like, out, dout):
-        return self.row_sum(dout, -1), ops.zeros_like(like)
-
-
 class RMSNorm(nn.Cell):
-    """x / rms(x) * weight in fp32. Written with primitives so sequence parallelism can shard each of them; both
-    products see operands of x's shape (the module docstring says why)."""
+    """x / rms(x) * weight in fp32, over x's last axis. Written with primitives so sequence parallelism can shard
+    each of them (plan.py)."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -94,14 +75,11 @@ class RMSNorm(nn.Cell):
         self.eps = eps
         self.square, self.mean, self.add, self.rsqrt = ops.Square(), ops.ReduceMean(keep_dims=True), ops.Add(), ops.Rsqrt()
         self.normalize, self.scale = ops.Mul(), ops.Mul()
-        self.broadcast_rows = ColumnBroadcast()
 
     def construct(self, x):
-        shape = x.shape
-        x32 = x.reshape(-1, shape[-1]).astype(ms.float32)  # rows: see the module docstring (2-D reductions)
+        x32 = x.astype(ms.float32)
         inv_rms = self.rsqrt(self.add(self.mean(self.square(x32), -1), self.eps))
-        normed = self.normalize(x32, self.broadcast_rows(inv_rms, x32))
-        return self.scale(normed, ops.broadcast_to(self.weight, x32.shape)).reshape(shape).astype(x.dtype)
+        return self.scale(self.normalize(x32, inv_rms), self.weight).astype(x.dtype)
 
 
 def rope_tables(cfg: LlamaConfig, length=None):
@@ -118,7 +96,6 @@ def rotate_half(x):
 
 def apply_rope(x, cos, sin):
     """x [B, heads, S, D] rotated by the tables cos/sin [S, D] (or [B, 1, S, D]), in x's dtype."""
-    cos, sin = ops.broadcast_to(cos, x.shape), ops.broadcast_to(sin, x.shape)
     return (x * cos + rotate_half(x) * sin).astype(x.dtype)
 
 
@@ -127,26 +104,6 @@ class Rotary(nn.Cell):
 
     def construct(self, x, cos, sin):
         return apply_rope(x, cos, sin)
-
-
-class Softmax(nn.Cell):
-    """softmax over the last axis, with its gradient out * (dout - sum(dout * out)) written out so the row sums
-    are broadcast explicitly (MindSpore's own softmax gradient on CPU holds int64 index arrays of the scores'
-    size per layer: 8 x 50 MiB at model=small; see the module docstring)."""
-
-    def __init__(self):
-        super().__init__()
-        self.softmax = ops.Softmax(-1)
-        self.tile, self.row_sum = ops.Tile(), ops.ReduceSum(keep_dims=True)
-
-    def construct(self, x):
-        return self.softmax(x)
-
-    def bprop(self, x, out, dout):
-        shape = out.shape
-        out, dout = out.reshape(-1, shape[-1]), dout.reshape(-1, shape[-1])  # 2-D reductions (module docstring)
-        row_sums = self.row_sum(dout * out, -1)
-        return ((out * (dout - self.tile(row_sums, (1, shape[-1])))).reshape(shape),)  # tile: ColumnBroadcast
 
 
 class AttentionBlock(nn.Cell):
@@ -159,17 +116,17 @@ class AttentionBlock(nn.Cell):
         self.compute_dtype = compute_dtype
         self.qk = ops.BatchMatMul(transpose_b=True)
         self.pv = ops.BatchMatMul()
-        self.softmax = Softmax()
+        self.softmax = ops.Softmax(-1)
 
     def construct(self, q, k, v, bias):
         scores = self.qk(q * self.scale, k).astype(ms.float32)  # scaling q: [S, D] per head, not the [S, S] scores
-        scores = scores + ops.broadcast_to(bias, scores.shape)
-        probs = self.softmax(scores).astype(self.compute_dtype)
+        probs = self.softmax(scores + bias).astype(self.compute_dtype)
         return self.pv(probs, v)
 
 
 class CoreAttention(nn.Cell):
-    """softmax(q k^T / sqrt(d) + mask) v on [B, heads, S, D]; the part selective recompute redoes. The mask is
+    """softmax(q k^T / sqrt(d) + mask) v on q [B, heads, S, D] and k, v [B, kv heads, S, D]; the part selective
+    recompute redoes. GQA: each kv head is repeated for its `groups` = heads / kv heads query heads. The mask is
     causal, or, with `mask` given (packed samples), that additive [B, 1, S, S] bias.
 
     `chunk` > 0 (model.attention_chunk): query rows in blocks of `chunk`, block i against keys 0..end of the
@@ -178,12 +135,14 @@ class CoreAttention(nn.Cell):
     float summation order. With model.recompute=selective each block is recomputed in the backward, so only
     one block's [B, heads, chunk, S] scores are alive at a time instead of [B, heads, S, S] per layer."""
 
-    def __init__(self, head_dim: int, compute_dtype, chunk: int = 0):
+    def __init__(self, head_dim: int, compute_dtype, chunk: int = 0, groups: int = 1):
         super().__init__()
         self.block = AttentionBlock(head_dim, compute_dtype)
-        self.chunk = chunk
+        self.chunk, self.groups = chunk, groups
 
     def construct(self, q, k, v, mask=None):
+        if self.groups > 1:
+            k, v = ops.repeat_interleave(k, self.groups, 1), ops.repeat_interleave(v, self.groups, 1)
         seq = q.shape[2]
         if not self.chunk or seq <= self.chunk:
             return self.block(q, k, v, self.causal_bias(0, seq) if mask is None else mask)
@@ -204,23 +163,31 @@ class CoreAttention(nn.Cell):
 
 
 class FlashCoreAttention(nn.Cell):
-    """The same computation through `ops.flash_attention_score` (Ascend only; MindSpore has no CPU version)."""
+    """The same computation through Ascend's FlashAttentionScore (no CPU or GPU kernel; fp16/bf16 inputs only:
+    validation refuses fp32). q [B, heads, S, D], k and v [B, kv heads, S, D]: the kernel reads each query head's kv
+    head itself (GQA without repeats). Primitives, not ops.flash_attention_score, so that the tensor-parallel plan can
+    shard them (plan.py: heads over tp, the batch over dp, as MindFormers' FlashAttention.shard).
+
+    `causal` (no mask): sparse_mode=2 with the 2048 x 2048 upper-triangular mask, the documented compressed causal
+    setting. `masked` (packed samples): sparse_mode=0 with the full [B, 1, S, S] mask, 1 where the additive bias
+    hides a key."""
 
     def __init__(self, head_dim: int, num_heads: int):
         super().__init__()
-        self.scale = 1.0 / math.sqrt(head_dim)
-        self.num_heads = num_heads
-        # sparse_mode=2 with a 2048x2048 lower-triangular mask is the documented causal setting.
+        scale = 1.0 / math.sqrt(head_dim)
+        self.causal = FlashAttentionScore(num_heads, scale_value=scale, input_layout="BNSD", sparse_mode=2)
+        self.masked = FlashAttentionScore(num_heads, scale_value=scale, input_layout="BNSD", sparse_mode=0)
         self.causal_mask = Tensor(np.triu(np.ones((2048, 2048), np.uint8), k=1))
 
-    def construct(self, q, k, v):
-        return ops.flash_attention_score(q, k, v, self.num_heads, attn_mask=self.causal_mask,
-                                         scalar_value=self.scale, input_layout="BNSD", sparse_mode=2)
+    def construct(self, q, k, v, mask=None):
+        if mask is None:
+            return self.causal(q, k, v, None, None, None, self.causal_mask)[3]
+        return self.masked(q, k, v, None, None, None, (mask < 0).astype(ms.uint8))[3]
 
 
 class Attention(nn.Cell):
     """Causal self-attention with RoPE and GQA: CoreAttention on [B, heads, S, D], or `flash` (Ascend's
-    flash_attention_score)."""
+    FlashAttentionScore)."""
 
     def __init__(self, cfg: LlamaConfig, rng, compute_dtype, flash: bool = False):
         super().__init__()
@@ -231,8 +198,8 @@ class Attention(nn.Cell):
         self.wk = Linear(h, self.n_kv * self.head_dim, std, rng, compute_dtype)
         self.wv = Linear(h, self.n_kv * self.head_dim, std, rng, compute_dtype)
         self.wo = Linear(self.n_heads * self.head_dim, h, std, rng, compute_dtype)
-        self.core = (FlashCoreAttention(self.head_dim, self.n_heads) if flash
-                     else CoreAttention(self.head_dim, compute_dtype, cfg.attention_chunk))
+        self.core = (FlashCoreAttention(self.head_dim, self.n_heads) if flash else
+                     CoreAttention(self.head_dim, compute_dtype, cfg.attention_chunk, self.n_heads // self.n_kv))
         self.rope = Rotary()
         self.compute_dtype = compute_dtype
         self.qk_cached, self.pv_cached = ops.BatchMatMul(transpose_b=True), ops.BatchMatMul()  # inference only
@@ -253,10 +220,7 @@ class Attention(nn.Cell):
 
     def construct(self, x, cos, sin, mask=None):
         b, s, _ = x.shape
-        q, k, v = self.project(x, cos, sin)
-        if self.n_kv != self.n_heads:  # grouped-query attention: each KV head serves n_heads / n_kv queries
-            k = ops.repeat_interleave(k, self.n_heads // self.n_kv, 1)
-            v = ops.repeat_interleave(v, self.n_heads // self.n_kv, 1)
+        q, k, v = self.project(x, cos, sin)  # (GQA: the core pairs each kv head with its n_heads / n_kv queries)
         out = self.core(q, k, v) if mask is None else self.core(q, k, v, mask)
         return self.wo(out.transpose(0, 2, 1, 3).reshape(b, s, -1))
 

@@ -5,9 +5,13 @@ Tensor parallelism, MindSpore's way: `shard()` strategies on the model's primiti
 
     column-parallel (weight split by output rows):  wq wk wv, w1 w3 (SwiGLU gate/up), lm_head (vocab)
     row-parallel    (weight split by input columns): wo, w2 — MindSpore inserts the AllReduce after them
-    attention scores/values: split by head;  embedding: vocab-parallel gather
-    sequence parallel (optional): RMSNorm's primitives split the sequence over tp, so activations outside
-    attention/MLP are not replicated; MindSpore inserts the all-gather / reduce-scatter around them
+    attention scores/values: split by head; flash attention (FlashAttentionScore) too, q, k and v by head over
+    tp and by batch over dp, the compressed causal mask replicated, a packed-sample mask by batch (MindFormers'
+    FlashAttention.shard, BNSD); GQA's kv heads are split over tp like the query heads (validation: tp | kv heads)
+    embedding: vocab-parallel gather
+    sequence parallel (optional): RMSNorm's primitives (Ascend's fused RmsNorm where device_ops.py put it) split
+    the sequence over tp, so activations outside attention/MLP are not replicated; MindSpore inserts the
+    all-gather / reduce-scatter around them
     LoRA adapters (adapters/lora.py) follow their base: on a column-parallel linear B [out, r] is split by
     rows like W and A is replicated; on a row-parallel one A [r, in] is split by columns like W (its partial
     products are summed by the AllReduce MindSpore inserts) and B is replicated
@@ -23,7 +27,8 @@ on the last. MindSpore compiles sharded graphs only for Ascend/GPU: on CPU this 
 import re
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from models.llama.model import AttentionBlock, Embedding, Linear, LlamaForCausalLM, RMSNorm
+from models.llama.device_ops import FusedRMSNorm
+from models.llama.model import AttentionBlock, Embedding, FlashCoreAttention, Linear, LlamaForCausalLM, RMSNorm
 
 COLUMN = ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3", "lm_head")
 ROW = ("attention.wo", "feed_forward.w2")
@@ -35,11 +40,14 @@ def tensor_parallel_strategies(model: LlamaForCausalLM, dp: int, tp: int,
     """`<cell path>.<primitive>` -> strategy, for every primitive that tensor parallelism shards."""
     plan = {}
     if sequence_parallel:
-        act = (dp * tp, 1)  # RMSNorm works on rows [batch x sequence, hidden]: split over dp and tp
+        act = (dp, tp, 1)  # [batch, sequence, hidden]: the batch over dp, the sequence over tp
         for name, cell in model.cells_and_names():
-            if isinstance(cell, RMSNorm):
+            if isinstance(cell, FusedRMSNorm):
+                plan[f"{name}.norm"] = (act, (1,))
+            elif isinstance(cell, RMSNorm):  # 1/rms is [batch, sequence, 1]: split as x
                 plan.update({f"{name}.square": (act,), f"{name}.mean": (act,), f"{name}.add": (act, ()),
-                             f"{name}.rsqrt": (act,), f"{name}.normalize": (act, act), f"{name}.scale": (act, act)})  # operands broadcast to x's shape (RMSNorm)
+                             f"{name}.rsqrt": (act,), f"{name}.normalize": (act, act), f"{name}.scale": (act, (1,))})
+    heads = (dp, tp, 1, 1)  # [batch, heads, sequence, head_dim]
     for name, cell in model.cells_and_names():
         lora = hasattr(cell, "lora_A")
         if isinstance(cell, Linear) and name.endswith(COLUMN):
@@ -53,7 +61,10 @@ def tensor_parallel_strategies(model: LlamaForCausalLM, dp: int, tp: int,
                 plan[f"{name}.lora_A.matmul"] = ((dp, tp), (1, tp))
                 plan[f"{name}.lora_B.matmul"] = ((dp, 1), (1, 1))
         elif isinstance(cell, AttentionBlock):
-            plan[f"{name}.qk"] = plan[f"{name}.pv"] = ((dp, tp, 1, 1), (dp, tp, 1, 1))
+            plan[f"{name}.qk"] = plan[f"{name}.pv"] = (heads, heads)
+        elif isinstance(cell, FlashCoreAttention):  # inputs q, k, v and the mask (the unused ones are None)
+            plan[f"{name}.causal"] = (heads, heads, heads, (1, 1))
+            plan[f"{name}.masked"] = (heads, heads, heads, (dp, 1, 1, 1))
         elif isinstance(cell, Embedding):
             plan[f"{name}.gather"] = ((tp, 1), (dp, 1))
     if model.tie_embeddings:
