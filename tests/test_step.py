@@ -332,3 +332,56 @@ def test_the_guards_limit_gives_its_verdict_in_float32():
         for loss in (np.nextafter(threshold, np.float32(-np.inf)), threshold, np.nextafter(threshold, np.float32(np.inf))):
             assert (guard.check(float(loss)) is None) == bool(loss <= guard.limit())
     assert SpikeGuard(2.0, 3, 5).limit() == np.inf  # no history yet: no spike check
+
+
+class _WithMetric:
+    """An objective whose loss cell returns a metric after the loss (twice the loss, to be recognisable)."""
+    metrics = ("twice",)
+
+    def loss_cell(self, model):
+        return _LossAndTwice(CausalLMLoss(model))
+
+    def loss_tokens(self, inputs):
+        return inputs[1][:, 1:].size
+
+
+class _LossAndTwice(ms.nn.Cell):
+    def __init__(self, loss):
+        super().__init__(auto_prefix=False)
+        self.loss = loss
+
+    def construct(self, x, labels):
+        (loss,) = self.loss(x, labels)
+        return loss, loss * 2
+
+
+def test_the_sharded_step_keeps_the_objectives_metrics():
+    """ShardedModule.step (its compiled step here the plain ShardedTrainStep: nothing sharded runs on CPU) reports
+    the objective's metrics as the local step does."""
+    from trainer.module import ShardedModule
+
+    model, optimizer, _, _ = setup()
+    module = object.__new__(ShardedModule)
+    module.objective = _WithMetric()
+    module.compiled = ShardedTrainStep(module.objective.loss_cell(model), optimizer, 1.0, pp=1, micro_batches=1,
+                                       optimizer_shard=False)
+    x = batch(4)
+    result = module.step([(x.asnumpy(), x.asnumpy())], 1.0)
+    assert set(result.metrics) == {"twice"} and result.metrics["twice"] == pytest.approx(2 * result.loss, rel=1e-6)
+
+
+def test_data_parallel_numbers_travel_in_one_all_reduce():
+    """The two-graph step under data parallelism (the replicas faked: an all-reduce that sees two equal ones): one
+    AllReduce a step carries the loss tokens, the loss and the metrics; the global numbers come back from it."""
+    model, optimizer, _, _ = setup()
+    module = LocalModule(model, _WithMetric(), optimizer, 1.0, world_size=1, one_graph=False)
+    calls = []
+    module.world_size = 2
+    module.replica_sum = lambda t: calls.append(t.asnumpy().copy()) or Tensor(t.asnumpy() * 2)
+    x = batch(4)
+    result = module.step([(x.asnumpy()[:2], x.asnumpy()[:2]), (x.asnumpy()[2:], x.asnumpy()[2:])], 1.0)
+    (sent,) = calls
+    tokens = 4 * 32
+    assert sent[0] == tokens and result.loss_tokens == 2 * tokens
+    assert result.loss == pytest.approx(sent[1] / tokens, rel=1e-6)  # two equal replicas: their mean is one's
+    assert result.metrics["twice"] == pytest.approx(2 * result.loss, rel=1e-6)

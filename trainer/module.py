@@ -61,39 +61,42 @@ class LocalModule:
             return
         self.train_step = None
         self.forward_backward = ForwardBackward(self.loss_net, optimizer.parameters)
-        reducer, self.replica_mean = None, None
+        reducer, self.replica_sum = None, None
         if world_size > 1:
-            from distributed.data_parallel import ReplicaMean, gradient_reducer
+            from distributed.data_parallel import ReplicaSum, gradient_reducer
 
-            reducer, self.replica_mean = gradient_reducer(optimizer.parameters, world_size), ReplicaMean(world_size)
+            reducer, self.replica_sum = gradient_reducer(optimizer.parameters, world_size), ReplicaSum()
         self.world_size = world_size
         self.apply_update = ApplyUpdate(optimizer, self.forward_backward.grad_buffers, clip_grad_norm, reducer)
 
-    def _global(self, value: float) -> float:
-        """The mean of `value` over the replicas (itself on one device)."""
-        if self.replica_mean is None:
-            return value
-        return float(self.replica_mean(Tensor(value, ms.float32)).asnumpy())
+    def _global_sum(self, values: np.ndarray) -> np.ndarray:
+        """`values` summed over the replicas (themselves on one device): one AllReduce for all of them."""
+        if self.replica_sum is None:
+            return values
+        return self.replica_sum(Tensor(values.astype(np.float32))).asnumpy().astype(np.float64)
 
     def step(self, micro_batches: Sequence[tuple], loss_scale: float, guard=None) -> StepResult:
         if self.train_step is not None:
             return self._one_graph_step(micro_batches, loss_scale, guard)
         counts = [self.objective.loss_tokens(inputs) for inputs in micro_batches]
-        total = round(self._global(float(sum(counts))) * self.world_size)  # loss tokens of the global batch
+        local = sum(counts)  # this replica's loss tokens
         outs = []  # read after the loop: one host sync per step, the micro-batches launched back to back
         for inputs, n in zip(micro_batches, counts):
             if n == 0:  # no loss token: nothing to add to the gradient
                 continue
-            weight = self.world_size * n / total  # the replica mean then gives n / total
-            outs.append((weight, self.forward_backward(Tensor(loss_scale * weight, ms.float32), *map(Tensor, inputs))))
-        loss, metrics = 0.0, np.zeros(len(self.objective.metrics))
-        for weight, out in outs:
-            loss += weight * float(out[0].asnumpy())
-            metrics += [weight * float(m.asnumpy()) for m in out[1:]]
-        loss = self._global(loss)  # every rank decides on the same, global loss
-        metrics = [self._global(float(m)) for m in metrics]
+            weight = n / local  # the buffers hold this replica's mean gradient; `share` weights it among the replicas
+            outs.append((n, self.forward_backward(Tensor(loss_scale * weight, ms.float32), *map(Tensor, inputs))))
+        sums = np.zeros(2 + len(self.objective.metrics))  # [loss tokens, token-weighted loss, metrics...]
+        sums[0] = local
+        for n, out in outs:
+            sums[1:] += n * np.array([float(x.asnumpy()) for x in out])
+        total, loss, *metrics = self._global_sum(sums)  # every rank decides on the same, global numbers
+        total = round(total)  # loss tokens of the global batch (exact in float32 below 2^24)
+        loss, metrics = loss / max(total, 1), [m / max(total, 1) for m in metrics]
         skip = guard.check(loss) if guard else None
-        grad_norm, finite, lr = self.apply_update(Tensor(loss_scale, ms.float32), Tensor(skip is None))
+        share = self.world_size * local / max(total, 1)
+        grad_norm, finite, lr = self.apply_update(Tensor(loss_scale, ms.float32), Tensor(skip is None),
+                                                  Tensor(share, ms.float32))
         return StepResult(loss, grad_norm, bool(finite.asnumpy()), lr, skip,
                           dict(zip(self.objective.metrics, metrics)), total)
 
@@ -147,8 +150,9 @@ class ShardedModule(LocalModule):
 
     def step(self, micro_batches: Sequence[tuple], loss_scale: float, guard=None) -> StepResult:
         (inputs,) = micro_batches  # validation: grad_accum == 1; the pipeline's micro-batches are in the batch
-        loss, grad_norm, finite, lr = self.compiled(Tensor(loss_scale, ms.float32), *map(Tensor, inputs))
-        return StepResult(float(loss.asnumpy()), grad_norm, bool(finite.asnumpy()), lr)
+        loss, *metrics, grad_norm, finite, lr = self.compiled(Tensor(loss_scale, ms.float32), *map(Tensor, inputs))
+        return StepResult(float(loss.asnumpy()), grad_norm, bool(finite.asnumpy()), lr,
+                          metrics=dict(zip(self.objective.metrics, (float(m.asnumpy()) for m in metrics))))
 
     def save(self, root: str, step: int, state: dict, cfg, tokenizer_file: str, is_main: bool) -> None:
         """Every rank writes its slices; once all have (a barrier over the run, every node), rank 0 writes state.json

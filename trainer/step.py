@@ -13,12 +13,12 @@ CPU profiler) and one host round trip instead of two. trainer.one_graph_step=fal
 Gradient accumulation and data parallelism, two graphs, so accumulation is a plain Python loop:
 
     for inputs, weight in micro_batches:  loss, *metrics = forward_backward(loss_scale * weight, *inputs)
-    grad_norm, finite, lr = apply_update(loss_scale, allow)     # (all-reduce,) unscale, clip, AdamW, zero
+    grad_norm, finite, lr = apply_update(loss_scale, allow, share)  # (all-reduce,) unscale, clip, AdamW, zero
 
-`weight` is the micro-batch's share of the loss tokens of the whole global batch (all micro-batches and
-data-parallel ranks; trainer/module.py computes it on the host from the batches), so the accumulated
-gradient is that of the mean loss over every loss token of the step: right even when micro-batches hold
-different numbers of loss tokens (SFT, MLM), where a mean of micro-batch means would not be.
+`weight` is the micro-batch's share of this replica's loss tokens and `share` the replica's share of the global
+batch's (trainer/module.py computes both on the host from the batches and one all-reduce of the counts), so the
+gradient is that of the mean loss over every loss token of the step: right even when micro-batches or replicas
+hold different numbers of loss tokens (SFT, MLM), where a mean of micro-batch means would not be.
 Gradients accumulate in fp32 buffers (like Megatron's main_grad). With fp16 the loss is multiplied by a
 dynamic loss scale; a step whose gradients overflow is skipped and the scale backs off (DynamicLossScale).
 
@@ -48,6 +48,14 @@ def _accumulate_tensor(buffer, grad):
 @_zero.register("Tensor")
 def _zero_tensor(buffer):
     return ops.assign(buffer, ops.zeros_like(buffer))
+
+
+_scale = ops.MultitypeFuncGraph("scale")
+
+
+@_scale.register("Tensor", "Tensor")
+def _scale_tensor(factor, grad):
+    return grad * factor.astype(grad.dtype)
 
 
 class ScaledLossGradients(nn.Cell):
@@ -81,7 +89,9 @@ class ForwardBackward(ScaledLossGradients):
 
 class ApplyUpdate(nn.Cell):
     """`reducer` (data parallel) averages the gradients over replicas first, so the finite check, the norm
-    and clipping all see the global gradient."""
+    and clipping all see the global gradient. Each replica's buffers hold the mean gradient over its own loss
+    tokens; `share` (world size x its tokens / the global batch's) weights it in that average, so the result is the
+    mean over every loss token of the step, however unevenly the replicas' batches hold them."""
 
     def __init__(self, optimizer: nn.Optimizer, grad_buffers: ms.ParameterTuple, clip_grad_norm: float,
                  reducer: Optional[nn.Cell] = None):
@@ -91,11 +101,12 @@ class ApplyUpdate(nn.Cell):
         self.reducer = reducer
         self.reduce = reducer is not None
 
-    def construct(self, loss_scale, allow):
-        """`allow`=False discards the accumulated gradients (a step the host decided to skip)."""
+    def construct(self, loss_scale, allow, share=None):
+        """`allow`=False discards the accumulated gradients (a step the host decided to skip); `share` is read
+        under data parallelism only."""
         grads = self.grad_buffers
         if self.reduce:
-            grads = self.reducer(grads)
+            grads = self.reducer(_map(ops.partial(_scale, share), grads))
         norm, finite, lr = self.update(grads, allow, 1.0 / loss_scale)
         norm = ops.depend(norm, _map(_zero, self.grad_buffers))
         return norm, finite, lr
@@ -144,7 +155,7 @@ class ClipAndUpdate(nn.Cell):
 
 
 class ShardedTrainStep(TrainStep):
-    """One optimizer step in one graph: (loss, grad_norm, finite, lr) = step(loss_scale, *inputs).
+    """One optimizer step in one graph: (loss, *metrics, grad_norm, finite, lr) = step(loss_scale, *inputs).
 
     With pp > 1 the batch is split into `micro_batches` micro-batches (1F1B) by `Pipeline`, and
     `PipelineGradReducer` accumulates their gradients (they are the accumulation: validation requires
@@ -164,7 +175,7 @@ class ShardedTrainStep(TrainStep):
         if self.pipelined:
             grads = self.reducer(grads)
         norm, finite, lr = self.update(grads, self.allow, 1.0 / loss_scale)
-        return out[1], norm, finite, lr
+        return out[1:] + (norm, finite, lr)
 
 
 @dataclass
