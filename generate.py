@@ -55,6 +55,8 @@ def parse_args(argv: Optional[List[str]]):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--device", default="CPU", help="MindSpore device target (CPU, Ascend, GPU)")
+    parser.add_argument("--precision", choices=("auto", "fp32", "fp16", "bf16"), default="auto",
+                        help="compute dtype (auto: fp32 on CPU, bf16 on Ascend/GPU, as the device presets)")
     args = parser.parse_args(argv)
     checks = [(args.max_new_tokens >= 1, "--max-new-tokens", f"must be >= 1, got {args.max_new_tokens}"),
               (args.temperature >= 0, "--temperature", f"must be >= 0 (0: greedy), got {args.temperature}"),
@@ -63,6 +65,8 @@ def parse_args(argv: Optional[List[str]]):
               (args.repetition_penalty > 0, "--repetition-penalty", f"must be > 0, got {args.repetition_penalty}"),
               (args.batch_size >= 1, "--batch-size", f"must be >= 1, got {args.batch_size}"),
               (all(args.stop), "--stop", "stop strings cannot be empty"),
+              (args.precision != "bf16" or args.device != "CPU", "--precision",
+               "bf16 needs Ascend/GPU (MindSpore's CPU kernels have no bf16 matmul); use fp32 or fp16 on CPU"),
               (not args.out or os.path.isdir(os.path.dirname(os.path.abspath(args.out))), "--out",
                f"no such directory: {os.path.dirname(os.path.abspath(args.out or '.'))}")]
     args.stop = [unescape(s) for s in args.stop]
@@ -219,14 +223,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         prompts = encode_prompts(records, tokenizer, model_cfg.max_position_embeddings, args.max_new_tokens, template)
         if template["assistant_end"] and any("instruction" in r or "messages" in r for r in records):
             args.stop = args.stop + [template["assistant_end"]]  # a templated answer ends with it, then eos
-        model = build(model_cfg, path, args.device)  # reads the weights: the temp dir may go after this
+        model = build(model_cfg, path, args.device, args.precision)  # reads the weights: the temp dir may go
     from models.generation import generator
 
     run(args, generator(model_cfg.family, model), tokenizer, records, prompts)
     return 0
 
 
-def build(model_cfg, path: str, device: str):
+def build(model_cfg, path: str, device: str, precision: str = "auto"):
+    """The model to generate with, in `precision`'s compute dtype (auto: the device's, fp32 on CPU)."""
     import mindspore as ms
 
     from base import checkpoint
@@ -238,7 +243,8 @@ def build(model_cfg, path: str, device: str):
     # the native model (MindFormers' checkpoints hold the same names), built as training builds it: with the CPU
     # kernels where they apply, so decoding runs one attention op a layer and step (kernels/attention.cc)
     native = OmegaConf.merge(model_cfg, {"impl": "native", "flash_attention": False, "recompute": "none"})
-    model = build_model(native, native.max_position_embeddings, "fp32", device, seed=0)
+    dtype = precision if precision != "auto" else ("fp32" if device == "CPU" else "bf16")
+    model = build_model(native, native.max_position_embeddings, dtype, device, seed=0)
     checkpoint.load_weights(path, model)
     model.set_train(False)
     return model

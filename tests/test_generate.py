@@ -19,7 +19,7 @@ from conftest import ROOT, load_preset
 from data.tokenizer import Tokenizer
 from models import build_model
 from models.convert import export_hf, main as cli_convert
-from models.llama.generation import Generator, choose, filter_top_k_top_p, penalize_repetition
+from models.llama.generation import Generator, Sampler
 
 LINES = ["To be, or not to be, that is the question:", "Shall I compare thee to a summer's day?",
          "Now is the winter of our discontent", "Friends, Romans, countrymen, lend me your ears;"]
@@ -143,8 +143,8 @@ def gen32(ckpt):
 def test_two_graphs_for_a_32_token_generation(ckpt, gen32):
     result = gen32.generate(two_prompts(ckpt[2]), 32, temperature=0.8, seed=0)
     assert result.timings["steps"] == 32 and all(len(s.tokens) == 32 for s in result.samples)
-    assert gen32.compile_count == 2  # prefill [2, 16] and decode [2, 1]: none per token
-    gen32.generate([ckpt[2].encode(LINES[2]), ckpt[2].encode(LINES[3])], 32)  # same padded length and cache
+    assert gen32.compile_count == 2  # prefill [2, 16] and decode [2, 1], sampling in both: none per token
+    gen32.generate([ckpt[2].encode(LINES[2]), ckpt[2].encode(LINES[3])], 32, temperature=0.8, seed=1)  # same shapes
     assert gen32.compile_count == 2
 
 
@@ -175,7 +175,8 @@ def test_sampling_options(ckpt, gen32):
     eos = greedy[0][3]
     ended = gen32.generate(prompts, 32, eos_id=eos).samples[0]
     assert ended.finish_reason == "eos" and ended.tokens == greedy[0][:greedy[0].index(eos)]
-    assert gen32.compile_count == 2
+    options = {key[3] for key in gen32.cells}  # the sampling options are the graphs' constants: a pair for each
+    assert len(options) >= 6 and gen32.compile_count == 2 * len(options)
 
 
 @pytest.mark.slow
@@ -193,18 +194,37 @@ def test_generate_fn_batches_without_changing_the_text(ckpt):
         assert len(set(whole)) > 1
 
 
-def test_logits_processors():
-    logits = np.array([[3.0, 1.0, 2.0, -1.0], [0.0, 0.0, 5.0, 4.0]])
-    seen = np.array([[True, False, False, True], [False, False, False, False]])
-    np.testing.assert_allclose(penalize_repetition(logits, seen, 2.0), [[1.5, 1.0, 2.0, -2.0], [0, 0, 5, 4]])
-    top2 = filter_top_k_top_p(logits, top_k=2)
-    assert np.isinf(top2).tolist() == [[False, True, False, True], [True, True, False, False]]
-    p = np.exp(logits[0]) / np.exp(logits[0]).sum()  # 0.665, 0.090, 0.245, 0.012
-    nucleus = filter_top_k_top_p(logits, top_p=0.8)  # the smallest set reaching 0.8: two tokens in row 0
-    assert np.isinf(nucleus[0]).tolist() == [False, True, False, True] and p[0] < 0.8 < p[0] + p[2]
-    rngs = [np.random.default_rng(0), np.random.default_rng(1)]
-    draws = np.stack([choose(logits, rngs, 1.0, 0, 0.8) for _ in range(200)])
-    assert set(draws[:, 0]) == {0, 2} and set(draws[:, 1]) == {2, 3}
+def test_the_sampler_follows_hugging_faces_processors(pynative):
+    """Sampler's penalty, temperature, top-k and top-p against transformers' logits processors (the same tokens
+    left, the same values), and its draw against the inverse CDF of those logits in float64."""
+    import torch
+    from transformers.generation.logits_process import (RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper,
+                                                        TopKLogitsWarper, TopPLogitsWarper)
+
+    rng = np.random.default_rng(0)
+    logits = (rng.standard_normal((3, 50)) * 3).astype(np.float32)
+    seen = rng.random((3, 50)) < 0.2
+    seen[:, 0] = True
+    input_ids = torch.tensor(np.stack([np.resize(np.flatnonzero(row), 50) for row in seen]))  # each row's seen ids
+    for temperature, top_k, top_p, penalty in [(0.0, 0, 1.0, 2.0), (0.7, 5, 1.0, 1.0), (1.0, 0, 0.8, 1.0),
+                                               (0.7, 10, 0.9, 1.3)]:
+        sampler = Sampler(temperature, top_k, top_p, penalty)
+        ours = sampler.filtered(Tensor(logits), Tensor(seen)).asnumpy()
+        theirs = RepetitionPenaltyLogitsProcessor(penalty)(input_ids, torch.tensor(logits))
+        if temperature:
+            theirs = TemperatureLogitsWarper(temperature)(input_ids, theirs)
+            theirs = TopKLogitsWarper(top_k)(input_ids, theirs) if top_k else theirs
+            theirs = TopPLogitsWarper(top_p)(input_ids, theirs) if top_p < 1 else theirs
+        theirs = theirs.numpy()
+        assert (np.isinf(ours) == np.isinf(theirs)).all() and np.isinf(ours).any() == (top_k > 0 or top_p < 1)
+        np.testing.assert_allclose(ours[np.isfinite(ours)], theirs[np.isfinite(theirs)], rtol=1e-6)
+        u = 1.0 - rng.random(3)
+        chosen = sampler(Tensor(logits), Tensor(seen), Tensor(u.astype(np.float32))).asnumpy()
+        if not temperature:
+            assert chosen.tolist() == ours.argmax(-1).tolist()
+            continue
+        cdf = np.cumsum(np.exp(ours.astype(np.float64) - ours.max(-1, keepdims=True)), -1)
+        assert chosen.tolist() == (cdf < u[:, None] * cdf[:, -1:]).sum(-1).tolist()
 
 
 @pytest.mark.slow

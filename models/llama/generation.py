@@ -1,32 +1,32 @@
-"""Generation for the native Llama: a static-shape KV cache in two compiled graphs, decoding on the host.
+"""Generation for the native Llama: a static-shape KV cache in two compiled graphs, sampling in them.
 
     result = model.generate([[ids...], [ids...]], 128, temperature=0.8, top_p=0.95, eos_id=3, seed=0)
 
-Device side (graph mode), through `LlamaForCausalLM.cached` (models/llama/model.py):
+Device side (graph mode), through `LlamaForCausalLM.cached` (models/llama/model.py), in the model's compute dtype:
 - **cache**: per layer K and V of [B, n_kv_heads, L, head_dim] (the kv heads: GQA is not repeated into the
-  cache), L = P + max_new_tokens: Parameters of the two graphs below, written in place. A step writes one
-  column; passed as graph inputs and outputs, as before the twenty-first pass, the caches were copied whole at
-  every step (MindSpore's ops return new tensors). One set per (B, L), kept with its graphs for the next call of
-  that shape: B x L x 2 x layers x kv heads x head_dim numbers (16 MB at model=small, B 1, L 640).
+  cache), L = P + max_new_tokens: Parameters of the two graphs below, written in place (graph inputs and outputs
+  would copy the whole cache at every step: MindSpore's ops return new tensors). One set per (B, L), kept for the
+  next call of that shape: B x L x 2 x layers x kv heads x head_dim numbers (16 MB at model=small, B 1, L 640).
 - **two graphs**: `prefill` runs the whole left-padded prompt block [B, P] once and fills cache columns 0..P-1
   (the rest zeroed); `decode` runs one token [B, 1] and writes column t, chosen by a one-hot `slot` *tensor*.
   Every input is a tensor of a fixed shape (the column, positions and the attention bias too), so MindSpore
-  compiles each graph once per (B, P, L) and never per token. `Generator.compile_count` is the number of graphs
-  MindSpore compiled (the sizes of the generation cells' compile caches).
+  compiles each graph once per (B, P, L) and sampling options, never per token. `Generator.compile_count` is the
+  number of graphs MindSpore compiled (the sizes of the generation cells' compile caches).
+- **sampling** (Sampler, the end of both graphs): repetition penalty (CTRL / Hugging Face rule, over the prompt and
+  the tokens so far, a [B, vocab] mask kept on the device), then greedy (temperature 0) or temperature, top-k,
+  top-p and an inverse-CDF draw. Each step reads back the [B] chosen tokens, not the [B, vocab] logits.
 - **left padding**: prompts are right-aligned in the P columns, so every row's newest token is in the same
   column. `positions` start at 0 at each row's first real token (RoPE, `model.rope_scaling` tables included);
   the additive `bias` (0 allowed, -1e9 not) hides pad columns, the future, and not yet written cache columns.
 
-Host side (NumPy, per step on the [B, vocab] logits): repetition penalty (CTRL / Hugging Face rule, over the
-prompt and the tokens so far), then greedy (temperature 0) or temperature, top-k, top-p, and a draw from
-`np.random.default_rng((seed, row))` per row, so a prompt's sample depends on the seed and its index only
-(not on the batch it shares). A row ends at `eos_id`, at a stop string (the text is cut before it) or after
-max_new_tokens; the loop ends when every row has.
+Host side: the uniform draw of each row from `np.random.default_rng((seed, row))`, so a prompt's sample depends on
+the seed and its index only (not on the batch it shares); a row ends at `eos_id`, at a stop string (the text is cut
+before it) or after max_new_tokens; the loop ends when every row has.
 
-MindFormers' NumPy logits processors (`mindformers.generation.logits_process`) are not used: importing them
-loads all of MindFormers; their `__call__` runs MindSpore ops unless a MindFormers context asks for NumPy;
-their filters write -50000 rather than -inf, and their repetition penalty reads every id of the row, which
-would count the left padding. The ~40 lines below follow Hugging Face's definitions instead.
+MindFormers' logits processors (`mindformers.generation.logits_process`) are not used: importing them loads all of
+MindFormers; their filters write -50000 rather than -inf, and their repetition penalty reads every id of the row,
+which would count the left padding. Sampler follows Hugging Face's definitions instead (tests/test_generate.py
+compares them).
 """
 import time
 from dataclasses import dataclass, field
@@ -35,13 +35,13 @@ from typing import Callable, List, Optional, Sequence
 import numpy as np
 
 import mindspore as ms
-from mindspore import Parameter, ParameterTuple, Tensor, nn
+from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 NEG = -1e9  # the additive attention bias of a hidden column (as the training path's masks)
 PROMPT_BUCKET = 16  # the padded prompt length P is rounded up to a multiple of this (fewer distinct graphs)
 
 
-# --- host-side decoding ---------------------------------------------------------------------------------------
+# --- options and results ---------------------------------------------------------------------------------------
 
 def check_options(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0,
                   max_new_tokens: int = 1) -> None:
@@ -56,45 +56,6 @@ def check_options(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, 
         raise ValueError(f"repetition_penalty must be > 0 (1: off), got {repetition_penalty}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-
-
-def penalize_repetition(logits: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:
-    """Logits of tokens already in the row (`seen` [B, V] bool) divided by `penalty` if positive, multiplied
-    if negative (Keskar et al. 2019, as Hugging Face's RepetitionPenaltyLogitsProcessor)."""
-    if penalty == 1.0:
-        return logits
-    return np.where(seen, np.where(logits < 0, logits * penalty, logits / penalty), logits)
-
-
-def filter_top_k_top_p(logits: np.ndarray, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
-    """-inf outside the k largest logits and outside the smallest set of most likely tokens whose probability
-    reaches top_p (the most likely token always stays)."""
-    vocab = logits.shape[-1]
-    if 0 < top_k < vocab:
-        kth = np.partition(logits, vocab - top_k, axis=-1)[:, vocab - top_k, None]
-        logits = np.where(logits < kth, -np.inf, logits)
-    if top_p < 1.0:
-        order = np.argsort(-logits, axis=-1, kind="stable")
-        ranked = np.take_along_axis(logits, order, -1)
-        probs = np.exp(ranked - ranked[:, :1])
-        probs /= probs.sum(-1, keepdims=True)
-        before = np.cumsum(probs, -1) - probs  # probability of the better-ranked tokens
-        drop = np.zeros_like(before, dtype=bool)
-        np.put_along_axis(drop, order, before >= top_p, -1)
-        logits = np.where(drop, -np.inf, logits)
-    return logits
-
-
-def choose(logits: np.ndarray, rngs: Sequence[np.random.Generator], temperature: float, top_k: int,
-           top_p: float) -> np.ndarray:
-    """Next token per row: argmax for temperature 0, else a draw from softmax(filtered logits / temperature)."""
-    if temperature == 0:
-        return logits.argmax(-1)
-    logits = filter_top_k_top_p(logits.astype(np.float64) / temperature, top_k, top_p)
-    probs = np.exp(logits - logits.max(-1, keepdims=True))
-    cdf = np.cumsum(probs, -1)
-    u = np.array([1.0 - rng.random() for rng in rngs])  # (0, 1]: never lands on a zero-probability token
-    return np.minimum((cdf < u[:, None] * cdf[:, -1:]).sum(-1), logits.shape[-1] - 1)
 
 
 def find_stop(text: str, stops: Sequence[str]) -> int:
@@ -121,15 +82,56 @@ class Generation:
 
 # --- device side ----------------------------------------------------------------------------------------------
 
+class Sampler(nn.Cell):
+    """The next token of each row from the last column's logits [B, vocab] (fp32): the repetition penalty over
+    `seen` [B, vocab] (the tokens of the prompt and so far), then the argmax (temperature 0) or the logits divided by
+    the temperature, -inf outside the top_k largest (ties with the k-th kept) and outside the smallest most likely
+    set reaching top_p (the first always kept), and an inverse-CDF draw at the row's `u` in (0, 1]: Hugging Face's
+    RepetitionPenalty / TopK / TopP definitions. The options are constants of the graph; only top-p sorts the
+    vocabulary."""
+
+    def __init__(self, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0):
+        super().__init__()
+        self.temperature, self.top_k, self.top_p = float(temperature), int(top_k), float(top_p)
+        self.penalty = float(repetition_penalty)
+
+    def filtered(self, logits, seen):
+        """The logits the draw reads: penalized, and for sampling divided by the temperature and filtered."""
+        if self.penalty != 1.0:
+            logits = ops.where(seen, ops.where(logits < 0, logits * self.penalty, logits / self.penalty), logits)
+        if self.temperature == 0:
+            return logits
+        logits = logits / self.temperature
+        if 0 < self.top_k < logits.shape[-1]:
+            kth = ops.topk(logits, self.top_k)[0][:, -1:]
+            logits = ops.masked_fill(logits, logits < kth, float("-inf"))
+        if self.top_p < 1.0:
+            ranked = ops.sort(logits, -1, descending=True)[0]
+            probs = ops.softmax(ranked, -1)
+            before = ops.cumsum(probs, -1) - probs  # the probability of the better-ranked tokens
+            kept = (before < self.top_p).astype(ms.int32).sum(-1, keepdims=True)
+            logits = ops.masked_fill(logits, logits < ops.gather_elements(ranked, 1, kept - 1), float("-inf"))
+        return logits
+
+    def construct(self, logits, seen, u):
+        logits = self.filtered(logits, seen)
+        if self.temperature == 0:
+            return logits.argmax(-1).astype(ms.int32)
+        cdf = ops.cumsum(ops.exp(logits - logits.max(-1, keepdims=True)), -1)
+        chosen = (cdf < u.expand_dims(1) * cdf[:, -1:]).astype(ms.int32).sum(-1)  # u > 0: never a -inf token
+        return ops.minimum(chosen, logits.shape[-1] - 1)
+
+
 class _Graph(nn.Cell):
-    """A generation graph around the model. MindSpore runs a compiled cell through Cell.__call__, which sets
-    `compile_phase` on every call, and the stock setter walks every sub-cell: ~230 at model=small, 0.7 ms of a
-    ~11 ms decoding step. Only the top cell's phase is read (mindspore/parallel/strategy.py), so it is kept here
+    """A generation graph around the model, ending in the sampler: (chosen tokens [B], logits [B, vocab]); the chosen
+    tokens join `seen` when the repetition penalty reads it. MindSpore runs a compiled cell through Cell.__call__,
+    which sets `compile_phase` on every call, and the stock setter walks every sub-cell: ~230 at model=small, 0.7 ms
+    of a ~11 ms decoding step. Only the top cell's phase is read (mindspore/parallel/strategy.py), so it is kept here
     without the walk."""
 
-    def __init__(self, lm):
+    def __init__(self, lm, seen: Parameter, sampler: Sampler):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
-        self.lm = lm
+        self.lm, self.seen, self.sampler = lm, seen, sampler
 
     @property
     def compile_phase(self):
@@ -139,30 +141,37 @@ class _Graph(nn.Cell):
     def compile_phase(self, value):
         self._compile_phase = value
 
+    def pick(self, logits, u):
+        chosen = self.sampler(logits, self.seen, u)
+        if self.sampler.penalty != 1.0:
+            now = ops.arange(logits.shape[-1], dtype=ms.int32).expand_dims(0) == chosen.expand_dims(1)
+            chosen = ops.depend(chosen, ops.assign(self.seen, ops.logical_or(self.seen, now)))
+        return chosen, logits
+
 
 class _Cached(_Graph):
     """A graph over the model's cached path and the KV caches it writes (ParameterTuples, see the module doc)."""
 
-    def __init__(self, lm, k_caches: ParameterTuple, v_caches: ParameterTuple):
-        super().__init__(lm)
-        self.k_caches, self.v_caches = k_caches, v_caches
+    def __init__(self, lm, seen: Parameter, sampler: Sampler, caches):
+        super().__init__(lm, seen, sampler)
+        self.k_caches, self.v_caches = caches
 
 
 class _Prefill(_Cached):
-    def construct(self, tokens, positions, bias):
-        return self.lm.cached(tokens, positions, bias, self.k_caches, self.v_caches)
+    def construct(self, tokens, positions, bias, u):
+        return self.pick(self.lm.cached(tokens, positions, bias, self.k_caches, self.v_caches), u)
 
 
 class _Decode(_Cached):
-    def construct(self, tokens, positions, bias, slot):
-        return self.lm.cached(tokens, positions, bias, self.k_caches, self.v_caches, slot)
+    def construct(self, tokens, positions, bias, slot, u):
+        return self.pick(self.lm.cached(tokens, positions, bias, self.k_caches, self.v_caches, slot), u)
 
 
 class _Uncached(_Graph):
     """The baseline without a cache: the whole left-padded sequence so far, [B, L], every step."""
 
-    def construct(self, tokens, positions, bias):
-        return self.lm.cached(tokens, positions, bias)
+    def construct(self, tokens, positions, bias, u):
+        return self.pick(self.lm.cached(tokens, positions, bias), u)
 
 
 def _causal_bias(valid: np.ndarray) -> np.ndarray:
@@ -184,24 +193,41 @@ class Generator:
 
     def __init__(self, model):
         self.model = model
-        self.uncached = _Uncached(model)
-        self.cached = {}  # (B, L) -> (prefill, decode): the graphs sharing that shape's caches
+        self.cached = {}  # (B, L) -> the K and V caches of that shape (ParameterTuples)
+        self.cells = {}  # (kind, B, L, sampling options) -> its graph cell
+        self.seen = {}  # B -> [B, vocab] bool Parameter: the tokens each row holds (the repetition penalty's)
         attention = model.model.layers[0].attention
         self.n_kv, self.head_dim, self.num_layers = attention.n_kv, attention.head_dim, len(model.model.layers)
         self.cache_dtype = attention.compute_dtype
+        self.vocab = model.model.tok_embeddings.embedding_weight.shape[0]
         self.max_positions = model.model.cos.shape[0]
         self.compile_seconds = 0.0  # spent compiling graphs (the first call of each shape)
         self._seen = set()
 
-    def graphs(self, batch: int, length: int):
-        """(prefill, decode) over the caches of `batch` rows and `length` columns, made at the first call."""
+    def graph(self, kind: str, batch: int, length: int, options: tuple) -> _Graph:
+        """The `kind` (prefill, decode, uncached) graph for `batch` rows, `length` cache columns and the sampling
+        `options` (Sampler's arguments), made at the first call; prefill and decode share the caches of a shape."""
+        key = (kind, batch, length, options)
+        if key in self.cells:
+            return self.cells[key]
+        args = (self.model, self.seen_of(batch), Sampler(*options))
+        if kind == "uncached":
+            self.cells[key] = _Uncached(*args)
+            return self.cells[key]
         if (batch, length) not in self.cached:
             shape = (batch, self.n_kv, length, self.head_dim)
-            caches = [ParameterTuple(Parameter(Tensor(np.zeros(shape, np.float32), self.cache_dtype),
-                                               f"cache_{batch}x{length}.{kind}.{i}", requires_grad=False)
-                                     for i in range(self.num_layers)) for kind in "kv"]
-            self.cached[batch, length] = _Prefill(self.model, *caches), _Decode(self.model, *caches)
-        return self.cached[batch, length]
+            self.cached[batch, length] = [ParameterTuple(Parameter(Tensor(np.zeros(shape, np.float32), self.cache_dtype),
+                                                                   f"cache_{batch}x{length}.{kind}.{i}", requires_grad=False)
+                                                         for i in range(self.num_layers)) for kind in "kv"]
+        self.cells[key] = (_Prefill if kind == "prefill" else _Decode)(*args, self.cached[batch, length])
+        return self.cells[key]
+
+    def seen_of(self, batch: int) -> Parameter:
+        """The [batch, vocab] mask of the tokens each row holds, shared by the graphs of `batch` rows."""
+        if batch not in self.seen:
+            self.seen[batch] = Parameter(Tensor(np.zeros((batch, self.vocab), bool)), f"seen_{batch}",
+                                         requires_grad=False)
+        return self.seen[batch]
 
     def _run(self, cell, *args):
         """cell(*args), compiled first (and timed) when these input shapes are new to it."""
@@ -216,7 +242,7 @@ class Generator:
     @property
     def compile_count(self) -> int:
         """Graphs MindSpore has compiled for this model's generation cells (their compile caches)."""
-        cells = [self.uncached] + [cell for pair in self.cached.values() for cell in pair]
+        cells = list(self.cells.values())
         return sum(len(cell.compile_cache) for cell in cells)
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, temperature: float = 0.0,
@@ -254,13 +280,18 @@ class Generator:
         for i, p in enumerate(prompts):
             tokens[i, pads[i]:width] = p
             valid[i, pads[i]:width] = True
-        vocab = self.model.model.tok_embeddings.embedding_weight.shape[0]
-        seen = np.zeros((batch, vocab), bool)
-        for i, p in enumerate(prompts):
-            seen[i, np.asarray(p)] = True
+        options = (temperature, top_k, top_p, repetition_penalty) if temperature else (0.0, 0, 1.0, repetition_penalty)
+        if repetition_penalty != 1.0:  # the prompts' tokens; each graph adds the tokens it picks
+            seen = np.zeros((batch, self.vocab), bool)
+            for i, p in enumerate(prompts):
+                seen[i, np.asarray(p)] = True
+            self.seen_of(batch).set_data(Tensor(seen))
         seed = seed if seed is not None else np.random.SeedSequence().entropy
         rngs = [np.random.default_rng([seed, r]) for r in (rows if rows is not None else range(batch))]
         columns = np.arange(total)
+
+        def draws():  # each row's uniform draw in (0, 1] (never a zero-probability token); greedy reads none
+            return _t(np.array([1.0 - rng.random() for rng in rngs] if temperature else np.ones(batch), np.float32))
 
         def positions(upto):  # [B, upto]: 0 at each row's first real token (pad columns: 0, never attended)
             return np.maximum(columns[None, :upto] - pads[:, None], 0).astype(np.int32)
@@ -268,16 +299,17 @@ class Generator:
         def full_forward(column):  # no cache: the sequence up to `column` moved to the right end, [B, L]
             shift = total - 1 - column
             moved = np.maximum(columns[None] - (pads + shift)[:, None], 0).astype(np.int32)
-            return self._run(self.uncached, _t(np.roll(tokens, shift, 1)), _t(moved),
-                             _t(_causal_bias(np.roll(valid, shift, 1))))
+            return self._run(self.graph("uncached", batch, total, options), _t(np.roll(tokens, shift, 1)),
+                             _t(moved), _t(_causal_bias(np.roll(valid, shift, 1))), draws())
 
         compiled_before, start = self.compile_seconds, time.perf_counter()
         if use_cache:
-            prefill, step_graph = self.graphs(batch, total)
-            logits = self._run(prefill, _t(tokens[:, :width]), _t(positions(width)), _t(_causal_bias(valid[:, :width])))
+            prefill, step_graph = (self.graph(kind, batch, total, options) for kind in ("prefill", "decode"))
+            chosen, logits = self._run(prefill, _t(tokens[:, :width]), _t(positions(width)),
+                                       _t(_causal_bias(valid[:, :width])), draws())
         else:
-            logits = full_forward(width - 1)
-        logits = logits.asnumpy()
+            chosen, logits = full_forward(width - 1)
+        chosen = chosen.asnumpy()
         prefill_s, prefill_compile = time.perf_counter() - start, self.compile_seconds - compiled_before
         new: List[List[int]] = [[] for _ in range(batch)]
         finished, reasons = [False] * batch, ["length"] * batch
@@ -291,13 +323,10 @@ class Generator:
         kept = [] if return_logits else None
         step = 0
         while True:
-            if kept is not None:
-                kept.append(logits)
-            logits = penalize_repetition(logits, seen, repetition_penalty)
-            chosen = choose(logits, rngs, temperature, top_k, top_p).astype(np.int32)
+            if kept is not None:  # (the only read of the [B, vocab] logits)
+                kept.append(logits.asnumpy())
             column = width + step  # where the chosen tokens go
             tokens[:, column], valid[:, column] = chosen, True
-            seen[np.arange(batch), chosen] = True
             for i in range(batch):
                 if finished[i]:
                     continue
@@ -320,11 +349,11 @@ class Generator:
             bias = np.where(valid, 0.0, NEG).astype(np.float32)[:, None, None, :]  # [B, 1, 1, L]
             if use_cache:
                 slot = (columns == column)[None, None, :, None]
-                logits = self._run(step_graph, _t(tokens[:, column:column + 1]),
-                                   _t((column - pads)[:, None].astype(np.int32)), _t(bias), _t(slot))
+                chosen, logits = self._run(step_graph, _t(tokens[:, column:column + 1]),
+                                           _t((column - pads)[:, None].astype(np.int32)), _t(bias), _t(slot), draws())
             else:
-                logits = full_forward(column)
-            logits = logits.asnumpy()
+                chosen, logits = full_forward(column)
+            chosen = chosen.asnumpy()
         samples = []
         for i in range(batch):
             text = texts[i] if texts[i] is not None else (continuation(i) if decode is not None else None)
