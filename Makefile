@@ -1,5 +1,5 @@
 # The two set-up commands of the README. Each creates (once) the pinned venv outside the clone.
-.PHONY: train test test-fast test-plain
+.PHONY: train test test-fast test-plain device-check
 
 # pytest-xdist worker processes. A test waiting on the processes it started (msrun launches, train.py runs) leaves
 # its worker idle, so on a 2-core box the whole suite runs best with 3 workers: 782 s against 819 s with 2 (same
@@ -19,3 +19,6 @@ test-fast:  ## the suite without the tests marked slow (real training runs, laun
 
 test-plain:  ## the fast tier on MindSpore's ops only (MINDLAB_KERNELS=plain): what runs where the CPU kernels do not
 	scripts/venv.sh python -m pytest -q -n $(FAST_TEST_WORKERS) --dist loadfile -m "not slow" --plain-ops
+
+device-check:  ## on a new Ascend/GPU machine: tiny pretrain, SFT+LoRA, generation (and dp2xtp2xpp2 with 8 devices) against CPU fp32
+	scripts/venv.sh python -m benchmarks.device_check

@@ -117,7 +117,8 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     speed = SpeedMonitor(cfg.model, cfg.data.seq_len, peak_tflops(cfg), rt.world_size)
     tokens_by_source = lambda: {s: n * dp * cfg.data.seq_len for s, n in data.train.samples_by_source().items()}
     extra = lambda: {"skipped_steps": skipped, **({"loss_scale": scaler.scale} if scaler else {}),
-                     **getattr(objective, "logged", {})}  # an objective's host-side numbers (PPO's rollout)
+                     **getattr(objective, "logged", {}),  # an objective's host-side numbers (PPO's rollout)
+                     **({} if cfg.device.target == "CPU" else {"peak_device_memory_gb": _peak_device_memory_gb()})}
     train_metrics = TrainMetrics(sinks, t.log_every, t.max_steps, speed, tokens_per_step, tokens_by_source, extra)
     evaluation = Evaluation(sinks, t.eval_every, t.max_steps, module, val, *downstream)
     callbacks = [train_metrics, evaluation, Checkpointing(save, t.save_every, t.max_steps, preemption)]
@@ -154,6 +155,13 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     sinks.close()
     return {**train_metrics.last, **evaluation.last, "step": step,
             **({"preempted": preemption.signal} if preemption.signal else {})}
+
+
+def _peak_device_memory_gb() -> float:
+    """The most of the accelerator's memory pool this process's tensors have held (MindSpore reports 0 on CPU)."""
+    import mindspore as ms
+
+    return ms.runtime.max_memory_allocated() / 2**30
 
 
 def _downstream(cfg: DictConfig, lm, objective, data, val) -> tuple:

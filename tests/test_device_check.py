@@ -1,0 +1,122 @@
+"""benchmarks/device_check.py on CPU: its one line where there is no accelerator, its commands (composed and
+validated as an 8-device Ascend node would validate them), and its report and verdict over fake device results.
+The checks themselves run only on an accelerator."""
+import json
+import os
+import sys
+
+import pytest
+
+import base.validate
+from base.validate import validate
+from benchmarks import device_check as dc
+from conftest import compose_cfg
+
+
+def test_without_an_accelerator_it_says_so_in_one_line(capsys):
+    assert dc.main([]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip().splitlines() == [
+        "device check: this machine has no Ascend or GPU device MindSpore can use; run it on the accelerator machine "
+        "(on CPU, make test checks everything)"]
+
+
+@pytest.mark.parametrize("check", ["pretrain", "sft+lora", "dp2xtp2xpp2"])
+@pytest.mark.parametrize("device", ["ascend910b", "h100", "cpu"])
+def test_its_commands_pass_validation(check, device, tmp_path, monkeypatch, base_checkpoint):
+    monkeypatch.setattr(base.validate, "devices_here", lambda target: 8)
+    overrides = dc.train_overrides(check, device, "auto", 50, str(tmp_path / "run"), str(tmp_path), base_checkpoint)
+    cfg = compose_cfg(*[o for o in overrides if not o.startswith("hydra.")])
+    p = cfg.parallel
+    validate(cfg, world_size=p.dp * p.tp * p.pp)
+    assert cfg.precision.compute_dtype == {"ascend910b": "bf16", "h100": "bf16", "cpu": "fp32"}[device]
+    assert (p.dp, p.tp, p.pp) == ((2, 2, 2) if check == "dp2xtp2xpp2" and device != "cpu" else (1, 1, 1))
+    if check == "dp2xtp2xpp2":  # the CPU reference takes the layout's global batch on one device
+        rows = cfg.trainer.micro_batch_size * p.dp * (p.micro_batches if p.pp > 1 else 1)
+        assert rows == dc.MICRO_BATCH * 4
+
+
+def test_read_metrics_leaves_the_compiling_interval_out_of_the_speed(tmp_path):
+    rows = [{"step": 10, "loss": 7.0, "tokens_per_sec": 100.0, "mfu": 0.01, "peak_device_memory_gb": 1.0},
+            {"step": 20, "loss": 6.0, "tokens_per_sec": 1000.0, "mfu": 0.10, "peak_device_memory_gb": 1.5},
+            {"step": 20, "val_loss": 6.1},
+            {"step": 30, "loss": 5.5, "tokens_per_sec": 3000.0, "mfu": 0.30, "peak_device_memory_gb": 1.5}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert dc.read_metrics(str(tmp_path)) == {"loss": 5.5, "step": 30, "tokens_per_s": 2000.0,
+                                              "mfu": pytest.approx(0.2), "peak_memory_gb": 1.5}
+
+
+def test_the_greedy_agreement_counts_leading_tokens():
+    assert dc.agreement([[1, 2, 3], [4, 5, 6]], [[1, 2, 9], [4, 5, 6]]) == "5 of 6"
+
+
+class FakeMachine:
+    """An 8-device Ascend node whose runs write what a real one would: metrics.jsonl (the device's loss `off`
+    relative to CPU's), the generation worker's JSON; `fail` names a run whose process fails."""
+
+    def __init__(self, off=0.01, fail=None):
+        self.off, self.fail, self.commands = off, fail, []
+
+    def run(self, command, log):
+        self.commands.append(command)
+        if self.fail and any(self.fail in part for part in command):
+            return "config error: something went wrong"
+        if "--generate-worker" in command:
+            on_cpu = command[command.index("--target") + 1] == "CPU"
+            tokens = [[1, 2, 3, 4]] * 4 if on_cpu else [[1, 2, 3, 9]] * 4
+            with open(command[command.index("--out") + 1], "w") as f:
+                json.dump({"tokens": tokens, "steps": 4, "tokens_per_s": 50.0,
+                           "peak_memory_gb": None if on_cpu else 0.5}, f)
+            return None
+        run_dir = next(part.split("=", 1)[1] for part in command if part.startswith("hydra.run.dir="))
+        loss = 5.0 if run_dir.endswith("-cpu") else 5.0 * (1 + self.off)
+        os.makedirs(run_dir, exist_ok=True)
+        rows = [{"step": s, "loss": loss, "tokens_per_sec": 1e4, "mfu": 0.2, "peak_device_memory_gb": 2.0}
+                for s in (10, 20)]
+        with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in rows))
+        return None
+
+
+def _check_on(machine, monkeypatch, tmp_path, capsys, *argv):
+    monkeypatch.setattr(dc, "accelerator", lambda: "Ascend")
+    monkeypatch.setattr(base.validate, "devices_here", lambda target: 8)
+    monkeypatch.setattr(dc, "run", machine.run)
+    code = dc.main(["--workdir", str(tmp_path), *argv])
+    return code, capsys.readouterr().out.splitlines()
+
+
+def test_a_good_device_run_reports_every_check_and_passes(monkeypatch, tmp_path, capsys):
+    machine = FakeMachine(off=0.01)
+    code, lines = _check_on(machine, monkeypatch, tmp_path, capsys)
+    assert code == 0
+    assert lines[0] == "device check: 8 x ascend910b, compute bf16; reference: the same runs on CPU in fp32"
+    rows = {line.split()[0]: line for line in lines[2:6]}
+    assert list(rows) == ["pretrain", "sft+lora", "generate", "dp2xtp2xpp2"]
+    for name in ("pretrain", "sft+lora", "dp2xtp2xpp2"):
+        assert rows[name].split()[1:] == ["20", "10,000", "20.0%", "2.00", "GiB", "5.0500", "5.0000", "1.00%", "ok"]
+    assert rows["generate"].endswith("greedy tokens agree with CPU fp32: 12 of 16")
+    assert lines[6] == "verdict: every check ran, losses within 5% of CPU fp32"
+    pretrain = next(c for c in machine.commands if "hydra.run.dir=" + str(tmp_path / "pretrain-ascend910b") in c)
+    assert pretrain[:2] == [sys.executable, os.path.join(dc.ROOT, "train.py")] and "device=ascend910b" in pretrain
+
+
+def test_a_loss_off_by_more_than_the_tolerance_fails(monkeypatch, tmp_path, capsys):
+    code, lines = _check_on(FakeMachine(off=0.08), monkeypatch, tmp_path, capsys)
+    assert code == 1
+    assert lines[2].startswith("pretrain") and lines[2].endswith("8.00%  loss off by more than 5%")
+    assert lines[6].startswith("verdict: FAILED") and lines[7] == f"runs: {tmp_path}"
+
+
+def test_a_check_that_does_not_run_is_named_with_its_last_line(monkeypatch, tmp_path, capsys):
+    code, lines = _check_on(FakeMachine(fail="dp2tp2pp2"), monkeypatch, tmp_path, capsys)
+    assert code == 1
+    layout = next(line for line in lines if line.startswith("dp2xtp2xpp2"))
+    assert layout.endswith("FAILED: config error: something went wrong")
+
+
+def test_an_unknown_device_preset_is_one_line(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(dc, "accelerator", lambda: "GPU")
+    assert dc.main(["--device", "h200", "--workdir", str(tmp_path)]) == 2
+    assert "--device: no preset 'h200' in conf/device/; choose one of a100, ascend910b, cpu, h100" in \
+        capsys.readouterr().err
