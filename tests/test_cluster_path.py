@@ -55,7 +55,7 @@ def test_the_13b_plan_on_ascend_is_bf16_with_flash_attention():
     cfg = compose_cfg(*argv)
     validate(cfg)
     assert cfg.precision.compute_dtype == "bf16"
-    assert "compute bf16, recompute none, attention flash" in dry_run_report(cfg, argv)
+    assert "compute bf16, recompute none, attention flash (heads split over tp=8)," in dry_run_report(cfg, argv)
     validate(compose_cfg(*argv, "precision=fp32", "model.flash_attention=false"))  # fp32 attention on purpose
 
 
@@ -253,3 +253,13 @@ def test_latest_moves_after_every_rank_wrote_its_slices(monkeypatch, tmp_path):
     for t in threads:
         t.join(10)
     assert events[:2] == ["slices 0", "slices 1"] and events[2:] == ["state.json", "latest step_000007"]
+
+
+def test_the_readme_says_what_has_run_where():
+    """Near the top: nothing has run on an accelerator, and the command that is the first run there exists."""
+    with open(README, encoding="utf-8") as f:
+        top = f.read()[:4000]
+    assert "| | CPU | Ascend / GPU |" in top
+    assert "nothing yet: no mindlab code has been compiled or run on an accelerator; `make device-check`" in top
+    with open(os.path.join(ROOT, "Makefile"), encoding="utf-8") as f:
+        assert "\ndevice-check:" in f.read()
