@@ -288,9 +288,9 @@ def _check_machine(cfg: DictConfig, world_size: int) -> None:
                                         "(README: Across nodes)") + ", or add dry_run=true for its plan")
     if target == "CPU" and (p.tp > 1 or p.pp > 1):
         raise ConfigError("parallel", f"parallel={p.name} (dp={p.dp} x tp={p.tp} x pp={p.pp}) needs {devices} "
-                          f"Ascend/GPU devices, found CPU (device={d.name}): MindSpore runs tensor and pipeline parallelism "
-                          "only on Ascend/GPU. On such nodes set device=ascend910b|h100|a100; here add dry_run=true "
-                          "to see its layout and memory plan.")
+                          f"Ascend/GPU devices, found CPU (device={d.name}): MindSpore runs tensor and pipeline "
+                          "parallelism only on Ascend/GPU. On such nodes set device=ascend910b|h100|a100; here add "
+                          "dry_run=true to see its layout and memory plan.")
     _require(target != "CPU" or not is_sharded(p), "parallel.optimizer_shard", "optimizer sharding runs in "
              "MindSpore's semi-auto parallel mode, which needs Ascend/GPU; set parallel.optimizer_shard=false on CPU")
     _require(cfg.precision.compute_dtype != "bf16" or target != "CPU", "precision",

@@ -75,9 +75,9 @@ def check(cfg) -> None:
     # Refused, not planned: the tensor/pipeline plan lays out the policy alone; the reference (copy, lora_base) is
     # a second model in the step graph with no strategies or stages, and `precomputed` scores every pair with the
     # whole model on each device before training.
-    require(not is_sharded(cfg.parallel), "parallel", f"objective=dpo trains data parallel only (parallel={cfg.parallel.name}: "
-            "its reference model is not in the tensor/pipeline plan); use parallel=single or a dp layout (e.g. "
-            "parallel=dp8 parallel.optimizer_shard=false)")
+    require(not is_sharded(cfg.parallel), "parallel", f"objective=dpo trains data parallel only "
+            f"(parallel={cfg.parallel.name}: its reference model is not in the tensor/pipeline plan); use "
+            "parallel=single, or dp alone (e.g. parallel=dp8 parallel.optimizer_shard=false)")
 
 
 def row_spec(cfg: Config):

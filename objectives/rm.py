@@ -57,9 +57,9 @@ def check(cfg) -> None:
     # Refused, not planned: the tensor/pipeline plan (models/<family>/plan.py) lays out the language model's own
     # cells, and the score head, its stage and the pair's two sides are not among them; nothing sharded runs here
     # to check a plan of them against.
-    require(not is_sharded(cfg.parallel), "parallel", f"objective=rm trains data parallel only (parallel={cfg.parallel.name}: "
-            "its score head is not in the tensor/pipeline plan); use parallel=single or a dp layout (e.g. parallel=dp8) "
-            "without parallel.optimizer_shard")
+    require(not is_sharded(cfg.parallel), "parallel", f"objective=rm trains data parallel only "
+            f"(parallel={cfg.parallel.name}: its score head is not in the tensor/pipeline plan); use parallel=single, "
+            "or dp alone (e.g. parallel=dp8 parallel.optimizer_shard=false)")
 
 
 def row_spec(cfg: Config):

@@ -123,7 +123,8 @@ def layout_report(cfg: Any) -> str:
         f"  batch: micro_batch_size {cfg.trainer.micro_batch_size}{pipeline} x dp {p.dp} x grad_accum "
         f"{cfg.trainer.grad_accum}, seq_len {cfg.data.seq_len}\n"
         f"  compute {cfg.precision.compute_dtype}, recompute {m.recompute}, attention {_attention(cfg)}"
-        f"{f' (heads split over tp={p.tp})' if p.tp > 1 else ''}, optimizer_shard {p.optimizer_shard}, sequence_parallel {p.sequence_parallel}",
+        f"{f' (heads split over tp={p.tp})' if p.tp > 1 else ''}, optimizer_shard {p.optimizer_shard}, "
+        f"sequence_parallel {p.sequence_parallel}",
         _model_section(m),
         _compute_section(cfg, layout.world_size),
         "layout\n" + textwrap.indent(layout.describe(), "  "),

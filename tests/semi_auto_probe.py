@@ -37,6 +37,7 @@ cells = dict(model.cells_and_names())
 plan = plan_of(cfg.model.family).tensor_parallel_strategies(model, p.dp, p.tp, p.sequence_parallel)
 applied = [path for path, strategy in plan.items()
            if getattr(cells[path.rpartition(".")[0]], path.rpartition(".")[2]).in_strategy == strategy]
-stages = {path: getattr(cells[path], "pipeline_stage", None) for path in plan_of(cfg.model.family).pipeline_parts(model)}
+parts = plan_of(cfg.model.family).pipeline_parts(model)
+stages = {path: getattr(cells[path], "pipeline_stage", None) for path in parts}
 print("probe-model: " + json.dumps({"modules": sorted({type(c).__module__ for c in cells.values()}),
                                     "strategies": len(plan), "applied": len(applied), "stages": stages}), flush=True)

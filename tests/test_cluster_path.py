@@ -62,7 +62,8 @@ def test_the_13b_plan_on_ascend_is_bf16_with_flash_attention():
 # --- objectives the tensor/pipeline plan does not lay out -----------------------------------------------------
 
 
-STAGES = {"rm": ["data=preferences"], "dpo": ["data=preferences"], "ppo": ["data=instructions", "objective.reward_model=rm_run"]}
+STAGES = {"rm": ["data=preferences"], "dpo": ["data=preferences"],
+          "ppo": ["data=instructions", "objective.reward_model=rm_run"]}
 
 
 @pytest.mark.parametrize("stage", list(STAGES))

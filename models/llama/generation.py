@@ -216,9 +216,10 @@ class Generator:
             return self.cells[key]
         if (batch, length) not in self.cached:
             shape = (batch, self.n_kv, length, self.head_dim)
-            self.cached[batch, length] = [ParameterTuple(Parameter(Tensor(np.zeros(shape, np.float32), self.cache_dtype),
-                                                                   f"cache_{batch}x{length}.{kind}.{i}", requires_grad=False)
-                                                         for i in range(self.num_layers)) for kind in "kv"]
+            zeros = lambda name: Parameter(Tensor(np.zeros(shape, np.float32), self.cache_dtype), name,
+                                           requires_grad=False)
+            self.cached[batch, length] = [ParameterTuple(zeros(f"cache_{batch}x{length}.{which}.{i}")
+                                                         for i in range(self.num_layers)) for which in "kv"]
         self.cells[key] = (_Prefill if kind == "prefill" else _Decode)(*args, self.cached[batch, length])
         return self.cells[key]
 
