@@ -183,6 +183,13 @@ def apply_lora(model, cfg, seed: int) -> dict:
     return {"trainable": sum(p.size for p in adapters), "total": total, "targets": targets}
 
 
+def adapter_parameters(linears: Dict[str, Tuple[int, int]], cfg) -> int:
+    """The LoRA parameters `cfg` adds to a model whose linear cells are `linears` (path -> (in, out)): r x (in + out)
+    for each one target_modules matches. For the dry run's memory plan (only these train)."""
+    matches = _matcher(list(cfg.target_modules))
+    return sum(cfg.r * (n_in + n_out) for path, (n_in, n_out) in linears.items() if matches(path))
+
+
 def describe(info: dict) -> str:
     """The line a caller prints after apply_lora."""
     t, n = info["trainable"], info["total"]

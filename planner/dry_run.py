@@ -83,12 +83,24 @@ def _needs(cfg: Any) -> ObjectiveMemory:
     return plugin.memory(cfg) if hasattr(plugin, "memory") else ObjectiveMemory()
 
 
+def trained_fraction(cfg: Any) -> float:
+    """The share of the model's parameters that train: with peft=lora its adapters (added to the frozen whole), when
+    the family lists its linear cells (linear_shapes); 1 otherwise."""
+    fam = FAMILIES[cfg.model.family]
+    if cfg.peft.name != "lora" or not hasattr(fam, "linear_shapes"):
+        return 1.0
+    from adapters.lora import adapter_parameters
+
+    adapters = adapter_parameters(fam.linear_shapes(cfg.model), cfg.peft)
+    return adapters / (fam.parameter_count(cfg.model)["total"] + adapters)
+
+
 def config_plan(cfg: Any) -> MemoryPlan:
-    """The memory plan of a composed Config: its attention kind (no [S, S] activations unless plain) and what its
-    objective adds (a reference model, a value head...)."""
+    """The memory plan of a composed Config: its attention kind (no [S, S] activations unless plain), what its
+    objective adds (a reference model, a value head...) and what trains (trained_fraction)."""
     m, p = cfg.model, cfg.parallel
     return memory_plan(m, p, cfg.data.seq_len, cfg.trainer.micro_batch_size, cfg.precision.compute_dtype,
-                       m.recompute, _attention(cfg) != "plain", _needs(cfg))
+                       m.recompute, _attention(cfg) != "plain", _needs(cfg), trained_fraction(cfg))
 
 
 def planned_devices(cfg: Any) -> int:

@@ -94,6 +94,7 @@ class MemoryPlan:
     logits: float  # fp32 logits, last stage only
     extra: Tuple[Tuple[str, float, str], ...]  # the objective's (row, bytes, note), last stage
     total: float
+    trained: float = 1.0  # the share of the parameters with gradients and optimizer states (LoRA: its adapters)
 
 
 def stage_parameters(m: Any, p: Any) -> List[int]:
@@ -125,12 +126,12 @@ def _stage_activations(p: Any, stage: int, layers: int, per_layer: Dict[str, flo
 
 
 def _stage_plan(p: Any, stage: int, params: int, activations: Dict[str, float], recompute: str,
-                logits: float, extra: Tuple[Tuple[str, float, str], ...]) -> MemoryPlan:
-    optimizer_unsharded = 8.0 * params
+                logits: float, extra: Tuple[Tuple[str, float, str], ...], trained: float = 1.0) -> MemoryPlan:
+    optimizer_unsharded = 8.0 * params * trained
     optimizer_sharded = optimizer_unsharded / p.dp
     optimizer = optimizer_sharded if p.optimizer_shard else optimizer_unsharded
-    grads = 4.0 * params
-    weights = grads / p.dp if p.optimizer_shard else grads
+    grads = 4.0 * params * trained
+    weights = 4.0 * params / p.dp if p.optimizer_shard else 4.0 * params
     return MemoryPlan(
         stage=stage, num_stages=p.pp, params=params, weights=weights, grads=grads,
         optimizer_states=optimizer, optimizer_states_unsharded=optimizer_unsharded,
@@ -138,16 +139,19 @@ def _stage_plan(p: Any, stage: int, params: int, activations: Dict[str, float], 
         recompute=recompute, activations=activations[recompute], activations_by_recompute=activations,
         logits=logits, extra=extra,
         total=weights + grads + optimizer + activations[recompute] + logits + sum(n for _, n, _ in extra),
+        trained=trained,
     )
 
 
 def memory_plan(model_cfg: Any, parallel_cfg: Any, seq_len: int, micro_batch_size: int,
                 compute_dtype: str, recompute: str, flash_attention: bool,
-                objective: ObjectiveMemory = ObjectiveMemory()) -> MemoryPlan:
+                objective: ObjectiveMemory = ObjectiveMemory(), trained: float = 1.0) -> MemoryPlan:
     """The memory plan of the pipeline stage that needs the most memory per device.
 
     micro_batch_size: samples per micro-batch (trainer.micro_batch_size); under pp a step feeds
-    `parallel.micro_batches` of them through the pipeline. `objective`: what the objective changes.
+    `parallel.micro_batches` of them through the pipeline. `objective`: what the objective changes. `trained`:
+    the fraction of the parameters that train (LoRA's adapters against the whole model: the frozen base has no
+    gradients or optimizer states), spread evenly over the stages.
     """
     if recompute not in RECOMPUTE_MODES:
         raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
@@ -159,7 +163,7 @@ def memory_plan(model_cfg: Any, parallel_cfg: Any, seq_len: int, micro_batch_siz
     last = p.pp - 1
     plans = [_stage_plan(p, stage, params + (objective.params_delta if stage == last else 0),
                          _stage_activations(p, stage, m.num_layers // p.pp, per_layer), recompute,
-                         logits if stage == last else 0.0, objective.extra if stage == last else ())
+                         logits if stage == last else 0.0, objective.extra if stage == last else (), trained)
              for stage, params in enumerate(stage_parameters(m, p))]
     return max(plans, key=lambda plan: plan.total)
 
@@ -195,7 +199,8 @@ def format_plan(plan: MemoryPlan, device: Any) -> str:
                f"{reserved} ({fraction:.0%}): {'fits' if fraction <= 1 else 'DOES NOT FIT'}")
     rows = [
         ("weights (fp32)", plan.weights, f"sharded over dp={plan.dp}" if plan.optimizer_shard else ""),
-        ("grads (fp32)", plan.grads, ""),
+        ("grads (fp32)", plan.grads, "" if plan.trained == 1 else f"{plan.trained:.2%} of the parameters train "
+                                                                  "(the adapters; the base is frozen)"),
         ("AdamW m, v (fp32)", plan.optimizer_states, optimizer_note),
         ("activations", plan.activations, f"recompute={plan.recompute} ({by_mode})"),
         ("logits (fp32)", plan.logits, "last stage" if plan.logits else ""),

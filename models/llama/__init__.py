@@ -13,8 +13,8 @@ from typing import Set
 from base.errors import ConfigError, require
 from base.schema import use_flash_attention
 from models.llama import hf, rope
-from models.llama.accounting import flops_per_token, layer_activation_factors, matmul_parameter_count, \
-    parameter_count, stage_parameters
+from models.llama.accounting import flops_per_token, layer_activation_factors, linear_shapes, \
+    matmul_parameter_count, parameter_count, stage_parameters
 from models.llama.config import LlamaConfig as Config
 
 __all__ = ["Config", "apply_kernels", "attention_kind", "build", "check", "describe", "device_passes",

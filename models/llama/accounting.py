@@ -21,6 +21,17 @@ def _ffn_weights(m: Any) -> int:
     return 3 * m.hidden_size * m.intermediate_size
 
 
+def linear_shapes(m: Any) -> Dict[str, Tuple[int, int]]:
+    """(in, out) features of every linear cell, by its path in the model (what LoRA's target_modules match)."""
+    h, kv_dim, f = m.hidden_size, m.num_kv_heads * _head_dim(m), m.intermediate_size
+    layer = {"attention.wq": (h, h), "attention.wk": (h, kv_dim), "attention.wv": (h, kv_dim),
+             "attention.wo": (h, h), "feed_forward.w1": (h, f), "feed_forward.w3": (h, f), "feed_forward.w2": (f, h)}
+    shapes = {f"model.layers.{i}.{name}": shape for i in range(m.num_layers) for name, shape in layer.items()}
+    if not m.tie_embeddings:
+        shapes["lm_head"] = (h, m.vocab_size)
+    return shapes
+
+
 def parameter_count(m: Any) -> Dict[str, int]:
     """Parameters of the decoder by component; Llama has no biases.
 
