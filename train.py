@@ -8,6 +8,7 @@
 """
 import boot  # noqa: F401  (first: imports MindSpore before anything that loads protobuf)
 
+import contextlib
 import os
 import sys
 
@@ -89,6 +90,7 @@ def run_job(cfg: DictConfig):
 
         sys.exit(launch(processes, HydraConfig.get().runtime.output_dir, nodes, cfg.node_rank, cfg.master_addr,
                         cfg.master_port))
+    from trainer.console import console_to
     from trainer.loop import train  # the training stack loads only when training
     from trainer.metrics import write_status
 
@@ -100,6 +102,12 @@ def run_job(cfg: DictConfig):
     cfg.logger.run_name = cfg.logger.run_name or hydra_cfg.job.override_dirname or os.path.basename(run_dir)
     main_rank = launched_rank() == 0
     status = write_status if main_rank else (lambda *args, **kwargs: None)
+    with console_to(os.path.join(run_dir, "train.log")) if main_rank else contextlib.nullcontext():
+        return _train(cfg, run_dir, main_rank, status, train)
+
+
+def _train(cfg: DictConfig, run_dir: str, main_rank: bool, status, train):
+    """The run itself, its console output kept in train.log (main rank)."""
     if main_rank:
         print(OmegaConf.to_yaml(cfg, resolve=True))
         print(f"run dir: {run_dir}")
@@ -117,11 +125,34 @@ def run_job(cfg: DictConfig):
     return metrics.get("val_loss")
 
 
+def usage() -> str:
+    """`python train.py --help`: the config groups and their presets (conf/, and the objectives, which are their own
+    presets), not Hydra's listing, which shows the schemas' internal base_* nodes too."""
+    from base.registry import OBJECTIVES
+
+    conf = os.path.join(REPO_ROOT, "conf")
+    groups = {g: sorted(f[:-5] for f in os.listdir(os.path.join(conf, g)) if f.endswith(".yaml"))
+              for g in sorted(os.listdir(conf)) if os.path.isdir(os.path.join(conf, g)) and g != "recipe"}
+    groups["objective"] = sorted(OBJECTIVES)
+    lines = ["usage: python train.py [group=preset ...] [key=value ...]   (-m: a sweep; --cfg job: print the config)",
+             "", "Config groups (one preset each; conf/<group>/, the objectives in objectives/):"]
+    lines += [f"  {group:<10} {', '.join(presets)}" for group, presets in sorted(groups.items())]
+    lines += ["", "Any key of the composed config can be set (python train.py --cfg job prints them all), e.g.",
+              "  python train.py stage=tiny_pretrain optim.lr=1e-3 trainer.max_steps=2000",
+              "  python train.py model=13b parallel=tp8pp2 device=ascend910b dry_run=true",
+              "Recipes (several stages in one command): python -m recipe recipe=<name>. Hydra's own help: --hydra-help.",
+              "The guide: README.md and docs/."]
+    return "\n".join(lines)
+
+
 @entry_point
 def main(argv=None) -> None:
     """`python train.py [overrides]`: Hydra reads sys.argv; `argv` replaces it (tests run this in-process)."""
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
+    if any(a in ("--help", "-h") for a in sys.argv[1:]):
+        print(usage())
+        return
     try:
         run()
     except Refused as refused:

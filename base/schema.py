@@ -217,6 +217,7 @@ class TrainerConfig:
     log_every: int = 10
     eval_every: int = 100
     eval_batches: int = 8
+    eval_at_start: bool = True  # evaluate once before the first step (logged as step 0) when not resuming
     # task files (`python -m builders.tasks build` writes them; a name or a .jsonl path) scored at every evaluation:
     # acc/acc_norm by log-likelihood, exact match/ROUGE-L by greedy generation (evaluate.py's scorers)
     eval_tasks: List[str] = field(default_factory=list)

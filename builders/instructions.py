@@ -80,6 +80,8 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
+from tqdm import tqdm
+
 from base.errors import ArgumentParser, UserError, entry_point
 from base.paths import corpora_dir, data_dir
 
@@ -598,7 +600,7 @@ def build(documents: Iterable[Doc], max_per_task: int = 4000, seed: int = 0, val
                    "documents": {}}
     for doc in docs:
         stats["documents"][doc["source"]] = stats["documents"].get(doc["source"], 0) + 1
-    for task in tasks or TASKS:
+    for task in tqdm(list(tasks or TASKS), desc="[instructions] tasks", unit="task", mininterval=1.0):
         family, function = TASKS[task]
         dropped = {"empty_or_long": 0, "not_verbatim": 0, "duplicate": 0}
         kept = []

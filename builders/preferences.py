@@ -61,6 +61,8 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from tqdm import tqdm
+
 from base.errors import ArgumentParser, UsageError, entry_point
 from base.paths import data_dir
 from data.errors import DataError
@@ -140,8 +142,9 @@ RULES: Dict[str, Callable] = {"neighbour": neighbour, "loop": loop, "fact_swap":
                               "truncate": truncate}
 
 
-def make_pairs(samples: List[dict], seed: int) -> List[dict]:
-    """One pair per sample that some rule applies to (see the module docstring)."""
+def make_pairs(samples: List[dict], seed: int, label: str = "") -> List[dict]:
+    """One pair per sample that some rule applies to (see the module docstring); a progress bar on stderr (`label`)
+    counts the samples."""
     rng = random.Random(seed)
     by_task: Dict[str, List[dict]] = {}
     for s in samples:
@@ -152,7 +155,8 @@ def make_pairs(samples: List[dict], seed: int) -> List[dict]:
             s["_rank"] = rank
     names = list(RULES)
     pairs = []
-    for i, s in enumerate(samples):
+    for i, s in enumerate(tqdm(samples, desc=f"[preferences] {label}".strip(), unit="sample", mininterval=1.0,
+                               disable=not label)):
         for k in range(len(names)):
             name = names[(i + k) % len(names)]
             rejected = RULES[name](s, by_task, rng)
@@ -169,7 +173,7 @@ def build(instructions: Path, out: Path, seed: int, max_pairs: int) -> dict:
     pairs = {}
     for split in SPLITS:
         samples = read_split(instructions, split)
-        pairs[split] = make_pairs(samples, seed)[:max_pairs if split == "train" else None]
+        pairs[split] = make_pairs(samples, seed, split)[:max_pairs if split == "train" else None]
         counts: Dict[str, Dict[str, int]] = {}
         for p in pairs[split]:
             counts.setdefault(p["corruption"], {}).setdefault(p["task"], 0)

@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from tqdm import tqdm
+
 from base.errors import ArgumentParser, entry_point
 from base.paths import corpora_dir, default_tasks_dir
 from builders import instructions as I
@@ -258,7 +260,8 @@ BUILDERS: Dict[str, Callable[..., List[Item]]] = {
 def build(documents: Iterable[I.Doc], n_items: int = 500, seed: int = 0,
           tasks: Optional[Sequence[str]] = None) -> Dict[str, List[Item]]:
     docs = list(documents)
-    return {name: BUILDERS[name](docs, n_items, seed) for name in tasks or BUILDERS}
+    return {name: BUILDERS[name](docs, n_items, seed)
+            for name in tqdm(list(tasks or BUILDERS), desc="[tasks] building", unit="task", mininterval=1.0)}
 
 
 def write_tasks(out_dir: os.PathLike, tasks: Dict[str, List[Item]], stats: dict) -> Path:

@@ -10,6 +10,8 @@ An objective module exposes:
   Objective(cfg, tokenizer, seed), with
     inputs               names of the step's inputs, in the order its loss cell's construct takes them
     metrics              names of the scalars the loss cell returns after the loss (means over its loss tokens)
+    console              the few of them (or of `logged`) the console shows beside the loss, at each logged step
+                         and (as val_<name>) at each evaluation: the numbers that say how this objective is doing
     batch(rows, sample)  host side: a batch of rows (dict of columns) whose first sample has global index
                          `sample` (the loop's held-out batches: -1 - i) -> the step's inputs (numpy arrays,
                          in `inputs` order)

@@ -46,6 +46,7 @@ def row_spec(cfg: Config):
 class Objective:
     inputs = ("input_ids", "labels")
     metrics = ()
+    console = ()  # the loss, its perplexity and bits per byte say it all
 
     def __init__(self, cfg: Config, tokenizer=None, seed: int = 0):
         self.ignore_index = cfg.ignore_index

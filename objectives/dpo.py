@@ -100,6 +100,7 @@ class Objective:
     inputs = SIDES
     metrics = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
                "logps/rejected", "kl")
+    console = ("rewards/accuracies", "rewards/margins")
 
     def __init__(self, cfg: Config, tokenizer=None, seed: int = 0):
         self.cfg, self.reference = cfg, None

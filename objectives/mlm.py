@@ -90,6 +90,7 @@ def _pair_rows(mode: str, short_seq_prob: float, seed: int, split, seq_len: int,
 
 class Objective:
     metrics = ("mlm_loss", "mlm_accuracy")
+    console = ("mlm_accuracy",)
 
     def __init__(self, cfg: Config, tokenizer, seed: int = 0):
         self.cfg, self.seed, self.pad_id = cfg, seed, tokenizer.pad_id

@@ -291,6 +291,7 @@ class PPOLoss(nn.Cell):
 class Objective:
     inputs = ("tokens", "mask", "old_logp", "advantages", "returns", "old_values")
     metrics = ("policy/approxkl", "policy/clipfrac", "loss/policy", "loss/value", "val/clipfrac", "entropy")
+    console = ("objective/scores", "objective/kl")  # the rollout's reward-model score and KL (`logged`)
 
     def __init__(self, cfg: Config, tokenizer=None, seed: int = 0):
         self.cfg, self.tokenizer, self.seed = cfg, tokenizer, seed

@@ -79,6 +79,7 @@ def memory(cfg):
 class Objective:
     inputs = ("chosen_ids", "chosen_end", "rejected_ids", "rejected_end", "margin")
     metrics = ("accuracy", "margin", "mean_reward", "reward_sq", "min_reward", "max_reward")
+    console = ("accuracy", "margin")
 
     def __init__(self, cfg: Config, tokenizer=None, seed: int = 0):
         self.cfg, self.seed = cfg, seed

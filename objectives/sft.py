@@ -96,6 +96,7 @@ def sft_rows(packing: bool, truncate: bool, split: Split, seq_len: int, tokenize
 class Objective:
     inputs = ("input_ids", "labels", "position_ids", "segment_ids")
     metrics = ("mean_token_accuracy",)
+    console = ("mean_token_accuracy",)
 
     def __init__(self, cfg: Config, tokenizer=None, seed: int = 0):
         self.cfg = cfg

@@ -113,3 +113,11 @@ def test_cfg_job_prints_the_composed_config(tmp_path, monkeypatch):
     code, out, _ = train_main(tmp_path, monkeypatch, "--cfg", "job", "model=7b")
     assert code == 0
     assert "hidden_size: 4096" in out and "parallel:" in out
+
+
+def test_help_lists_the_groups_presets_and_not_the_schemas_nodes():
+    from conftest import invoke
+
+    out = invoke("train", ["--help"])
+    assert out.code == 0 and "base_" not in out.out and "recipe" in out.out
+    assert "  objective  clm, dpo, mlm, ppo, rm, sft\n" in out.out and "  stage      " in out.out

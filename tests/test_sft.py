@@ -314,3 +314,19 @@ def test_lora_targets_that_match_nothing_list_the_available_cells(tmp_path, base
     with pytest.raises(ConfigError, match=r"peft.target_modules: \['attention.q_proj'\] matches no linear cell of "
                                           r"LlamaForCausalLM; its linear cells are: .*attention.wq"):
         train(cfg, str(tmp_path / "run"))
+
+
+@pytest.mark.slow
+def test_a_short_sft_run_works_as_it_is(tmp_path, base_checkpoint):
+    """stage=sft trainer.max_steps=20: the preset's warmup is a fraction of the run (0.04 x 20 = 0 steps here), so
+    a short run is not refused for a warmup longer than itself (as a pinned optim.warmup_steps=20 was)."""
+    from trainer.loop import train
+    from trainer.optimizer import warmup_steps
+
+    cfg = sft_cfg(tmp_path, base_checkpoint, "trainer.max_steps=20", "optim.warmup_steps=null")
+    validate(cfg)
+    assert cfg.optim.warmup_steps is None and warmup_steps(cfg.optim, 20) == 0
+    assert warmup_steps(cfg.optim, 500) == 20  # the preset's 500 steps keep their 20-step warmup
+    train(cfg, str(tmp_path / "run"))
+    steps = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl") if '"loss"' in line]
+    assert steps[-1]["step"] == 20

@@ -44,8 +44,12 @@ def test_tiny_pretraining_on_the_default_data_learns(tmp_path):
     assert all(KEYS <= set(m) for m in steps)
     assert steps[0]["loss"] == pytest.approx(8.32, abs=0.15)  # ln(4096): an untrained model guesses uniformly
     assert steps[-1]["loss"] < 0.75 * steps[0]["loss"]
-    assert [m["step"] for m in evals] == [30, 60] and evals[1]["val_loss"] < evals[0]["val_loss"]
-    assert all(key in evals[0] for key in ("val_loss", "val_ppl"))
+    assert [m["step"] for m in evals] == [0, 30, 60] and evals[2]["val_loss"] < evals[1]["val_loss"] < evals[0]["val_loss"]
+    assert all(key in evals[0] for key in ("val_loss", "val_ppl", "val_bpb"))  # step 0: the "before"
+    log = (run_dir / "train.log").read_text()  # the console's output, the config first
+    assert "stage:\n  name: pretrain" in log and f"run dir: {run_dir}" in log
+    assert (f"step 30: val_loss {evals[1]['val_loss']:.4f} val_ppl {evals[1]['val_ppl']:.2f} val_bpb "
+            f"{evals[1]['val_bpb']:.4f}\n") in log and "step 0: val_loss" in log
     assert steps[-1]["tokens_seen"] == 60 * 8 * 256
     assert 0 < steps[-1]["mfu"] < 1
     assert os.path.isfile(run_dir / "config.yaml")
@@ -111,3 +115,19 @@ def test_a_rerun_with_the_compile_cache_loads_the_graphs_and_trains_the_same(tmp
     assert [m["loss"] for m in second] == [m["loss"] for m in first]
     assert os.listdir(cache) == [key]
     assert {name: os.stat(graphs / name).st_mtime_ns for name in os.listdir(graphs)} == written  # loaded, not rebuilt
+
+
+def test_the_console_shows_each_objectives_own_numbers():
+    """A DPO evaluation line shows its preference accuracy and margin, not a perplexity; a causal LM's its perplexity
+    and bits per byte; the objectives declare which (`console`)."""
+    from base.registry import OBJECTIVES
+    from trainer.console import evaluation_line
+
+    dpo = OBJECTIVES["dpo"].Objective.console
+    line = evaluation_line({"step": 50, "val_loss": 0.61, "val_ppl": 1.84, "val_rewards/accuracies": 0.75,
+                            "val_rewards/margins": 0.3, "val_logps/chosen": -40.0}, dpo)
+    assert line == "step 50: val_loss 0.6100 val_rewards/accuracies 0.7500 val_rewards/margins 0.3000"
+    line = evaluation_line({"step": 0, "val_loss": 8.3, "val_ppl": 4023.87, "val_bpb": 3.5}, OBJECTIVES["clm"].Objective.console)
+    assert line == "step 0: val_loss 8.3000 val_ppl 4023.87 val_bpb 3.5000"
+    assert OBJECTIVES["sft"].Objective.console == ("mean_token_accuracy",)
+    assert OBJECTIVES["rm"].Objective.console == ("accuracy", "margin")

@@ -109,7 +109,8 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
         if rt.is_main:
             checkpoint.prune(ckpt_root, t.keep_last, t.keep_every)
 
-    progress = ConsoleProgress(t.max_steps, start, enabled=rt.is_main and cfg.logger.progress_bar)
+    progress = ConsoleProgress(t.max_steps, start, enabled=rt.is_main, keys=getattr(objective, "console", ()),
+                               bar=cfg.logger.progress_bar)
     sinks = Sinks((_file_sinks(cfg, run_dir, state["run_id"], start) if rt.is_main else []) + [progress])
     if rt.is_main:  # once everything is built: a start that fails (bad data, checkpoint) keeps the previous one
         save_resolved_config(cfg, run_dir)
@@ -123,6 +124,8 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     evaluation = Evaluation(sinks, t.eval_every, t.max_steps, module, val, *downstream)
     callbacks = [train_metrics, evaluation, Checkpointing(save, t.save_every, t.max_steps, preemption)]
 
+    if start == 0 and t.eval_at_start:  # the "before" every later evaluation is compared with
+        evaluation.on_step(0, None)
     step = start
     for step in range(start + 1, t.max_steps + 1):
         scale = math.nan if step in t.inject_nan_steps else (scaler.scale if scaler else 1.0)
