@@ -145,8 +145,8 @@ def check_links(planned: List[Planned], job_dir: Path) -> None:
         link = job_dir / p.stage.dirname
         if link.is_symlink() and Path(os.readlink(link)).name != p.dir.name:
             raise ConfigError(f"recipe.stages.{p.stage.name}", f"{job_dir} already ran this stage with another "
-                              f"config ({link} -> {os.readlink(link)}, now {p.dir.name}); run the changed recipe in a "
-                              "new directory (hydra.run.dir=...) or sweep it with -m: nothing computed is replaced")
+                              f"config ({link} -> {os.readlink(link)}); run the changed recipe in a new directory "
+                              "(hydra.run.dir=...) or sweep it with -m: nothing computed is replaced")
         if link.exists() and not link.is_symlink():
             raise ConfigError("hydra.run.dir", f"{link} exists and is not a stage link; give a new directory")
 
