@@ -2,16 +2,16 @@
 (OpenBLAS) and oneDNN's sgemm as mindlab's kernels call it (kernels/sgemm.h: the rows split over the two cores,
 one call each), square n x n GEMMs, best of 5 after a warm-up, 2 threads for PyTorch and oneDNN. The best of all is the
 measured peak that benchmarks/speed_memory.py takes MFU against (conf/device/cpu.yaml's `peak_tflops` is a
-datasheet figure: cores x clock x FLOPs/cycle). oneDNN joined in the twenty-fourth pass, when the native model's
-products moved onto it (before, its step measured 100% MFU at medium against MindSpore's 0.203).
+datasheet figure: cores x clock x FLOPs/cycle). oneDNN's sgemm is among them because the native model's products run
+on it (against MindSpore's 0.203 alone, its step measured 100% MFU at medium).
 
 The table also prints the FMA units' own ceiling where gcc is present: a C loop of independent fused
 multiply-adds on registers only (no memory traffic; `-O3 -march=native`, 16-float vectors), one thread per CPU,
 their FLOP/s summed. A GEMM cannot beat it, so the measured peak's share of it says how far any GEMM-bound
 step could still gain in fp32 (KVM hides the clock and the cycle counters: this is the direct way). Then a GEMM's
 own inner loop alone (TILE_LOOP: a register tile of C fed from packed panels in cache, as BLIS-like GEMMs run it):
-what a GEMM of our own could reach at best, before packing and cache misses. The twenty-second pass of issue 15 ran
-it to ask whether replacing MindSpore's MatMul could pay (benchmarks/HISTORY.md).
+what a GEMM of our own could reach at best, before packing and cache misses: whether replacing MindSpore's MatMul
+could pay.
 
     scripts/venv.sh python -m benchmarks.cpu_matmul_peak          # table
     scripts/venv.sh python -m benchmarks.cpu_matmul_peak --json   # {"mindspore": ..., "pytorch": ..., ...} FLOP/s

@@ -22,6 +22,7 @@ from hydra import compose, initialize_config_dir
 from base.errors import ConfigError
 from base.schema import REPO_ROOT
 from base.validate import validate
+from benchmarks.results import write_section
 from plugins import register
 from planner.dry_run import config_plan, dry_run_report
 from planner.layout import Layout
@@ -31,8 +32,6 @@ MODELS = ("7b", "13b", "70b")
 DEVICES = ("ascend910b", "h100")
 NODES = (1, 2, 4, 16)
 LENGTHS = {"4k": ["data.seq_len=4096"], "32k": ["stage=long_context", "data.seq_len=32768"]}
-RESULTS = os.path.join(REPO_ROOT, "benchmarks", "RESULTS.md")
-BEGIN, END = "<!-- dry_run_table: begin -->", "<!-- dry_run_table: end -->"
 
 
 def advise(device: str, model: str, length: str, nodes: int) -> list:
@@ -68,17 +67,10 @@ def advisor_table() -> str:
 
 
 def write_results(table: str) -> None:
-    """Put the table between its markers in benchmarks/RESULTS.md (the rest of the file is kept)."""
-    text = open(RESULTS, encoding="utf-8").read() if os.path.exists(RESULTS) else "# Benchmark results\n"
-    block = f"{BEGIN}\n{table}\n{END}"
-    if BEGIN in text:
-        text = text[:text.index(BEGIN)] + block + text[text.index(END) + len(END):]
-    else:
-        text = text.rstrip() + "\n\n## The dry run as a layout advisor (`python -m benchmarks.dry_run_table`)\n\n" + (
-            "Predicted by planner/timing.py (docs/planning.md): bf16 (precision=auto), the advisor's 4M-token global "
-            "batch, device presets as in conf/device/.\n\n") + block + "\n"
-    with open(RESULTS, "w", encoding="utf-8") as f:
-        f.write(text)
+    """The table as this benchmark's section of benchmarks/RESULTS.md."""
+    write_section("benchmarks.dry_run_table", "The dry run as a layout advisor",
+                  "Predicted by planner/timing.py (docs/planning.md): bf16 (precision=auto), the advisor's 4M-token "
+                  "global batch, device presets as in conf/device/.\n\n" + table)
 
 
 # --- --presets: the memory plan of every conf/parallel preset ------------------------------------------------

@@ -12,7 +12,7 @@ run compiled (a resume or rerun of the same config). Per implementation:
   tokens/s      steady state: total tokens / total time of the steps after the first --warmup (compile)
   median step   tokens/s of the median step after --warmup: deaf to a one-off step in the window, e.g.
                 MindFormers' 5th step, which at medium grows its memory pool (peak RSS 8.89 -> 9.36 GiB) and
-                took ~2.5 s more than its others (issue 15's thirteenth pass)
+                took ~2.5 s more than its others
   first step s  wall clock from the process launch to its first metrics.jsonl line: imports, data (already
                 prepared: the export step below leaves it in the cache), model build, compile, first update
   peak RSS GiB  the process's ru_maxrss at its last step

@@ -12,7 +12,7 @@
 // probabilities from it (FlashAttention's recipe). A block's keys are taken BK at a time, the chunk holding the
 // diagonal first (with an online softmax in the forward): a block of at most BK keys is one chunk, its whole key row,
 // and longer ones keep a chunk's probabilities in cache (the kernel alone, forward and backward at S = 8192: 10% and
-// 15% faster than whole key rows; benchmarks/HISTORY.md's eighteenth pass). Keys after a block's last row are never
+// 15% faster than whole key rows). Keys after a block's last row are never
 // computed: causal attention does about half the work of the masked [S, S] product.
 //
 // The products are oneDNN sgemm calls on strided views of the [B, S, heads, D] tensors: nothing is transposed or
@@ -253,12 +253,12 @@ extern "C" int mindlab_attention_backward(int nparam, void** params, int* ndims,
 
 // Decoding (models/llama/generation.py): one new token per row against a KV cache, inference only. One op per layer
 // and step instead of the ~9 MindSpore kernels of the plain cached path, whose launches (~40 us each on CPU), not
-// their arithmetic, bound a decode step at batch 1 (benchmarks/HISTORY.md's nineteenth pass).
+// their arithmetic, bound a decode step at batch 1.
 // inputs q [B, 1, H, D], k and v [B, 1, Hkv, D] (the token's projections, before RoPE), cos and sin [B, 1, 1, D]
 // (its position's tables), k_cache and v_cache [B, Hkv, L, D], slot [1, 1, L, 1] bool (true at the column the token
 // is written to), bias [B, 1, 1, L] (0 where a column may be attended, -1e9 elsewhere); output o [B, 1, H, D].
 // The token's rotated k and its v are written into the caches' column in place: the caches are generation's
-// Parameters, declared written (RW_WRITE) by kernels/attention.py, so no step copies them (the twenty-first pass).
+// Parameters, declared written (RW_WRITE) by kernels/attention.py, so no step copies them.
 extern "C" int mindlab_decode_attention(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
                                         void* stream, void* extra) {
   if (nparam != 10) return 1;

@@ -327,8 +327,8 @@ extern "C" int mindlab_cross_entropy_backward(int nparam, void** params, int* nd
 // inputs x [1, K], w [N, K]; output y [1, N] = x w^T: a Linear at one row, a decoding step at batch 1, where the
 // product is a matrix-vector one bound by reading w. Each row of w is read once, in order, one range of rows per
 // core: at model=small's shapes that streams the weights faster than MindSpore's MatMul. A thread started per call
-// made it slower (the twentieth pass); with threads.h's woken workers it is level with one thread in the decode
-// graph, though ~1.7x as fast alone in a C++ loop (the twenty-second pass).
+// made it slower; with threads.h's woken workers it is level with one thread in the decode
+// graph, though ~1.7x as fast alone in a C++ loop.
 extern "C" int mindlab_row_linear(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
                                   void* stream, void* extra) {
   if (nparam != 3 || rows(ndims[0], shapes[0]) != 1) return 1;

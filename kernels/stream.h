@@ -1,10 +1,10 @@
 // Non-temporal stores for the backward kernels' outputs (kernels/layers.cc's gradients, kernels/attention.cc's
 // zeroed dq/dk/dv): each 64-byte line goes to memory without being read first. A plain store to a line that is not
-// in cache first reads it from memory (a read for ownership). On the 2-core EPYC VMs issue 15 was measured on, those
+// in cache first reads it from memory (a read for ownership). On the 2-core EPYC VMs mindlab was measured on, those
 // reads had two speeds: for tens of seconds at a time a step's backward kernels wrote fresh lines ~5x slower (~13 ns
 // a line against ~2.7, one thread), while plain reads and non-temporal stores (~1.4 ns a line) kept their speed; a
 // small step took ~1,350 ms instead of ~1,180, ~1,280 with the gradients streamed (what is left is MindSpore's own
-// products and sums; benchmarks/HISTORY.md's twenty-third pass). The next kernel reads them from memory instead of
+// products and sums). The next kernel reads them from memory instead of
 // cache: a product, which packs its inputs.
 // The forward kernels' outputs stay plain stores: their lines were in cache (no slower in the slow periods).
 #pragma once

@@ -1,9 +1,9 @@
 // Threads for mindlab's CPU kernels: one worker per extra core this process may run on, started at the first call
 // and asleep on a condition variable between calls (never spinning against MindSpore's own threads, as OpenMP's
-// workers did). A call wakes them, runs its first part itself and waits for theirs. Until the twenty-second pass
-// every call started and joined threads of its own (tens of us each, and the second thread could start late): with
-// the pool a small training step took 4-5% less time and a medium one 1-2% (both builds in one process, steps
-// alternating; benchmarks/HISTORY.md). A decoding step did not move.
+// workers did). A call wakes them, runs its first part itself and waits for theirs. Against threads started and
+// joined by every call (tens of us each, and the second thread could start late), the pool took 4-5% off a small
+// training step and 1-2% off a medium one (both builds in one process, steps alternating). A decoding step did not
+// move.
 #pragma once
 #include <sched.h>
 #include <unistd.h>
@@ -97,7 +97,7 @@ class Pool {
 
 // Below this many floats a call runs on its caller's thread alone: handing work to a worker costs more than it
 // saves (measured when every call started threads: a decoding step's norms and SwiGLU at batch 8, [8, 384] and
-// [8, 1024]; benchmarks/HISTORY.md's twentieth pass).
+// [8, 1024]).
 constexpr int64_t kThreadedWork = int64_t{1} << 16;
 
 // body(lo, hi, part) on [0, n) cut into one contiguous range per core (part: the range's index, < cores()), or

@@ -1,4 +1,4 @@
-"""PPO from human feedback, the RLHF of seed 004 (Ouyang et al. 2022; the recipe of TRL's PPOTrainer): the
+"""PPO from human feedback, the RLHF of InstructGPT (Ouyang et al. 2022; the recipe of TRL's PPOTrainer): the
 policy samples responses to prompts, a reward model scores them, and the policy is pushed towards higher
 scores while a per-token KL penalty holds it near the frozen reference.
 

@@ -1,4 +1,4 @@
-"""Reward model (seed 004's second RLHF step): a scalar score per response, trained on preference pairs.
+"""Reward model (the second step of RLHF): a scalar score per response, trained on preference pairs.
 
 The model is the decoder's trunk with a linear head on the final hidden state of the last real token (the
 eos that closes the response), Hugging Face's `LlamaForSequenceClassification` with one label: the LM head

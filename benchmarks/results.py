@@ -1,0 +1,46 @@
+"""benchmarks/RESULTS.md: one current section per benchmark, written by the benchmark itself (its `--results`
+flag or its default), stamped with the machine, the date and the commit it measured. A section is replaced whole
+by the next run of its benchmark; the others are kept.
+"""
+import datetime
+import os
+import platform
+import subprocess
+
+from base.paths import REPO_ROOT
+
+RESULTS = REPO_ROOT / "benchmarks" / "RESULTS.md"
+HEAD = ("# Benchmark results\n\nEach section is written by the benchmark named in its title (run it to measure again "
+        "on your machine); the line under the title says where and when it was measured.\n")
+
+
+def machine() -> str:
+    """CPU model and cores (and the accelerator where there is one: the device preset says which)."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}"
+
+
+def commit() -> str:
+    done = subprocess.run(["git", "-C", str(REPO_ROOT), "describe", "--always", "--dirty"], capture_output=True,
+                          text=True)
+    return done.stdout.strip() or "unknown"
+
+
+def write_section(name: str, title: str, body: str) -> None:
+    """Replace (or add) the section of benchmark `name` (its module, e.g. benchmarks.speed_memory): `title`, the
+    stamp, then `body` (markdown)."""
+    begin, end = f"<!-- {name}: begin -->", f"<!-- {name}: end -->"
+    stamp = f"_{machine()}; {datetime.date.today().isoformat()}; commit {commit()}; `python -m {name}`_"
+    block = f"{begin}\n## {title}\n\n{stamp}\n\n{body.strip()}\n{end}"
+    text = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else HEAD
+    if begin in text and end in text:
+        text = text[:text.index(begin)] + block + text[text.index(end) + len(end):]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    RESULTS.write_text(text, encoding="utf-8")
+    print(f"[results] {RESULTS}: {title}")
