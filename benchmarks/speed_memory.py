@@ -43,6 +43,7 @@ import sys
 import tempfile
 
 from benchmarks.measure import ROOT, RunFailed, timed_run, train_command
+from benchmarks.results import write_section
 
 SHAPES = {
     "small": ["model=small", "data.seq_len=256", "trainer.micro_batch_size=8"],
@@ -178,6 +179,7 @@ def parse_args(argv):
     p.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated, of {', '.join(IMPLS)}")
     p.add_argument("--peak-tflops", type=float, default=None, help="skip the GEMM measurement, use this peak")
     p.add_argument("--rounds", type=int, default=1, help="run the implementations this many times, interleaved")
+    p.add_argument("--no-results", action="store_true", help="do not write the tables into benchmarks/RESULTS.md")
     args, overrides = p.parse_known_args(argv)
     check_args(p, args.impls, args.steps, args.warmup, shapes=args.shapes)
     return args, overrides
@@ -195,6 +197,7 @@ def main(argv=None) -> None:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     peak = {"peak": args.peak_tflops * 1e12} if args.peak_tflops else measured_peak_flops()
     print(peak_line(peak), flush=True)
+    report = [peak_line(peak)]
     with tempfile.TemporaryDirectory() as workdir:
         for shape in args.shapes.split(","):
             run_overrides = [*SHAPES[shape], *COMMON, f"trainer.max_steps={args.steps}", *overrides]
@@ -206,11 +209,16 @@ def main(argv=None) -> None:
                 results = run_shape(run_overrides, impls[first:] + impls[:first], args.warmup, peak["peak"], workdir,
                                     tag)
                 rounds.append({impl: results[impl] for impl in impls})
-                print(f"\n{tag[1:]}: {' '.join(run_overrides)} (tokens/s over steps "
-                      f"{args.warmup + 1}-{args.steps})")
+                head = f"{tag[1:]}: {' '.join(run_overrides)} (tokens/s over steps {args.warmup + 1}-{args.steps})"
+                print(f"\n{head}")
                 print(table(rounds[-1]), flush=True)
+                report += [head, "```\n" + table(rounds[-1]) + "\n```"]
             if args.rounds > 1:
                 print(round_ratios(shape, rounds), flush=True)
+                report.append("```\n" + round_ratios(shape, rounds) + "\n```")
+    if not args.no_results:
+        write_section("benchmarks.speed_memory", "Speed and memory of one training step: native, MindFormers, PyTorch",
+                      "\n\n".join(report))
 
 
 if __name__ == "__main__":
