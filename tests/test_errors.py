@@ -3,8 +3,8 @@
 written earlier (a run dir, checkpoints, a data cache) changed.
 
 Each case runs its CLI's `main(argv)` in this process (conftest.invoke), as `python -m <module> ARGS` would
-(train.py: sys.argv). test_readme_troubleshooting_shows_the_table checks that README.md's "Troubleshooting" table
-is the one these cases print (`MINDLAB_WRITE_README=1 pytest tests/test_errors.py -k readme` rewrites it).
+(train.py: sys.argv). test_troubleshooting_shows_the_table checks that docs/troubleshooting.md's table is the one
+these cases print (`MINDLAB_WRITE_DOCS=1 pytest tests/test_errors.py -k troubleshooting` rewrites it).
 """
 import gzip
 import hashlib
@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 
 from conftest import ENTRIES, ROOT, invoke
 
-README = os.path.join(ROOT, "README.md")
+TROUBLESHOOTING = os.path.join(ROOT, "docs", "troubleshooting.md")
 
 
 @dataclass
@@ -33,7 +33,7 @@ class Case:
     argv: Callable  # (World) -> list of arguments
     names: Callable  # (World) -> strings the error line must contain (the key / file)
     code: int = 1
-    cause: str = ""  # what the user did, for the README table
+    cause: str = ""  # what the user did, for docs/troubleshooting.md's table
     env: dict = field(default_factory=dict)  # environment for the case (None: unset)
 
 
@@ -363,7 +363,7 @@ CASES = [
 ]
 
 ERROR_LINE = re.compile(r"^(config )?error: ")
-SEEN = {}  # case id -> its error line, for the README table
+SEEN = {}  # case id -> its error line, for docs/troubleshooting.md's table
 
 
 def snapshot(*roots: str) -> dict:
@@ -459,12 +459,13 @@ def test_a_bug_still_shows_its_traceback(monkeypatch):
         prepare_cli.main(["data.num_workers=0"])
 
 
-README_BEGIN = "<!-- errors: generated from tests/test_errors.py (MINDLAB_WRITE_README=1 pytest tests/test_errors.py) -->"
-README_END = "<!-- errors: end -->"
+TABLE_BEGIN = ("<!-- errors: generated from tests/test_errors.py (MINDLAB_WRITE_DOCS=1 pytest tests/test_errors.py -k "
+               "troubleshooting) -->")
+TABLE_END = "<!-- errors: end -->"
 
 
 def troubleshooting_table(world: World) -> str:
-    """The README's table: what the user did, the command, and the line they see (tmp paths shortened)."""
+    """docs/troubleshooting.md's table: what the user did, the command, and the line they see (tmp paths shortened)."""
     short = lambda text: text.replace(world.ckpt, "ckpt").replace(world.root + os.sep, "").replace(ROOT, ".")
     hidden = ("hydra.run.dir=" + world.run, "data.cache_dir=", "data.num_workers=", "trainer.max_steps=",
               "optim.warmup_steps=")  # the table's own plumbing
@@ -482,18 +483,18 @@ def troubleshooting_table(world: World) -> str:
     return "\n".join(rows)
 
 
-def test_readme_troubleshooting_shows_the_table(world):
-    """README.md's Troubleshooting holds the lines the table's cases print (regenerate: MINDLAB_WRITE_README=1)."""
-    with open(README, encoding="utf-8") as f:
+def test_troubleshooting_shows_the_table(world):
+    """docs/troubleshooting.md holds the lines the table's cases print (regenerate: MINDLAB_WRITE_DOCS=1)."""
+    with open(TROUBLESHOOTING, encoding="utf-8") as f:
         text = f.read()
-    begin, end = text.index(README_BEGIN) + len(README_BEGIN), text.index(README_END)
+    begin, end = text.index(TABLE_BEGIN) + len(TABLE_BEGIN), text.index(TABLE_END)
     expected = "\n" + troubleshooting_table(world) + "\n"
-    if os.environ.get("MINDLAB_WRITE_README") == "1":
-        with open(README, "w", encoding="utf-8") as f:
+    if os.environ.get("MINDLAB_WRITE_DOCS") == "1":
+        with open(TROUBLESHOOTING, "w", encoding="utf-8") as f:
             f.write(text[:begin] + expected + text[end:])
         return
-    assert text[begin:end] == expected, "README.md's error table is stale: MINDLAB_WRITE_README=1 pytest " \
-                                        "tests/test_errors.py -k readme"
+    assert text[begin:end] == expected, "docs/troubleshooting.md's table is stale: MINDLAB_WRITE_DOCS=1 pytest " \
+                                        "tests/test_errors.py -k troubleshooting"
 
 
 OTHER_ENTRIES = [module for module, _ in ENTRIES.values() if module != "train"]
