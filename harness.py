@@ -27,7 +27,7 @@ import tempfile
 from argparse import RawDescriptionHelpFormatter
 from typing import List, Optional, Sequence, Tuple
 
-from base.errors import ArgumentParser, ConfigError, UserError, entry_point
+from base.errors import ArgumentParser, ConfigError, UserError, entry_point, number
 from plugins import register
 
 register()
@@ -194,9 +194,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("overrides", nargs="*", help="train.py overrides, as python -m evaluate takes them")
     parser.add_argument("--tasks", required=True, help="comma-separated: mindlab task names/files or lm_eval tasks")
     parser.add_argument("--include-path", default=None, help="a directory of your own lm_eval task YAMLs")
-    parser.add_argument("--limit", type=int, default=None, help="items per task (default: all)")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--max-length", type=int, default=None, help="context (default: the checkpoint's seq_len)")
+    parser.add_argument("--limit", type=number(int, 1), default=None, help="items per task (default: all)")
+    parser.add_argument("--batch-size", type=number(int, 1), default=8)
+    parser.add_argument("--max-length", type=number(int, 2), default=None, help="context (default: the checkpoint's seq_len)")
     parser.add_argument("--out", default=None, help="write the results as JSON")
     args = parser.parse_intermixed_args(argv)
     results = run(args.checkpoint, [t for t in args.tasks.split(",") if t], args.include_path, args.limit,

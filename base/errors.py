@@ -101,6 +101,21 @@ def require(ok: bool, key: str, message: str) -> None:
         raise ConfigError(key, message)
 
 
+def number(kind: type, low=None, high=None, high_open: bool = False) -> Callable[[str], object]:
+    """An argparse `type`: a `kind` (int or float) in [low, high] (or [low, high) with `high_open`), so the parser
+    itself refuses one out of range in its one line (`--max-pairs: must be >= 1, got -5`)."""
+    def parse(text: str):
+        value = kind(text)  # a ValueError: argparse's own "invalid int value"
+        if (low is not None and value < low) or (high is not None and (value > high or high_open and value == high)):
+            bounds = (f"in [{low}, {high}{')' if high_open else ']'}" if high is not None and low is not None
+                      else f">= {low}" if low is not None else f"<= {high}")
+            raise argparse.ArgumentTypeError(f"must be {bounds}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse with its errors as one `error: ...` line (no usage block): a UsageError naming the program."""
 

@@ -82,7 +82,7 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence,
 
 from tqdm import tqdm
 
-from base.errors import ArgumentParser, UserError, entry_point
+from base.errors import ArgumentParser, UserError, entry_point, number
 from base.paths import corpora_dir, data_dir
 
 MAX_OUTPUT_CHARS = 1000
@@ -668,9 +668,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "else ../shared/corpora beside the checkout)")
     parser.add_argument("--out", type=Path, default=None, help="output dir (default: "
                         "${MINDLAB_DATA_DIR:-~/.cache/mindlab/data}/instructions)")
-    parser.add_argument("--max-per-task", type=int, default=4000)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--val-fraction", type=float, default=0.05)
+    parser.add_argument("--max-per-task", type=number(int, 1), default=4000)
+    parser.add_argument("--seed", type=number(int, 0), default=0)
+    parser.add_argument("--val-fraction", type=number(float, 0.0, 1.0, high_open=True), default=0.05)
     args = parser.parse_args(argv)
     start = time.time()
     corpora = args.corpora or corpora_dir()

@@ -63,7 +63,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from tqdm import tqdm
 
-from base.errors import ArgumentParser, UsageError, entry_point
+from base.errors import ArgumentParser, UsageError, entry_point, number
 from base.paths import data_dir
 from data.errors import DataError
 from evaluation.tasks import alpaca_item, exact_match, rouge_l
@@ -313,18 +313,18 @@ def main(argv=None) -> None:
     parser.add_argument("--instructions", type=Path, default=data_dir() / "instructions",
                         help="directory with the instruction set's train.jsonl and val.jsonl")
     parser.add_argument("--out", type=Path, help="default: <data dir>/preferences, or preferences_on_policy")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-pairs", type=int, default=20000, help="training pairs kept (val: all)")
+    parser.add_argument("--seed", type=number(int, 0), default=0)
+    parser.add_argument("--max-pairs", type=number(int, 1), default=20000, help="training pairs kept (val: all)")
     on_policy = parser.add_argument_group("on-policy pairs (sampled from a checkpoint)")
     on_policy.add_argument("--on-policy", metavar="CKPT", help="sample the responses from this checkpoint")
-    on_policy.add_argument("--samples", type=int, default=4, help="responses per prompt (k >= 2)")
-    on_policy.add_argument("--temperature", type=float, default=1.0)
-    on_policy.add_argument("--max-new-tokens", type=int, default=64)
-    on_policy.add_argument("--max-prompt-len", type=int, default=256, help="longer prompts (tokens) are left out")
-    on_policy.add_argument("--max-prompts", type=int, default=0, help="the first N samples of each split (0: all)")
-    on_policy.add_argument("--min-gap", type=float, default=0.1, help="least ROUGE-L difference that makes a pair")
+    on_policy.add_argument("--samples", type=number(int, 2), default=4, help="responses per prompt (k >= 2)")
+    on_policy.add_argument("--temperature", type=number(float, 0.0), default=1.0)
+    on_policy.add_argument("--max-new-tokens", type=number(int, 1), default=64)
+    on_policy.add_argument("--max-prompt-len", type=number(int, 1), default=256, help="longer prompts (tokens) are left out")
+    on_policy.add_argument("--max-prompts", type=number(int, 0), default=0, help="the first N samples of each split (0: all)")
+    on_policy.add_argument("--min-gap", type=number(float, 0.0, 1.0), default=0.1, help="least ROUGE-L difference that makes a pair")
     on_policy.add_argument("--splits", nargs="+", choices=SPLITS, default=list(SPLITS))
-    on_policy.add_argument("--batch-size", type=int, default=16, help="sequences per generation batch")
+    on_policy.add_argument("--batch-size", type=number(int, 1), default=16, help="sequences per generation batch")
     on_policy.add_argument("--device", default="CPU", help="MindSpore device target (CPU, Ascend, GPU)")
     args = parser.parse_args(argv)
     if args.on_policy is None:

@@ -39,7 +39,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from tqdm import tqdm
 
-from base.errors import ArgumentParser, entry_point
+from base.errors import ArgumentParser, entry_point, number
 from base.paths import corpora_dir, default_tasks_dir
 from builders import instructions as I
 
@@ -293,8 +293,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    "../shared/corpora beside the checkout)")
     b.add_argument("--out", type=Path, default=None, help="output dir (default: "
                    "${MINDLAB_DATA_DIR:-~/.cache/mindlab/data}/tasks)")
-    b.add_argument("--items", type=int, default=500, help="items per task (default 500)")
-    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--items", type=number(int, 1), default=500, help="items per task (default 500)")
+    b.add_argument("--seed", type=number(int, 0), default=0)
     b.add_argument("--tasks", nargs="*", choices=list(BUILDERS), default=None)
     args = parser.parse_args(argv)
     start = time.time()

@@ -22,7 +22,7 @@ import boot  # noqa: F401  (mindspore first)
 from distributed.sharded_checkpoint import OPTIMIZER_STATE, layout_for, load_tensors, merge_checkpoint, \
     reshard_checkpoint, save_tensors, split_checkpoint
 from base.checkpoint import CONFIG, OPTIMIZER, STATE, TOKENIZER, WEIGHTS, CheckpointError, write_state
-from base.errors import ArgumentParser, UsageError, entry_point
+from base.errors import ArgumentParser, UsageError, entry_point, number
 from models import plan_of
 
 METADATA = (STATE, CONFIG, TOKENIZER)
@@ -77,7 +77,7 @@ def main(argv=None) -> None:
     parser.add_argument("source", help="a mindlab checkpoint dir (split) or a sharded dir (merge, reshard)")
     parser.add_argument("out", help="output directory")
     for axis in ("dp", "tp", "pp"):
-        parser.add_argument(f"--{axis}", type=int, default=1, help=f"{axis} of the target layout (split, reshard)")
+        parser.add_argument(f"--{axis}", type=number(int, 1), default=1, help=f"{axis} of the target layout (split, reshard)")
     args = parser.parse_args(argv)
     if not os.path.isdir(args.source):
         raise UsageError(f"{args.source}: no such directory; give a checkpoint directory (checkpoints/step_N)")
