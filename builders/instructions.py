@@ -73,9 +73,7 @@ import json
 import os
 import random
 import re
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
@@ -83,6 +81,7 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence,
 from tqdm import tqdm
 
 from base.errors import ArgumentParser, UserError, entry_point, number
+from base.outputs import output_dir
 from base.paths import corpora_dir, data_dir
 
 MAX_OUTPUT_CHARS = 1000
@@ -637,28 +636,15 @@ def build(documents: Iterable[Doc], max_per_task: int = 4000, seed: int = 0, val
 
 
 def write(out_dir: os.PathLike, train: List[dict], val: List[dict], stats: dict) -> Path:
-    """train.jsonl, val.jsonl and stats.json into `out_dir`, replaced atomically (temp dir + rename)."""
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        tmp.chmod(0o755)  # mkdtemp's 0700 would stay on the renamed directory
+    """train.jsonl, val.jsonl and stats.json as `out_dir`, a new directory or this tool's earlier output, replaced
+    atomically (base/outputs.py: a directory holding anything else is refused, not replaced)."""
+    with output_dir(out_dir, "builders.instructions") as tmp:
         for name, samples in (("train", train), ("val", val)):
             with open(tmp / f"{name}.jsonl", "w", encoding="utf-8") as f:
                 for s in samples:
                     f.write(json.dumps(s, ensure_ascii=False) + "\n")
         (tmp / "stats.json").write_text(json.dumps(stats, indent=1) + "\n", encoding="utf-8")
-        if out.exists():
-            old = out.with_name(f".{out.name}.old.{os.getpid()}")
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+    return Path(out_dir)
 
 
 @entry_point

@@ -54,7 +54,6 @@ import json
 import os
 import random
 import re
-import shutil
 import sys
 import tempfile
 import time
@@ -64,6 +63,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from tqdm import tqdm
 
 from base.errors import ArgumentParser, UsageError, entry_point, number
+from base.outputs import output_dir
 from base.paths import data_dir
 from data.errors import DataError
 from evaluation.tasks import alpaca_item, exact_match, rouge_l
@@ -196,20 +196,14 @@ def read_split(instructions: Path, split: str) -> List[dict]:
 
 
 def write_set(out: Path, pairs: Dict[str, List[dict]], stats: dict) -> None:
-    """`<split>.jsonl` per split and stats.json, replacing `out` whole (nothing half-written is left)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".preferences-", dir=out.parent))
-    try:
+    """`<split>.jsonl` per split and stats.json as `out`, a new directory or this tool's earlier output, replaced
+    whole and atomically (base/outputs.py: a directory holding anything else is refused, not replaced)."""
+    with output_dir(out, "builders.preferences") as tmp:
         for split, split_pairs in pairs.items():
             with open(tmp / f"{split}.jsonl", "w", encoding="utf-8") as f:
                 for p in split_pairs:
                     f.write(json.dumps(p, ensure_ascii=False) + "\n")
         (tmp / "stats.json").write_text(json.dumps(stats, indent=1) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 # --- on-policy pairs (see the module docstring) ---------------------------------------------------------------

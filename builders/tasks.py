@@ -40,6 +40,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 from tqdm import tqdm
 
 from base.errors import ArgumentParser, entry_point, number
+from base.outputs import owned_files
 from base.paths import corpora_dir, default_tasks_dir
 from builders import instructions as I
 
@@ -265,18 +266,20 @@ def build(documents: Iterable[I.Doc], n_items: int = 500, seed: int = 0,
 
 
 def write_tasks(out_dir: os.PathLike, tasks: Dict[str, List[Item]], stats: dict) -> Path:
-    """<name>.jsonl per task and stats.json into `out_dir`; each file replaced atomically."""
+    """<name>.jsonl per task and stats.json into `out_dir`, which may hold the user's own task files too: each file
+    replaced atomically, and only one this tool wrote there (base/outputs.py owned_files)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     files = {f"{name}.jsonl": "".join(json.dumps(item, ensure_ascii=False) + "\n" for item in items)
              for name, items in tasks.items()}
     files["stats.json"] = json.dumps(stats, indent=1) + "\n"
-    for name, text in files.items():
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, out / name)
+    with owned_files(out, "builders.tasks", list(files)):
+        for name, text in files.items():
+            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, out / name)
     return out
 
 

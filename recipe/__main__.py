@@ -20,7 +20,7 @@ from base.errors import ConfigError, entry_point
 from base.paths import REPO_ROOT
 from plugins import register
 from recipe import report
-from recipe.runner import RECORD, build_datasets, check_links, dry_run_report, plan, run
+from recipe.runner import RECORD, build_datasets, check_links, check_recipe_dir, dry_run_report, plan, run
 from recipe.spec import parse
 
 RECIPES = REPO_ROOT / "conf" / "recipe"
@@ -60,6 +60,7 @@ def app(cfg: DictConfig) -> None:
     if cfg.dry_run:
         print(dry_run_report(planned))
         return
+    check_recipe_dir(job_dir)  # a new directory or an earlier recipe run's, nothing else
     check_links(planned, job_dir)  # a changed stage in this directory is refused before anything is built
     build_datasets(list(cfg.recipe.datasets))
     variant = hc.job.override_dirname or job_dir.name

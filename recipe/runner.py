@@ -138,6 +138,19 @@ def _one_line(err: Exception) -> str:
     return hydra_message(err)
 
 
+def check_recipe_dir(job_dir: Path) -> None:
+    """A recipe writes into a new directory or an earlier run of a recipe (its recipe.json, stage links, stages/,
+    report; Hydra's .hydra and log); a directory holding anything else is refused, naming it."""
+    if not job_dir.is_dir():
+        return
+    ours = {RECORD, STORE, ".hydra", "report.html", "curves.png", ".mindlab-output.json"}
+    foreign = sorted(n for n in os.listdir(job_dir) if n not in ours and not n.endswith(".log")
+                     and not (os.path.islink(job_dir / n) and n[:2].isdigit()))
+    if foreign:
+        raise ConfigError("hydra.run.dir", f"{job_dir} holds files that are not a recipe run's (e.g. {foreign[0]}); "
+                          "give a new directory, e.g. hydra.run.dir=recipes/my_chain")
+
+
 def check_links(planned: List[Planned], job_dir: Path) -> None:
     """A recipe directory holds one variant: a stage link that points at another key (the stage's config changed
     since) is refused before anything runs."""

@@ -109,3 +109,50 @@ def test_a_run_directory_holding_other_files_is_refused_before_anything_is_writt
                                             "mindlab run's (e.g. notes.txt); give a new directory, e.g. "
                                             "hydra.run.dir=outputs/my_run (hydra.sweep.dir with -m)")
     assert sorted(os.listdir(home)) == [".hydra", "notes.txt", "train.log"] and (home / "notes.txt").read_text() == "mine"
+
+
+def test_the_dataset_builders_write_only_their_own_output(tmp_path):
+    """builders.instructions and builders.preferences replace only their own earlier output; builders.tasks writes
+    beside the user's own task files and replaces only the ones it wrote."""
+    from builders.instructions import write
+    from builders.preferences import write_set
+    from builders.tasks import write_tasks
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    sample = {"instruction": "i", "input": "", "output": "o", "task": "t", "entry": "e"}
+    with pytest.raises(UsageError, match=f"^{mine}: exists and holds files that builders.instructions did not write"):
+        write(mine, [sample], [sample], {})
+    with pytest.raises(UsageError, match=f"^{mine}: exists and holds files that builders.preferences did not write"):
+        write_set(mine, {"train": [], "val": []}, {})
+    assert os.listdir(mine) == ["notes.txt"]
+    out = tmp_path / "instructions"
+    write(out, [sample], [sample], {})
+    write(out, [sample, sample], [sample], {})  # its own output: replaced
+    assert len((out / "train.jsonl").read_text().splitlines()) == 2
+
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "my_task.jsonl").write_text('{"context": "x", "choices": [" a", " b"], "gold": 0}\n')
+    item = {"context": "c", "choices": [" a", " b"], "gold": 1}
+    write_tasks(tasks, {"verse_mc": [item]}, {})
+    write_tasks(tasks, {"verse_mc": [item, item]}, {})
+    assert (tasks / "my_task.jsonl").read_text().startswith('{"context": "x"')
+    (tasks / "cloze_code.jsonl").write_text("the user's own cloze task\n")
+    with pytest.raises(UsageError, match="cloze_code.jsonl: exists and was not written by builders.tasks"):
+        write_tasks(tasks, {"cloze_code": [item]}, {})
+    assert (tasks / "cloze_code.jsonl").read_text() == "the user's own cloze task\n"
+
+
+def test_a_recipe_refuses_a_directory_of_other_files(tmp_path):
+    from recipe.runner import check_recipe_dir
+
+    (tmp_path / "notes.txt").write_text("mine")
+    outcome = invoke("recipe", ["recipe=bert_tiny", f"hydra.run.dir={tmp_path}"])
+    assert outcome.code == 2 and outcome.err.strip().splitlines()[-1] == (
+        f"config error: hydra.run.dir: {tmp_path} holds files that are not a recipe run's (e.g. notes.txt); give a "
+        "new directory, e.g. hydra.run.dir=recipes/my_chain")
+    assert (tmp_path / "notes.txt").read_text() == "mine" and not (tmp_path / "stages").exists()
+    os.remove(tmp_path / "notes.txt")
+    check_recipe_dir(tmp_path)  # Hydra's own files and nothing else: a directory a recipe may use
