@@ -114,9 +114,12 @@ class StageConfig:
     """A stage preset (conf/stage/<name>.yaml, `@package _global_`) sets several groups at once (data, model.*,
     optim.*, objective) and this node: where the weights come from."""
 
-    name: str = MISSING  # pretrain | sft | rm | dpo | long_context (conf/stage/)
+    name: str = MISSING  # pretrain | sft | rm | dpo | ppo | long_context (conf/stage/)
     init_from: Optional[str] = None  # checkpoint (or .safetensors) to start from; None: random init
     allow_random_init: bool = False  # a fine-tuning stage without init_from: refused unless true
+    # the stage continues a trained model whatever its objective (long_context trains clm on longer rows): a run
+    # without init_from is refused unless allow_random_init (a fine-tuning objective requires one itself)
+    needs_init: bool = False
 
 
 @dataclass

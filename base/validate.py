@@ -53,10 +53,9 @@ def validate(cfg: DictConfig, world_size: int = 1) -> None:
     _check_eval_tasks(cfg)
     if not cfg.dry_run:
         _check_machine(cfg, world_size)
-        _require(cfg.stage.name != "long_context" or cfg.stage.init_from or cfg.stage.allow_random_init,
-                 "stage.init_from", "stage=long_context extends a pretrained model's context: set "
-                 "stage.init_from=<checkpoint dir> (trained at model.max_position_embeddings), or "
-                 "stage.allow_random_init=true")
+        _require(not cfg.stage.needs_init or cfg.stage.init_from or cfg.stage.allow_random_init,
+                 "stage.init_from", f"stage={cfg.stage.name} continues a trained model: set stage.init_from=<checkpoint "
+                 "dir>, or stage.allow_random_init=true")
     peaks = cfg.device.peak_tflops
     _require(cfg.precision.compute_dtype in peaks, "precision", f"device={cfg.device.name} gives no "
              f"{cfg.precision.compute_dtype} peak (device.peak_tflops has {', '.join(peaks)}); use precision=auto or "

@@ -59,7 +59,8 @@ def check_fine_tuning(cfg, name: str, kinds, data_hint: str) -> None:
             f"model.family={cfg.model.family} is not one")
     require(cfg.model.get("impl", "native") == "native", "model.impl", f"objective={name} needs the native model; "
             f"set model.impl=native")
-    require(cfg.stage.init_from or cfg.stage.allow_random_init, "stage.init_from", f"objective={name} fine-tunes a "
+    require(cfg.stage.init_from or cfg.stage.allow_random_init or cfg.dry_run, "stage.init_from",  # (a plan: no weights)
+            f"objective={name} fine-tunes a "
             "pretrained model: set stage.init_from=<checkpoint dir>, or stage.allow_random_init=true (and "
             "data.tokenizer.path) to start from random weights on purpose")
     other = sorted({s.kind for s in cfg.data.sources if s.kind not in kinds})

@@ -118,7 +118,10 @@ def plan(stages: List[Stage], root: Path, compose: Callable[[List[str]], DictCon
                     overrides.append(f"{key}={override_value(str(given[-1].dir))}")
                 if missing:
                     cfg = compose(overrides)
-                validate(OmegaConf.merge(cfg, {"dry_run": True}))
+                validate(OmegaConf.merge(cfg, {"dry_run": True}))  # (files that later stages write: not yet there)
+                if cfg.stage.needs_init and not start and not cfg.stage.allow_random_init:
+                    raise ConfigError(f"recipe.stages.{stage.name}", f"stage={cfg.stage.name} continues a trained "
+                                      "model: put a training stage before it, or set its init_from")
             except ConfigError as err:
                 raise err if err.key.startswith("recipe.") else _stage_error(stage, err) from None
             except Exception as err:  # Hydra's composition errors: an unknown preset or key

@@ -82,7 +82,7 @@ def test_plan_keys_a_stage_by_its_config_and_the_stages_before_it(tmp_path):
 def test_a_fine_tuning_stage_with_nothing_to_start_from_is_refused_before_anything_runs(tmp_path):
     with pytest.raises(ConfigError) as err:
         runner.plan(stages_of({"dpo": {"data": "preferences"}}), tmp_path)
-    assert err.value.key == "recipe.stages.dpo" and "stage.init_from" in str(err.value)
+    assert err.value.key == "recipe.stages.dpo" and "put a training stage before it" in str(err.value)
     with pytest.raises(ConfigError) as err:
         runner.plan(stages_of({"pretrain": {"stage": "tiny_pretrain"}, "ppo": {"data": "instructions"}}), tmp_path)
     assert err.value.key == "recipe.stages.ppo" and str(err.value) == (
