@@ -27,6 +27,7 @@ import tempfile
 import boot  # noqa: F401  (first: MindSpore before anything that loads protobuf)
 
 from benchmarks.measure import ROOT, summarize, train_and_measure
+from benchmarks.results import recorded
 
 COMMON = ["trainer.micro_batch_size=8", "trainer.log_every=10", "trainer.eval_batches=16", "logger.progress_bar=false"]
 
@@ -129,4 +130,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded("benchmarks.alignment", "The alignment pipeline: SFT, reward model, DPO on the shared corpora"):
+        main()

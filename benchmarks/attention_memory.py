@@ -15,6 +15,7 @@ import argparse
 import tempfile
 
 from benchmarks.measure import train_and_measure
+from benchmarks.results import recorded
 
 
 def main() -> None:
@@ -50,4 +51,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded("benchmarks.attention_memory", "Training at long sequence lengths: tokens/s and peak RSS per attention path"):
+        main()

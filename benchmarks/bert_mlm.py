@@ -21,6 +21,7 @@ from hydra import compose, initialize_config_dir
 from benchmarks.measure import train_and_measure
 from base.schema import REPO_ROOT
 from plugins import register
+from benchmarks.results import recorded
 
 DEFAULTS = ["stage=bert_tiny_mlm", "logger.progress_bar=false"]
 
@@ -60,4 +61,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded("benchmarks.bert_mlm", "BERT masked-LM pretraining: fill-mask accuracy against the unigram baseline"):
+        main()

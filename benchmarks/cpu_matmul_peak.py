@@ -32,6 +32,7 @@ import numpy as np
 
 import mindspore as ms
 from mindspore import Tensor, ops
+from benchmarks.results import recorded
 
 SIZES = (1024, 2048, 4096)
 
@@ -208,4 +209,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded("benchmarks.cpu_matmul_peak", "This machine's fp32 GEMM peak"):
+        main()

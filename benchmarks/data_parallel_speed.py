@@ -10,6 +10,7 @@ import sys
 import tempfile
 
 from benchmarks.measure import train_and_measure
+from benchmarks.results import recorded
 
 DEFAULTS = ["model=tiny", "data.seq_len=256", "trainer.max_steps=60", "trainer.log_every=10",
             "trainer.eval_every=0", "trainer.eval_batches=1", "optim.warmup_steps=5", "logger.progress_bar=false"]
@@ -29,4 +30,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded("benchmarks.data_parallel_speed", "Data parallel (dp2 under msrun) against one process"):
+        main()

@@ -27,6 +27,7 @@ from models import build_model
 from objectives import objective
 from trainer.module import loss_cell
 from trainer.step import ForwardBackward
+from benchmarks.results import recorded
 
 DEFAULTS = ["data=corpora_5dom", "model=small", "data.num_workers=2"]
 
@@ -99,4 +100,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded("benchmarks.data_throughput", "Data pipeline throughput"):
+        main()

@@ -19,6 +19,7 @@ import tempfile
 import boot  # noqa: F401  (first: MindSpore before anything that loads protobuf)
 
 from benchmarks.measure import summarize, timed_run, train_command
+from benchmarks.results import recorded
 
 
 def head(src: str, dst: str, n: int) -> str:
@@ -77,4 +78,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded("benchmarks.dpo_reference", "DPO's reference modes: copy against precomputed"):
+        main()

@@ -27,6 +27,7 @@ import time
 
 import numpy as np
 from omegaconf import OmegaConf
+from benchmarks.results import recorded
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -154,4 +155,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded("benchmarks.generation", "Generation speed: KV cache, against transformers' generate"):
+        main()

@@ -28,6 +28,7 @@ import subprocess
 import sys
 
 from omegaconf import OmegaConf
+from benchmarks.results import recorded
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METHODS = ("none", "linear", "ntk", "dynamic", "yarn", "llama3")
@@ -187,4 +188,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded("benchmarks.long_context", "Context extension: loss by position and passkey accuracy"):
+        main()

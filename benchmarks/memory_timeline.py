@@ -25,6 +25,7 @@ import boot  # noqa: E402,F401  (MindSpore first, as in train.py)
 import os  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
+from benchmarks.results import recorded
 
 
 def status_kib(key: str) -> int:
@@ -164,4 +165,5 @@ def peak_table(rows, plan: dict) -> str:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    with recorded("benchmarks.memory_timeline", "Where a training process's memory and time go"):
+        main(sys.argv[1:])

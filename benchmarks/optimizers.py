@@ -9,6 +9,7 @@ import sys
 import tempfile
 
 from benchmarks.measure import train_and_measure
+from benchmarks.results import recorded
 
 PRESETS = ("adamw", "adamw_bert", "came")
 DEFAULTS = ["model=small", "trainer.max_steps=30", "trainer.log_every=10", "trainer.eval_every=0",
@@ -27,4 +28,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded("benchmarks.optimizers", "Optimizer presets: tokens/s, peak RSS and the loss reached"):
+        main()

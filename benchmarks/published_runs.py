@@ -6,6 +6,7 @@ of device.compute_efficiency (the runs, their sources and the mapping: planner/p
 import boot  # noqa: F401  (first: MindSpore before anything that loads protobuf)
 
 from planner.published import RUNS, fit, predict
+from benchmarks.results import recorded
 
 
 def main() -> None:
@@ -26,4 +27,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded("benchmarks.published_runs", "The time model against published training runs"):
+        main()

@@ -2,10 +2,13 @@
 flag or its default), stamped with the machine, the date and the commit it measured. A section is replaced whole
 by the next run of its benchmark; the others are kept.
 """
+import contextlib
 import datetime
 import os
 import platform
 import subprocess
+import sys
+from typing import Iterator
 
 from base.paths import REPO_ROOT
 
@@ -44,3 +47,39 @@ def write_section(name: str, title: str, body: str) -> None:
         text = text.rstrip("\n") + "\n\n" + block + "\n"
     RESULTS.write_text(text, encoding="utf-8")
     print(f"[results] {RESULTS}: {title}")
+
+
+class _Tee:
+    def __init__(self, stream):
+        self.stream, self.text = stream, []
+
+    def write(self, text: str) -> int:
+        self.text.append(text)
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def recorded(name: str, title: str) -> Iterator[None]:
+    """What the benchmark prints inside the block, printed as usual and, when it ends without an error, written as
+    its section of benchmarks/RESULTS.md (a benchmark writes what it measured, never a hand-copied table)."""
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):  # a help text is no measurement
+        yield
+        return
+    tee = _Tee(sys.stdout)
+    sys.stdout = tee
+    try:
+        yield
+    except SystemExit as done:  # a main that ends with sys.exit: a clean exit is a finished measurement
+        if done.code not in (None, 0):
+            raise
+    finally:
+        sys.stdout = tee.stream
+    printed = "".join(tee.text).strip()
+    if printed:
+        write_section(name, title, "```\n" + printed + "\n```")

@@ -18,6 +18,7 @@ import tempfile
 
 from benchmarks.measure import ROOT
 from benchmarks.speed_memory import COMMON, IMPLS, check_args, measured_peak_flops, peak_line, run_shape
+from benchmarks.results import recorded
 
 TOKENS_PER_STEP = 2048
 
@@ -111,4 +112,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with recorded("benchmarks.scaling", "Scaling with sequence length and width: native, MindFormers, PyTorch"):
+        sys.exit(main())

@@ -17,6 +17,7 @@ import tempfile
 import boot  # noqa: F401  (first: MindSpore before anything that loads protobuf)
 
 from benchmarks.measure import ROOT, train_and_measure
+from benchmarks.results import recorded
 
 SFT = ["stage=sft", "model=small", "data=instructions", "data.seq_len=512", "trainer.micro_batch_size=4",
        "trainer.log_every=10", "trainer.eval_batches=8", "logger.progress_bar=false"]
@@ -95,4 +96,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded("benchmarks.sft_lora", "Full SFT against LoRA"):
+        main()

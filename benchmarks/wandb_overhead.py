@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 
 from trainer.metrics import MetricsFile
 from trainer.wandb_logger import WandbLogger
+from benchmarks.results import recorded
 
 LINES = 500
 
@@ -48,4 +49,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recorded("benchmarks.wandb_overhead", "The cost of W&B logging"):
+        main()
