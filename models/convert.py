@@ -117,15 +117,16 @@ def export_hf(ckpt_dir: str, out_dir: str, merge_lora: bool = False, location: O
         adapter.save_generation_config(cfg.model, out_dir)
 
 
-def export_mindformers(ckpt_dir: str, out_dir: str) -> None:
+def export_mindformers(ckpt_dir: str, out_dir: str, location: Optional[str] = None) -> None:
     """A MindFormers `.ckpt` and the model part of a MindFormers run YAML, by the family's `export_mindformers`
-    hook (Llama's: MindFormers 1.9 has no other family mindlab trains)."""
+    hook (Llama's: MindFormers 1.9 has no other family mindlab trains). `location`: where out_dir will be once in
+    place, for the YAML's load_checkpoint."""
     cfg, weights = _read_checkpoint(ckpt_dir)
     fam = model_family(cfg)
     if not hasattr(fam, "export_mindformers"):
         raise UsageError(f"{ckpt_dir}: --to mindformers: model.family={cfg.model.family} has no MindFormers "
                          "counterpart; use --to hf")
-    fam.export_mindformers(cfg, weights, out_dir)
+    fam.export_mindformers(cfg, weights, out_dir, location)
     tokenizer = os.path.join(ckpt_dir, "tokenizer.model")
     if os.path.exists(tokenizer):
         shutil.copy(tokenizer, out_dir)
@@ -191,7 +192,7 @@ def main(argv=None) -> None:
     elif args.to == "mindlab" and args.merge_lora:
         export = merge_to_mindlab
     else:
-        export = {"mindformers": export_mindformers, "mindlab": import_hf}[args.to]
+        export = {"mindformers": functools.partial(export_mindformers, location=args.out), "mindlab": import_hf}[args.to]
     with output_dir(args.out, "models.convert") as tmp:  # a new directory, or a previous export, replaced whole
         export(resolve(args.source), str(tmp))
     print(f"wrote {args.out}")

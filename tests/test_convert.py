@@ -11,7 +11,7 @@ from mindspore import Tensor
 
 from conftest import load_preset
 from models import build_model
-from models.convert import export_hf, export_mindformers, import_hf
+from models.convert import export_hf, import_hf, main as convert_main
 from base import checkpoint
 
 pytestmark = pytest.mark.usefixtures("pynative")
@@ -89,11 +89,13 @@ def test_hf_to_mindlab_to_hf_round_trips_exactly(tmp_path, tokenizer_file):
 
 def test_mindformers_export_loads_into_mindformers_llama(tmp_path, tokenizer_file):
     model, model_cfg, path = make_checkpoint(tmp_path, tokenizer_file, "gqa")
-    export_mindformers(path, str(tmp_path / "mf"))
-    assert sorted(os.listdir(tmp_path / "mf")) == ["llama.ckpt", "llama_mindlab.yaml", "tokenizer.model"]
+    assert convert_main([path, str(tmp_path / "mf"), "--to", "mindformers"]) == 0
+    assert sorted(n for n in os.listdir(tmp_path / "mf") if not n.startswith(".")) == \
+        ["llama.ckpt", "llama_mindlab.yaml", "tokenizer.model"]
     mf = build_model(OmegaConf.merge(model_cfg, {"impl": "mindformers"}), 64, "fp32", "CPU", seed=1)
     ms.load_param_into_net(mf, ms.load_checkpoint(str(tmp_path / "mf" / "llama.ckpt")), strict_load=True)
     x = Tensor(tokens(64))  # MindFormers' Llama takes exactly its configured seq_length
     np.testing.assert_allclose(mf(x).asnumpy(), model(x).asnumpy(), atol=1e-5)
     mf_yaml = OmegaConf.load(tmp_path / "mf" / "llama_mindlab.yaml")
     assert mf_yaml.model.model_config.n_kv_heads == 2 and mf_yaml.model.arch.type == "LlamaForCausalLM"
+    assert mf_yaml.load_checkpoint == str(tmp_path / "mf" / "llama.ckpt")  # the file in place, not the temporary one

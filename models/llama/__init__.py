@@ -100,11 +100,12 @@ def attention_kind(cfg: Config, device_target: str, compute_dtype: str, sharded:
     return "fused" if "attention" in kernel_libraries(cfg, compute_dtype, device_target, sharded) else "plain"
 
 
-def export_mindformers(cfg, weights: dict, out_dir: str) -> None:
-    """A MindFormers .ckpt and run YAML of a checkpoint's config and weights (models/llama/mindformers.py)."""
+def export_mindformers(cfg, weights: dict, out_dir: str, location=None) -> None:
+    """A MindFormers .ckpt and run YAML of a checkpoint's config and weights (models/llama/mindformers.py); `location`:
+    where out_dir will be once in place, for the YAML's load_checkpoint."""
     from models.llama.mindformers import export_checkpoint
 
-    export_checkpoint(cfg, weights, out_dir)
+    export_checkpoint(cfg, weights, out_dir, location)
 
 
 def recompute_cells(model, mode: str) -> list:

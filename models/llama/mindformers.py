@@ -7,6 +7,7 @@ the ones under which MindFormers' Llama trains on CPU: no fused RMSNorm kernel, 
 plain attention (there is no CPU flash-attention kernel), and lazy-inline disabled.
 """
 import os
+from typing import Optional
 
 import mindspore as ms
 from mindspore import nn
@@ -48,13 +49,15 @@ class MindFormersLlama(nn.Cell):
         return self.net.lm_head(hidden).astype(ms.float32)
 
 
-def export_checkpoint(cfg, weights: dict, out_dir: str) -> None:
-    """`llama.ckpt` (same parameter names) and `llama_mindlab.yaml`, the model part of a MindFormers run YAML."""
+def export_checkpoint(cfg, weights: dict, out_dir: str, location: Optional[str] = None) -> None:
+    """`llama.ckpt` (same parameter names) and `llama_mindlab.yaml`, the model part of a MindFormers run YAML, whose
+    load_checkpoint is the .ckpt's absolute path once out_dir is at `location` (the CLI writes into a temporary
+    directory first)."""
     os.makedirs(out_dir, exist_ok=True)
     ckpt = os.path.join(out_dir, "llama.ckpt")
     ms.save_checkpoint([{"name": k, "data": ms.Tensor(v)} for k, v in weights.items()], ckpt)
     m = cfg.model
-    yaml = {"load_checkpoint": ckpt, "model": {"arch": {"type": "LlamaForCausalLM"}, "model_config": {
+    yaml = {"load_checkpoint": os.path.abspath(os.path.join(location or out_dir, "llama.ckpt")), "model": {"arch": {"type": "LlamaForCausalLM"}, "model_config": {
         "type": "LlamaConfig", "seq_length": OmegaConf.select(cfg, "data.seq_len", default=m.max_position_embeddings),
         "vocab_size": m.vocab_size,
         "hidden_size": m.hidden_size, "num_layers": m.num_layers, "num_heads": m.num_heads,
