@@ -101,8 +101,8 @@ def export_hf(ckpt_dir: str, out_dir: str, merge_lora: bool = False, location: O
         export_hf(_lora_base(ckpt_dir, cfg), base)
         write_peft_adapter(out_dir, *peft_adapter_files(weights, cfg.peft, single_name(adapter.to_hf),
                                                         os.path.abspath(os.path.join(location or out_dir, "base"))))
-        if os.path.exists(tokenizer):
-            adapter.save_tokenizer(tokenizer, out_dir)
+        if os.path.exists(tokenizer):  # with the template the adapters were trained on, as the merged export has
+            adapter.save_tokenizer(tokenizer, out_dir, chat_template(template_of(cfg)))
         return
     os.makedirs(out_dir, exist_ok=True)
     save_file(adapter.to_hf(weights), os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})

@@ -304,7 +304,10 @@ def test_merged_lora_export_and_peft_adapter_give_the_lora_models_logits(lora_ru
     with torch.no_grad():
         np.testing.assert_allclose(peft_model(torch.tensor(ids, dtype=torch.long)).logits.numpy(), expected,
                                    atol=1e-4)
-    assert AutoTokenizer.from_pretrained(str(out)).encode("To be", add_special_tokens=False)
+    tokenizer = AutoTokenizer.from_pretrained(str(out))
+    assert tokenizer.encode("To be", add_special_tokens=False)
+    assert tokenizer.apply_chat_template([{"role": "user", "content": "Name a colour."}], tokenize=False,
+                                         add_generation_prompt=True).endswith("### Response:\n")  # SFT's template
 
 
 def test_lora_targets_that_match_nothing_list_the_available_cells(tmp_path, base_checkpoint):
