@@ -37,6 +37,7 @@ __all__ = ["CheckpointError", "load", "load_weights", "resolve", "save"]
 WEIGHTS, OPTIMIZER, STATE, CONFIG, TOKENIZER, LATEST = "model.safetensors", "optimizer.safetensors", \
     "state.json", "config.yaml", "tokenizer.model", "latest"
 CHECKPOINTS = "checkpoints"  # a run directory's checkpoint root
+ADAPTERS = "adapter_config.json"  # beside a LoRA run's weights, which are its adapters only (PEFT's config)
 
 
 def resolve(path: str) -> str:
@@ -252,21 +253,27 @@ def _load_into(file: str, cell, names: List[str], what: str, whole: bool = False
     ms.load_param_into_net(cell, {n: params[n] for n in names}, strict_load=True)
 
 
-def weights_file(path: str) -> str:
+def weights_file(path: str, whole: bool = False) -> str:
     """The weights file of a checkpoint (any form `resolve` takes, or the .safetensors file given); CheckpointError
-    if absent."""
+    if absent, or with `whole` (a whole model's weights wanted: stage.init_from) if it holds a LoRA run's adapters
+    only (an adapter_config.json beside it), which would else be refused as another model's weights."""
     path = resolve(path)
     file = os.path.join(path, WEIGHTS) if os.path.isdir(path) else path
     if not os.path.isfile(file):
         raise CheckpointError(f"{file}: no such checkpoint; give a checkpoint directory (.../checkpoints/step_N) "
                               f"or its {WEIGHTS}")
+    directory = os.path.dirname(file)
+    if whole and os.path.isfile(os.path.join(directory, ADAPTERS)):
+        raise CheckpointError(f"{directory}: holds the LoRA adapters of a peft=lora run, not a whole model; merge "
+                              f"them into their base first (python -m models.convert {directory} --to mindlab OUT "
+                              "--merge-lora) and start from OUT")
     return file
 
 
 def load_weights(path: str, model, only: Optional[Set[str]] = None) -> None:
     """Model weights (all, or the names in `only`) from a checkpoint directory or a .safetensors file
     (stage.init_from)."""
-    file = weights_file(path)
+    file = weights_file(path, whole=only is None)
     _load_into(file, model, sorted(only) if only is not None else list(model.parameters_dict()), "checkpoint",
                whole=only is None)
 

@@ -33,7 +33,7 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
 
         check_credentials(cfg.logger.mode)
     if cfg.stage.init_from:  # the checkpoints named are there, before minutes of data and model building
-        checkpoint.weights_file(cfg.stage.init_from)
+        checkpoint.weights_file(cfg.stage.init_from, whole=True)
     os.makedirs(run_dir, exist_ok=True)
     ckpt_root = os.path.join(run_dir, "checkpoints")
     resume_from = _resume_path(cfg.trainer.resume, ckpt_root)
