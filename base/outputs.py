@@ -37,26 +37,29 @@ def _size(directory: Path) -> int:
     return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
 
 
-def check_output_dir(out: os.PathLike, tool: str) -> None:
+def check_output_dir(out: os.PathLike, tool: str, own: Sequence[str] = ()) -> None:
     """Refuse (UsageError, naming the directory and one foreign entry) an existing `out` that is neither empty nor
-    a previous output of `tool`."""
+    a previous output of `tool`: its marker says so, or, without a marker, it holds nothing but files named in `own`
+    (what the tool writes, e.g. a data set's train.jsonl, val.jsonl and stats.json)."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out}: exists and is not a directory; give a new directory for {tool}'s output")
     if not out.is_dir() or _marker(out).get("tool") == tool:
         return
     entries = sorted(os.listdir(out), key=lambda name: (name.startswith("."), name))  # name a visible one first
+    if own and entries and not _marker(out) and all(name in own and (out / name).is_file() for name in entries):
+        return
     if entries:
         raise UsageError(f"{out}: exists and holds files that {tool} did not write (e.g. {entries[0]}); give a new "
                          f"or empty directory, or a previous output of {tool}: nothing there is replaced")
 
 
 @contextlib.contextmanager
-def output_dir(out: os.PathLike, tool: str) -> Iterator[Path]:
+def output_dir(out: os.PathLike, tool: str, own: Sequence[str] = ()) -> Iterator[Path]:
     """A temporary directory to write `tool`'s whole output into; on success it replaces `out` atomically (with
-    its marker), on failure it is removed and `out` is as it was."""
+    its marker), on failure it is removed and `out` is as it was. `own`: check_output_dir's."""
     out = Path(out)
-    check_output_dir(out, tool)
+    check_output_dir(out, tool, own)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     umask = os.umask(0)

@@ -81,9 +81,10 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence,
 from tqdm import tqdm
 
 from base.errors import ArgumentParser, UserError, entry_point, number
-from base.outputs import output_dir
+from base.outputs import check_output_dir, output_dir
 from base.paths import corpora_dir, data_dir
 
+TOOL, OWN = "builders.instructions", ("train.jsonl", "val.jsonl", "stats.json")  # what --out holds (base/outputs.py)
 MAX_OUTPUT_CHARS = 1000
 DEFINITION_CHARS = 300
 PARAGRAPH_CHARS = 600
@@ -638,7 +639,7 @@ def build(documents: Iterable[Doc], max_per_task: int = 4000, seed: int = 0, val
 def write(out_dir: os.PathLike, train: List[dict], val: List[dict], stats: dict) -> Path:
     """train.jsonl, val.jsonl and stats.json as `out_dir`, a new directory or this tool's earlier output, replaced
     atomically (base/outputs.py: a directory holding anything else is refused, not replaced)."""
-    with output_dir(out_dir, "builders.instructions") as tmp:
+    with output_dir(out_dir, TOOL, OWN) as tmp:
         for name, samples in (("train", train), ("val", val)):
             with open(tmp / f"{name}.jsonl", "w", encoding="utf-8") as f:
                 for s in samples:
@@ -659,6 +660,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--val-fraction", type=number(float, 0.0, 1.0, high_open=True), default=0.05)
     args = parser.parse_args(argv)
     start = time.time()
+    check_output_dir(args.out or default_out_dir(), TOOL, OWN)  # before the build, not after it
     corpora = args.corpora or corpora_dir()
     paths = shard_paths(corpora)
     train, val, stats = build(read_documents(paths), args.max_per_task, args.seed, args.val_fraction)

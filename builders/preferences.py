@@ -63,12 +63,13 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from tqdm import tqdm
 
 from base.errors import ArgumentParser, UsageError, entry_point, number
-from base.outputs import output_dir
+from base.outputs import check_output_dir, output_dir
 from base.paths import data_dir
 from data.errors import DataError
 from evaluation.tasks import alpaca_item, exact_match, rouge_l
 
 SPLITS = ("train", "val")
+TOOL, OWN = "builders.preferences", ("train.jsonl", "val.jsonl", "stats.json")  # what --out holds (base/outputs.py)
 MARGINS = {"neighbour": 1.0, "loop": 1.0, "fact_swap": 0.5, "shuffle": 0.5, "truncate": 0.25}
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 _FACT = re.compile(r"\b(?:\d[\d,.:]*\d|\d|[A-Z][a-z]+(?:[A-Z][a-z]+)*)\b")
@@ -198,7 +199,7 @@ def read_split(instructions: Path, split: str) -> List[dict]:
 def write_set(out: Path, pairs: Dict[str, List[dict]], stats: dict) -> None:
     """`<split>.jsonl` per split and stats.json as `out`, a new directory or this tool's earlier output, replaced
     whole and atomically (base/outputs.py: a directory holding anything else is refused, not replaced)."""
-    with output_dir(out, "builders.preferences") as tmp:
+    with output_dir(out, TOOL, OWN) as tmp:
         for split, split_pairs in pairs.items():
             with open(tmp / f"{split}.jsonl", "w", encoding="utf-8") as f:
                 for p in split_pairs:
@@ -323,6 +324,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.on_policy is None:
         out = args.out or data_dir() / "preferences"
+        check_output_dir(out, TOOL, OWN)  # before the build, not after it
         build(args.instructions, out, args.seed, args.max_pairs)
     else:
         checks = [(args.samples >= 2, "--samples", f"must be >= 2 (a pair needs two responses), got {args.samples}"),
@@ -338,6 +340,7 @@ def main(argv=None) -> None:
             if not ok:
                 raise UsageError(f"{name}: {message}")
         out = args.out or data_dir() / "preferences_on_policy"
+        check_output_dir(out, TOOL, OWN)  # before minutes of sampling, not after them
         build_on_policy(args.on_policy, args.instructions, out, args)
     print(f"[preferences] wrote {out}")
 

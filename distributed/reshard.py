@@ -7,7 +7,9 @@
 A sharded directory is described in distributed/sharded_checkpoint.py (rank_<r>/ slices + MindSpore strategy
 files); merge and reshard run MindSpore's `transform_checkpoints` on it, so they also take the slices and
 strategy file of a sharded Ascend run. state.json, config.yaml and tokenizer.model travel along, so a merged
-checkpoint resumes, converts (models.convert) and initialises runs (stage.init_from) like any other.
+checkpoint resumes, converts (models.convert) and initialises runs (stage.init_from) like any other. The output goes to
+a new directory, or replaces a previous output of this command whole (base/outputs.py): never into a directory of
+other files.
 """
 import json
 import os
@@ -21,8 +23,9 @@ import numpy as np
 import boot  # noqa: F401  (mindspore first)
 from distributed.sharded_checkpoint import OPTIMIZER_STATE, layout_for, load_tensors, merge_checkpoint, \
     reshard_checkpoint, save_tensors, split_checkpoint
-from base.checkpoint import CONFIG, OPTIMIZER, STATE, TOKENIZER, WEIGHTS, CheckpointError, write_state
+from base.checkpoint import CONFIG, OPTIMIZER, STATE, TOKENIZER, WEIGHTS, CheckpointError, resolve, write_state
 from base.errors import ArgumentParser, UsageError, entry_point, number
+from base.outputs import output_dir
 from models import plan_of
 
 METADATA = (STATE, CONFIG, TOKENIZER)
@@ -74,20 +77,23 @@ def main(argv=None) -> None:
     parser = ArgumentParser(prog="python -m distributed.reshard", description=__doc__,
                             formatter_class=RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["split", "merge", "reshard"])
-    parser.add_argument("source", help="a mindlab checkpoint dir (split) or a sharded dir (merge, reshard)")
-    parser.add_argument("out", help="output directory")
+    parser.add_argument("source", help="a mindlab checkpoint (split) or a sharded one (merge, reshard): a step "
+                        "directory, or the run directory, its checkpoints/ or latest")
+    parser.add_argument("out", help="output directory: a new one, or a previous output of this command")
     for axis in ("dp", "tp", "pp"):
         parser.add_argument(f"--{axis}", type=number(int, 1), default=1, help=f"{axis} of the target layout (split, reshard)")
     args = parser.parse_args(argv)
+    args.source = resolve(args.source)  # a run, its checkpoints/, `latest` or a step, as every checkpoint argument
     if not os.path.isdir(args.source):
         raise UsageError(f"{args.source}: no such directory; give a checkpoint directory (checkpoints/step_N)")
-    if args.command == "split":
-        split(args.source, args.out, args.dp, args.tp, args.pp)
-    elif args.command == "merge":
-        merge(args.source, args.out)
-    else:
-        reshard_checkpoint(args.source, args.dp, args.tp, args.pp, args.out, family_plan(args.source))
-        _copy_metadata(args.source, args.out)
+    with output_dir(args.out, "distributed.reshard") as tmp:  # a new directory, or a previous output, replaced whole
+        if args.command == "split":
+            split(args.source, str(tmp), args.dp, args.tp, args.pp)
+        elif args.command == "merge":
+            merge(args.source, str(tmp))
+        else:
+            reshard_checkpoint(args.source, args.dp, args.tp, args.pp, str(tmp), family_plan(args.source))
+            _copy_metadata(args.source, str(tmp))
     print(f"[reshard] {args.command}: {args.source} -> {args.out}")
 
 

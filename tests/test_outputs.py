@@ -38,6 +38,40 @@ def test_output_dir_refuses_a_directory_with_a_strangers_file_and_leaves_it(tmp_
     assert sorted(os.listdir(tmp_path)) == ["home"]  # no temporary left behind
 
 
+def test_an_unmarked_directory_of_the_tools_own_files_is_its_previous_output(tmp_path):
+    """A data set written without the marker (train.jsonl, val.jsonl, stats.json and nothing else) is replaced; the
+    same names beside a stranger's file, or a stranger's file alone, are refused."""
+    out = tmp_path / "instructions"
+    out.mkdir()
+    for name in ("train.jsonl", "val.jsonl", "stats.json"):
+        (out / name).write_text("old")
+    own = ("train.jsonl", "val.jsonl", "stats.json")
+    with output_dir(out, "builder", own) as tmp:
+        (tmp / "train.jsonl").write_text("new")
+    assert sorted(os.listdir(out)) == [MARKER, "train.jsonl"] and (out / "train.jsonl").read_text() == "new"
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (mixed / "train.jsonl").write_text("old")
+    (mixed / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError, match=f"^{mixed}: exists and holds files that builder did not write"):
+        with output_dir(mixed, "builder", own):
+            pass
+    assert sorted(os.listdir(mixed)) == ["notes.txt", "train.jsonl"]
+
+
+def test_a_builder_refuses_a_strangers_directory_before_building_and_leaves_it(tmp_path):
+    """`python -m builders.instructions --out DIR` replaces DIR whole: a directory of other files is refused before
+    the corpora are read (the error names it), and its files survive."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "notes.txt").write_text("mine")
+    outcome = invoke("instructions", ["--out", str(home), "--corpora", str(tmp_path / "nowhere")])
+    assert outcome.code == 2 and not outcome.traceback
+    assert outcome.err.strip().splitlines()[-1].startswith(f"error: {home}: exists and holds files that "
+                                                           "builders.instructions did not write (e.g. notes.txt)")
+    assert os.listdir(home) == ["notes.txt"] and (home / "notes.txt").read_text() == "mine"
+
+
 def test_a_failure_or_a_full_disk_leaves_the_previous_output(tmp_path):
     out = tmp_path / "out"
     with output_dir(out, "tool") as tmp:
