@@ -9,8 +9,10 @@
 SOURCE is a checkpoint directory (config.yaml + model.safetensors + tokenizer.model; a run's `checkpoints/`
 or run directory follows `latest`) or a Hugging Face Llama directory (config.json + *.safetensors +
 tokenizer.model), imported through `models.convert.import_hf` into a temporary directory first. One prompt is
-streamed to stdout as it is generated; a prompts file (one {"prompt": ...} JSON object per line, other keys
-kept) gives one JSON line per prompt, in order: {..., "completion", "finish_reason", "new_tokens"}. All
+streamed to stdout as it is generated; `--instruction` is wrapped in the checkpoint's template first (data.template,
+as its SFT rendered it). A prompts file (one JSON object per line: {"prompt": ...} as it is, {"instruction": ...,
+"input": ...} or {"messages": [...]} in the template; other keys kept) gives one JSON line per prompt, in order:
+{..., "prompt" (the text the model saw), "completion", "finish_reason", "new_tokens"}. All
 batches share one padded prompt length and batch size (the last batch is filled up), so the whole run
 compiles two graphs. Temperature 0 is greedy. Bad input prints one `error: ...` line and exits with code 2
 (1 for a checkpoint that cannot be loaded).

@@ -46,8 +46,8 @@ def rolling_windows(tokens: Sequence[int], prefix: int, max_len: int) -> List[Tu
 
 
 class MindlabLM:
-    """lm_eval's model interface over a mindlab checkpoint (a causal decoder): `checkpoint` a directory
-    .../checkpoints/step_NNNNNN, `max_length` the context (default: the checkpoint's data.seq_len)."""
+    """lm_eval's model interface over a mindlab checkpoint (a causal decoder): `checkpoint` in any form (a run, its
+    checkpoints/, `latest` or a step), `max_length` the context (default: the checkpoint's data.seq_len)."""
 
     def __init__(self, checkpoint: str, batch_size: int = 8, max_length: Optional[int] = None,
                  overrides: Sequence[str] = ()):
@@ -190,7 +190,8 @@ def run(checkpoint: str, tasks: List[str], include_path: Optional[str], limit: O
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = ArgumentParser(prog="python -m harness", description=__doc__.split("\n\n")[0],
                             formatter_class=RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", help="a checkpoint directory (.../checkpoints/step_NNNNNN)")
+    parser.add_argument("checkpoint", help="a checkpoint: a run directory, its checkpoints/ or latest, or a step "
+                        "directory (.../checkpoints/step_NNNNNN)")
     parser.add_argument("overrides", nargs="*", help="train.py overrides, as python -m evaluate takes them")
     parser.add_argument("--tasks", required=True, help="comma-separated: mindlab task names/files or lm_eval tasks")
     parser.add_argument("--include-path", default=None, help="a directory of your own lm_eval task YAMLs")
