@@ -81,17 +81,29 @@ def output_dir(out: os.PathLike, tool: str, own: Sequence[str] = ()) -> Iterator
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def owned_files(directory: os.PathLike, tool: str, names: Sequence[str]) -> Iterator[None]:
-    """Write the files `names` into `directory` (which holds other things): each may replace a file only if this
-    tool's marker there lists it; the marker then lists them all."""
+def check_owned_files(directory: os.PathLike, tool: str, names: Sequence[str], own: Sequence[str] = ()) -> List[str]:
+    """The files of `directory` that `tool` wrote; UsageError naming the first of `names` there that it did not
+    write. Its marker lists its files; without a marker, a directory holding nothing but files named in `own` (every
+    name the tool writes there) is its earlier output."""
     directory = Path(directory)
     marker = _marker(directory)
     ours: List[str] = marker.get("files", []) if marker.get("tool") == tool else []
+    entries = os.listdir(directory) if directory.is_dir() else []
+    if own and not marker and all(name in own and (directory / name).is_file() for name in entries):
+        ours = entries
     foreign = [n for n in names if (directory / n).exists() and n not in ours]
     if foreign:
         raise UsageError(f"{directory / foreign[0]}: exists and was not written by {tool}; move it away (it is "
                          "not replaced)")
+    return ours
+
+
+@contextlib.contextmanager
+def owned_files(directory: os.PathLike, tool: str, names: Sequence[str], own: Sequence[str] = ()) -> Iterator[None]:
+    """Write the files `names` into `directory` (which holds other things): each may replace a file only if this
+    tool wrote it (check_owned_files); the marker then lists them all."""
+    directory = Path(directory)
+    ours = check_owned_files(directory, tool, names, own)
     with writing(str(directory), lambda: sum((directory / n).stat().st_size for n in names
                                              if (directory / n).is_file())):
         yield

@@ -40,7 +40,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 from tqdm import tqdm
 
 from base.errors import ArgumentParser, entry_point, number
-from base.outputs import owned_files
+from base.outputs import check_owned_files, owned_files
 from base.paths import corpora_dir, default_tasks_dir
 from builders import instructions as I
 
@@ -273,7 +273,7 @@ def write_tasks(out_dir: os.PathLike, tasks: Dict[str, List[Item]], stats: dict)
     files = {f"{name}.jsonl": "".join(json.dumps(item, ensure_ascii=False) + "\n" for item in items)
              for name, items in tasks.items()}
     files["stats.json"] = json.dumps(stats, indent=1) + "\n"
-    with owned_files(out, "builders.tasks", list(files)):
+    with owned_files(out, "builders.tasks", list(files), written_files(None)):
         for name, text in files.items():
             fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out)
             with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -281,6 +281,11 @@ def write_tasks(out_dir: os.PathLike, tasks: Dict[str, List[Item]], stats: dict)
             os.chmod(tmp, 0o644)
             os.replace(tmp, out / name)
     return out
+
+
+def written_files(tasks: Optional[Sequence[str]]) -> List[str]:
+    """What `write_tasks` writes of these tasks (all: None)."""
+    return [f"{name}.jsonl" for name in (tasks or BUILDERS)] + ["stats.json"]
 
 
 def task_shards(corpora: os.PathLike) -> List[Path]:
@@ -301,12 +306,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     b.add_argument("--tasks", nargs="*", choices=list(BUILDERS), default=None)
     args = parser.parse_args(argv)
     start = time.time()
+    out = Path(args.out or default_tasks_dir())
+    check_owned_files(out, "builders.tasks", written_files(args.tasks), written_files(None))  # before the build
     corpora = args.corpora or corpora_dir()
     paths = task_shards(corpora)
     tasks = build(I.read_documents(paths), args.items, args.seed, args.tasks)
     stats = {"seed": args.seed, "items": args.items, "val_fraction": VAL_FRACTION,
              "corpora": {s: I.SHARDS[s] for s in TASK_SHARDS}, "tasks": {name: len(v) for name, v in tasks.items()}}
-    out = write_tasks(args.out or default_tasks_dir(), tasks, stats)
+    write_tasks(out, tasks, stats)
     for name, items in tasks.items():
         kind = "generation" if "prompt" in (items[0] if items else {}) else "multiple choice"
         print(f"{name:<16} {len(items):>5} items  ({kind})")

@@ -72,6 +72,29 @@ def test_a_builder_refuses_a_strangers_directory_before_building_and_leaves_it(t
     assert os.listdir(home) == ["notes.txt"] and (home / "notes.txt").read_text() == "mine"
 
 
+def test_the_task_builder_replaces_only_task_files_it_wrote(tmp_path):
+    """`python -m builders.tasks build --out DIR` adds its files to DIR: a file of a task's name that it did not write
+    is refused before the build, and left; a directory of nothing but its own file names, without the marker, is an
+    earlier build of its own."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "definitions_mc.jsonl").write_text("my own task")
+    (mine / "notes.txt").write_text("mine")
+    outcome = invoke("tasks", ["build", "--out", str(mine), "--corpora", str(tmp_path / "nowhere")])
+    assert outcome.code == 2 and not outcome.traceback
+    assert outcome.err.strip().splitlines()[-1] == (f"error: {mine / 'definitions_mc.jsonl'}: exists and was not "
+                                                    "written by builders.tasks; move it away (it is not replaced)")
+    assert sorted(os.listdir(mine)) == ["definitions_mc.jsonl", "notes.txt"]
+    assert (mine / "definitions_mc.jsonl").read_text() == "my own task"
+    built = tmp_path / "built"  # an earlier build's files, no marker
+    built.mkdir()
+    for name in ("definitions_mc.jsonl", "stats.json"):
+        (built / name).write_text("old")
+    with owned_files(built, "builders.tasks", ["definitions_mc.jsonl"], ["definitions_mc.jsonl", "stats.json"]):
+        (built / "definitions_mc.jsonl").write_text("new")
+    assert json.loads((built / MARKER).read_text())["files"] == ["definitions_mc.jsonl", "stats.json"]
+
+
 def test_a_failure_or_a_full_disk_leaves_the_previous_output(tmp_path):
     out = tmp_path / "out"
     with output_dir(out, "tool") as tmp:
