@@ -8,8 +8,9 @@ checkpoint's own config, and the `eval.<key>=value` / `tasks=[...]` arguments, w
     (`data=_checkpoint`, ...), so the validation rows, their batches and BERT's validation masks are the ones
     its training evaluated (the `loss` column reproduces metrics.jsonl's val_loss); `data=<preset>` and
     `data.seq_len=512` work as in train.py. A checkpoint that trained on instruction samples or preference
-    pairs (SFT, RM, DPO, PPO) is scored as the language model it is (train.py's default objective, clm) on the
-    documents of the run it descends from (stage.init_from, back to its pretraining: `documents_of`).
+    pairs (SFT, DPO, PPO; a reward model has no LM head to score with) is scored as the language model it is
+    (train.py's default objective, clm) on the documents of the run it descends from (stage.init_from, back to its
+    pretraining: `documents_of`).
   - the tokenizer is the checkpoint's tokenizer.model: the data's cache is reused as it is when it was built
     with that very file (the training run's own data), else data.tokenizer.path points at a copy of it named
     by its SHA-256 under data.cache_dir/tokenizers/, so every checkpoint of a run shares one prepared cache.
