@@ -17,8 +17,8 @@ stage can check that the checkpoints and data it pairs speak the same tokenizer.
 Writing goes to `step_N.tmp-<pid>`, fsyncs every file, renames the directory into place and only then
 replaces `latest`: a crash at any moment leaves the previous checkpoint intact and nothing that looks
 complete but is not; a full disk removes the partial directory and says so in one line (base/errors.py
-`writing`). Reading takes the newest checkpoint whose files have the sizes state.json recorded and whose tensors
-load; a damaged one is reported and the one before it is used.
+`writing`). Resuming takes the newest checkpoint whose files have the sizes state.json recorded; a damaged one is
+reported and the one before it is used (a file of the right size that does not load is one CheckpointError).
 
 MindSpore is imported only by the functions that read or write tensors, so resolving paths and reading state is
 cheap (the config layer's `${tokenizer_of:...}` does it).
