@@ -18,7 +18,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from base.errors import ConfigError, UserError, entry_point
+from base.errors import ConfigError, UserError, entry_point, user_error_in
 from base.outputs import check_run_dir
 from base.schema import REPO_ROOT
 from plugins import register
@@ -64,10 +64,11 @@ def run(cfg: DictConfig):
     """A user error (base/errors.py) propagates to `main`, which prints it as one line."""
     try:
         return run_job(cfg)
-    except UserError as err:
-        if HydraConfig.get().mode == RunMode.MULTIRUN:  # a sweep's failed job stays Hydra's to report
+    except Exception as err:
+        user = user_error_in(err)  # (also one an OmegaConf resolver raised, wrapped in OmegaConf's own error)
+        if user is None or HydraConfig.get().mode == RunMode.MULTIRUN:  # a sweep's failed job stays Hydra's
             raise
-        raise Refused(err) from None
+        raise Refused(user) from None
 
 
 def run_job(cfg: DictConfig):

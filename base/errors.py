@@ -150,8 +150,9 @@ def _hydra_user_error(err: Exception) -> Optional[str]:
     return None
 
 
-def _wrapped_user_error(err: BaseException) -> Optional[UserError]:
-    """The UserError a library re-raised as its own error (OmegaConf wraps what a resolver raises), else None."""
+def user_error_in(err: BaseException) -> Optional[UserError]:
+    """`err` if it is a UserError, or the one a library re-raised as its own error (OmegaConf wraps what a resolver
+    such as `${tokenizer_of:}` raises), else None."""
     seen = 0
     while err is not None and seen < 8:
         if isinstance(err, UserError):
@@ -185,7 +186,7 @@ def entry_point(main: Callable[[Optional[Sequence[str]]], Optional[int]]) -> Cal
             print(f"{err.prefix}: {err}", file=sys.stderr, flush=True)
             return err.exit_code
         except Exception as err:
-            wrapped = _wrapped_user_error(err)  # e.g. raised inside a `${tokenizer_of:...}` resolver
+            wrapped = user_error_in(err)  # e.g. raised inside a `${tokenizer_of:...}` resolver
             if wrapped is not None:
                 print(f"{wrapped.prefix}: {wrapped}", file=sys.stderr, flush=True)
                 return wrapped.exit_code

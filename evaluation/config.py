@@ -153,6 +153,12 @@ def compose_config(ckpt: str, overrides: Sequence[str]) -> DictConfig:
         raise ConfigError("checkpoint", f"{saved_file}: not found; CKPT must be a checkpoint directory "
                           "(outputs/<date>/<time>/checkpoints/step_NNNNNN)")
     saved = OmegaConf.load(saved_file)
+    trained = OmegaConf.select(saved, "objective.name")
+    provides = getattr(OBJECTIVES[trained], "PROVIDES", None) if trained in OBJECTIVES else None
+    if provides:  # e.g. a reward model: a scalar head on the decoder, no LM head to score text with
+        raise ConfigError("checkpoint", f"{ckpt} is a {provides.replace('_', ' ')} (objective={trained}), not a language "
+                          f"model; evaluate the model trained with it, or read its held-out numbers (val_*) in its "
+                          "run's metrics.jsonl")
     given = {o.key_or_group for o in OverridesParser.create().parse_overrides(list(overrides))}
     if "model" in given:
         raise ConfigError("model", f"comes from the checkpoint ({saved_file}); override single keys instead, "

@@ -338,6 +338,7 @@ CASES = [
     C("harness: no tasks", "harness", lambda w: [w.ckpt], ["--tasks"], 2, "lm-eval harness without --tasks"),
     C("evaluate: missing checkpoint", "evaluate", lambda w: [w.path("nowhere")], lambda w: [w.path("nowhere")], 2),
     C("evaluate: converted model without data", "evaluate", lambda w: [w.model_only, "tasks=[]"], ["data="], 2),
+    C("evaluate: a reward model", "evaluate", lambda w: [w.rm_no_stats], lambda w: [w.rm_no_stats, "reward model"], 2),
     C("evaluate: unknown task", "evaluate", lambda w: [w.ckpt, "tasks=[nope]", f"--tasks-dir={w.data}"], ["nope"], 2),
     C("evaluate: bad task file", "evaluate",
       lambda w: [w.ckpt, "tasks=[task_bad]", f"--tasks-dir={w.data}"],
