@@ -51,7 +51,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("checkpoint", help="a checkpoint: a run directory, its checkpoints/ or latest, or a step "
                         "directory (.../checkpoints/step_NNNNNN)")
     parser.add_argument("overrides", nargs="*", help="train.py overrides, tasks=[...], eval.<key>=value")
-    parser.add_argument("--out", default=None, help="JSON results file (default: CKPT/eval.json)")
+    parser.add_argument("--out", default=None, help="JSON results file (default: eval.json in the checkpoint's step directory)")
     parser.add_argument("--tasks-dir", default=None, help="where task names are looked up (default: "
                         "${MINDLAB_DATA_DIR:-~/.cache/mindlab/data}/tasks)")
     args = parser.parse_intermixed_args(argv)

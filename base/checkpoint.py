@@ -217,7 +217,7 @@ def latest_intact(root: str, log=print) -> Optional[str]:
 def check_optimizer(path: str, name: str) -> None:
     """Refuse to resume optimizer state written by another optimizer preset: its update rule (and for some its
     tensors) differ, so the run would not continue as it was. Checkpoints written before state.json recorded
-    the optimizer are nn.AdamWeightDecay's, which optim=adamw_bert is (and optim=adamw used to be)."""
+    the optimizer are nn.AdamWeightDecay's, which optim=adamw_bert is."""
     state = read_state(path)
     saved = state.get("optimizer", "adamw_bert")
     if saved != name:

@@ -22,10 +22,10 @@ def batch_means(loss_net, objective, batches: List[tuple]) -> Means:
 
 def val_metrics(per_source: Dict[str, Means], metrics: Sequence[str],
                 val_bytes: Optional[Dict[str, int]] = None) -> dict:
-    """val_loss (token-weighted over all sources), val_ppl, per source val_loss/<source>; the objective's
-    `metrics` as val_<metric> and val_<metric>/<source>. With `val_bytes` (per source, the UTF-8 bytes of the
-    loss targets, given when the loss is their mean NLL in nats: evaluation/bpb.py val_target_bytes): val_bpb
-    and val_bpb/<source>."""
+    """val_loss (token-weighted over all sources), per source val_loss/<source>; the objective's `metrics` as
+    val_<metric> and val_<metric>/<source>. With `val_bytes` (per source, the UTF-8 bytes of the loss targets,
+    given when the loss is their mean NLL in nats: evaluation/bpb.py val_target_bytes): val_ppl, val_bpb and
+    val_bpb/<source> (the exp of a masked LM's or a preference loss is no perplexity)."""
     out = {}
     if not per_source:
         return out
@@ -33,8 +33,8 @@ def val_metrics(per_source: Dict[str, Means], metrics: Sequence[str],
     for key in ("loss",) + tuple(metrics):
         out[f"val_{key}"] = float(np.average([m[key] for m, _ in per_source.values()], weights=tokens))
         out.update({f"val_{key}/{source}": m[key] for source, (m, _) in per_source.items()})
-    out["val_ppl"] = math.exp(min(out["val_loss"], 50.0))
     if val_bytes:
+        out["val_ppl"] = math.exp(min(out["val_loss"], 50.0))
         nats = {source: m["loss"] * n for source, (m, n) in per_source.items()}  # the mean NLL x its tokens
         out["val_bpb"] = sum(nats.values()) / math.log(2) / sum(val_bytes[s] for s in nats)
         out.update({f"val_bpb/{s}": v / math.log(2) / val_bytes[s] for s, v in nats.items()})

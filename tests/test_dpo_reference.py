@@ -90,16 +90,24 @@ def test_dpo_with_a_precomputed_reference_trains_as_with_a_copy_and_resumes_exac
     shutil.copytree(tmp_path / "precomputed", run)
     shutil.rmtree(run / "checkpoints" / "step_000004")
     (run / "checkpoints" / "latest").write_text("step_000002\n")
-    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in logs["precomputed"][:3]))  # to step 2
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in logs["precomputed"] if m["step"] <= 2))
     train(cfg, str(run))
     logs["resumed"] = [json.loads(line) for line in open(run / "metrics.jsonl")]
     same = lambda m: {k: v for k, v in m.items() if "tokens_per_sec" not in k and k != "mfu" and "rss" not in k}
-    assert [same(m) for m in logs["resumed"]] == [same(m) for m in logs["precomputed"]]
+    resumed, uninterrupted = ([same(m) for m in logs[r] if "val_loss" not in m] for r in ("resumed", "precomputed"))
+    assert resumed == uninterrupted
+    # Evaluations agree to fp32 rounding, not bit for bit: the uninterrupted run evaluated once more (step 0) and
+    # its later ones then differ in the last bit (measured: 1 ulp at step 4 with the kernels overlay, none with
+    # MINDLAB_KERNELS=plain), on weights that are equal bit for bit (below).
+    resumed, uninterrupted = ([m for m in logs[r] if "val_loss" in m] for r in ("resumed", "precomputed"))
+    assert [m.keys() for m in resumed] == [m.keys() for m in uninterrupted]
+    for a, b in zip(resumed, uninterrupted):
+        assert a == pytest.approx(b, rel=1e-6, abs=1e-7)
     weights = [load_file(str(r / "checkpoints" / "step_000004" / "model.safetensors"))
                for r in (tmp_path / "precomputed", run)]
     for name in weights[0]:
         np.testing.assert_array_equal(weights[0][name], weights[1][name], err_msg=name)
-    assert logs["precomputed"][0]["loss"] == pytest.approx(np.log(2), abs=1e-6)
+    assert next(m for m in logs["precomputed"] if "loss" in m)["loss"] == pytest.approx(np.log(2), abs=1e-6)
     assert abs(logs["copy"][-1]["val_loss"] - np.log(2)) > 1e-3  # it moved: the comparison is not of constants
     for copy, pre in zip(logs["copy"], logs["precomputed"]):
         keys = [k for k in copy if k.startswith(("loss", "val_", "rewards/", "logps/")) and "kl" not in k]

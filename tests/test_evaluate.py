@@ -445,7 +445,7 @@ def test_training_logs_the_bits_per_byte_and_task_scores_that_evaluate_gives(tok
     run_dir = tmp_path / "run"
     last = train(cfg, str(run_dir))
     evals = [json.loads(line) for line in open(run_dir / "metrics.jsonl") if "val_bpb" in line]
-    assert [m["step"] for m in evals] == [1, 2] and evals[1]["val_bpb"] < evals[0]["val_bpb"]  # lr 1e-2 learns
+    assert [m["step"] for m in evals] == [0, 1, 2] and evals[2]["val_bpb"] < evals[0]["val_bpb"]  # lr 1e-2 learns
     out = tmp_path / "eval.json"
     assert E.main([str(run_dir / "checkpoints" / "step_000002"), f"tasks=[{task}]", "--out", str(out)]) == 0
     results = json.loads(out.read_text())

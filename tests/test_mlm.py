@@ -113,7 +113,7 @@ def test_mlm_run_learns_and_logs_its_metrics(mlm_run):
     assert steps[0]["mlm_loss"] == pytest.approx(np.log(2048), abs=0.3)  # an untrained model guesses uniformly
     assert steps[0]["loss"] == pytest.approx(steps[0]["mlm_loss"] + steps[0]["nsp_loss"], rel=1e-5)
     assert steps[-1]["mlm_loss"] < steps[0]["mlm_loss"] - 0.5
-    assert [m["step"] for m in evals] == [8, 16]
+    assert [m["step"] for m in evals] == [0, 8, 16]
     assert {"val_mlm_accuracy", "val_nsp_accuracy", "val_mlm_loss/reference"} <= set(evals[-1])
     assert evals[-1]["val_mlm_loss"] < evals[0]["val_mlm_loss"]
 

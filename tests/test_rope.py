@@ -109,7 +109,7 @@ def test_long_context_stage_needs_init_from_and_sets_the_recipe():
     with pytest.raises(ConfigError) as err:
         validate(compose_cfg("stage=long_context", "model=small", "model.max_position_embeddings=256",
                              "model.rope_scaling.factor=4"))
-    assert err.value.key == "stage.init_from" and "extends a pretrained model" in str(err.value)
+    assert err.value.key == "stage.init_from" and "continues a trained model" in str(err.value)
     cfg = compose_cfg("stage=long_context", "stage.init_from=/ckpt/step_000300", "model=small",
                       "model.max_position_embeddings=256", "model.rope_scaling.factor=4")
     validate(cfg)

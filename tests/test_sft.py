@@ -176,8 +176,8 @@ def test_sft_stage_trains_from_a_checkpoint_in_process(tmp_path, base_checkpoint
     assert 0 < steps[0]["loss_token_fraction"] < 0.5  # the Alpaca prompt is most of each sample
     assert steps[-1]["loss"] < steps[0]["loss"] - 1.0
     evals = [m for m in lines if "val_loss" in m]
-    assert [m["step"] for m in evals] == [12, 24] and "val_loss/repeat" in metrics
-    assert evals[1]["val_loss"] < evals[0]["val_loss"]
+    assert [m["step"] for m in evals] == [0, 12, 24] and "val_loss/repeat" in metrics
+    assert evals[2]["val_loss"] < evals[1]["val_loss"] < evals[0]["val_loss"]
 
 
 def test_response_loss_and_accuracy_match_a_numpy_reference(pynative):

@@ -344,7 +344,7 @@ def test_a_real_three_job_multirun_is_reported_with_its_lrs_and_losses(tmp_path)
     for num, row in dom.rows.items():
         lines = [json.loads(line) for line in open(sweep_dir / num / "metrics.jsonl")]
         evals = [m for m in lines if "val_loss" in m]
-        assert [m["step"] for m in evals] == [3, 6]
+        assert [m["step"] for m in evals] == [0, 3, 6]
         assert row["final val loss"][1] == repr(evals[-1]["val_loss"])
         assert row["best val loss"][1] == repr(min(m["val_loss"] for m in evals))
         assert row["final loss"][1] == repr([m for m in lines if "loss" in m][-1]["loss"])

@@ -106,7 +106,8 @@ def test_a_rerun_with_the_compile_cache_loads_the_graphs_and_trains_the_same(tmp
             "trainer.eval_batches=1", "trainer.compile_cache=true", f"trainer.compile_cache_dir={cache}")
     for name in "ab":
         (tmp_path / name).mkdir()
-    first = train(tmp_path / "a", *args)[1]
+    _, first, evals = train(tmp_path / "a", *args)
+    assert [e["step"] for e in evals] == [0, 2]  # eval_every=0: the evaluation before the first step, and the last
     (key,) = os.listdir(cache)
     graphs = cache / key / "rank_0" / "graph_cache"
     written = {name: os.stat(graphs / name).st_mtime_ns for name in os.listdir(graphs)}

@@ -63,9 +63,9 @@ class TrainMetrics:
 
 
 class Evaluation:
-    """val_loss (token-weighted over all sources), val_ppl, and per source val_loss/<source>; the objective's
-    metrics as val_<metric> and val_<metric>/<source> (evaluation/validation.py, as `python -m evaluate`). With
-    `val_bytes` (per source, the UTF-8 bytes of the loss targets, given when the loss is their mean NLL in nats):
+    """val_loss (token-weighted over all sources) and per source val_loss/<source>; the objective's metrics as
+    val_<metric> and val_<metric>/<source> (evaluation/validation.py, as `python -m evaluate`). With `val_bytes`
+    (per source, the UTF-8 bytes of the loss targets, given when the loss is their mean NLL in nats): val_ppl,
     val_bpb and val_bpb/<source>, comparable across tokenizers. With `tasks` (a scorer returning
     {"<task>/<metric>": value}, evaluation/tasks.py task_scorer): val_task/<task>/<metric>."""
 
@@ -82,10 +82,15 @@ class Evaluation:
             out.update({f"val_task/{key}": value for key, value in self.tasks().items()})
         return out
 
-    def on_step(self, step: int, result: StepResult) -> None:
-        if (self.val or self.tasks) and ((self.every and step % self.every == 0) or step == self.max_steps):
+    def log(self, step: int) -> None:
+        """Evaluate now and log it as `step` (the loop's step 0: before the first update)."""
+        if self.val or self.tasks:
             self.last = self.evaluate()
             self.sinks.log({"step": step, **self.last})
+
+    def on_step(self, step: int, result: StepResult) -> None:
+        if (self.every and step % self.every == 0) or step == self.max_steps:
+            self.log(step)
 
 
 class Checkpointing:

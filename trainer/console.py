@@ -79,11 +79,11 @@ def console_to(path: str) -> Iterator[None]:
     errors) goes to `path` too: a run directory's train.log."""
     with open(path, "a", encoding="utf-8") as log:
         saved = sys.stdout, sys.stderr
-        sys.stdout, sys.stderr = _Tee(saved[0], log), _Tee(saved[1], log)
+        tees = sys.stdout, sys.stderr = _Tee(saved[0], log), _Tee(saved[1], log)
         try:
             yield
         finally:
-            for tee in (sys.stdout, sys.stderr):
+            for tee in tees:  # (not sys.stdout/stderr: a library may have replaced them meanwhile)
                 if tee.line:
                     log.write(tee.line.rsplit("\r", 1)[-1] + "\n")
             sys.stdout, sys.stderr = saved

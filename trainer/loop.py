@@ -125,7 +125,7 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     callbacks = [train_metrics, evaluation, Checkpointing(save, t.save_every, t.max_steps, preemption)]
 
     if start == 0 and t.eval_at_start:  # the "before" every later evaluation is compared with
-        evaluation.on_step(0, None)
+        evaluation.log(0)
     step = start
     for step in range(start + 1, t.max_steps + 1):
         scale = math.nan if step in t.inject_nan_steps else (scaler.scale if scaler else 1.0)
