@@ -1,6 +1,25 @@
-"""The one exception the data pipeline raises for bad inputs or settings."""
+"""The one exception the data pipeline raises for bad inputs or settings, and the disk-full case as one."""
+import errno
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
 from base.errors import UserError
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 class DataError(UserError, ValueError):
     """A data problem the user can fix; the message names the file or config key and the fix."""
+
+
+@contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Turn a full disk (or quota, or file-size limit) met while writing `path` into a DataError naming it."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in _NO_SPACE:
+            raise
+        raise DataError(f"{path}: cannot write it ({e.strerror}); free space there or point data.cache_dir at "
+                        f"a larger disk, then run prepare again: the work already finished is kept") from e

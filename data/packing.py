@@ -13,11 +13,16 @@ row[1:]); the last partial row is dropped. Columns:
 Written into `out` (one directory per spec and seq_len):
   <source>.<split>.<k:05d>.mindrecord (+ .db)   rows [k*shard_rows, (k+1)*shard_rows)
   index.json      seq_len, shard_rows, rows spec, seconds it took, and per source and split: rows and files
+Rows stream into the shards; memory holds WRITE_BATCH rows, not a split's (a layout's own build may hold more:
+keep_documents_whole reorders a split's tokens in memory).
 """
 from __future__ import annotations
 
 import itertools
 import json
+import os
+import shutil
+import socket
 import time
 from pathlib import Path
 from typing import Dict, Iterator, List
@@ -26,11 +31,11 @@ import numpy as np
 from mindspore.mindrecord import FileWriter
 from tqdm import tqdm
 
-from data.errors import DataError
+from data.errors import DataError, writing
 from data.rows import RowSpec, Split, best_fit
 
 WRITE_BATCH = 2048  # rows per FileWriter.write_raw_data call
-PACK_CHUNK = 65536  # PACKED rows materialized at a time
+PACK_TOKENS = 1 << 22  # PACKED rows are cut from windows of about this many tokens (16 MB as int32)
 
 
 def num_rows(n_tokens: int, seq_len: int) -> int:
@@ -38,9 +43,9 @@ def num_rows(n_tokens: int, seq_len: int) -> int:
 
 
 def packed_rows(split: Split, seq_len: int, tokenizer=None) -> Iterator[dict]:
-    n = num_rows(len(split.tokens), seq_len)
-    for start in range(0, n, PACK_CHUNK):
-        yield from _rows(split.tokens, split.offsets, seq_len, start, min(start + PACK_CHUNK, n))
+    n, chunk = num_rows(len(split.tokens), seq_len), max(PACK_TOKENS // seq_len, 1)
+    for start in range(0, n, chunk):
+        yield from _rows(split.tokens, split.offsets, seq_len, start, min(start + chunk, n))
 
 
 def _packed_schema(seq_len: int) -> dict:
@@ -98,29 +103,48 @@ DOCUMENT_PACKED = RowSpec(name="packed-docs", columns=("input_ids",), build=docu
 
 def pack_sources(tokens_dir: Path, out: Path, sources: List[str], splits: List[str], seq_len: int,
                  shard_rows: int, spec: RowSpec = PACKED, tokenizer=None) -> dict:
-    """Write every source's splits as rows of `spec` into the empty directory `out`; returns the index written."""
+    """Write every source's splits as rows of `spec` into `out`, which must not exist; returns the index written.
+
+    Rows stream from spec.build into one shard at a time, WRITE_BATCH rows at a time. Shards are finished in
+    `<out>.partial/`, each written under a tmp directory and renamed there when complete; a packing that was
+    killed keeps them, and the next one writes only the shards that are missing (rows are deterministic, so
+    the result is the same bytes). index.json is written last, then `<out>.partial` becomes `out`."""
     start_time = time.perf_counter()
+    partial = out.with_name(out.name + ".partial")
+    partial.mkdir(exist_ok=True)
+    for stale in partial.glob(".tmp-*"):  # a killed packing's shard in progress (callers hold the cache lock)
+        shutil.rmtree(stale)
     index: Dict[str, dict] = {"seq_len": seq_len, "shard_rows": shard_rows, "rows": spec.name,
                               "sources": {n: {} for n in sources}}
-    with tqdm(desc="pack", unit="row", unit_scale=True, leave=False) as bar:
+    about = sum(num_rows(len(np.load(tokens_dir / f"{n}.{s}.npy", mmap_mode="r")), seq_len)
+                for n in sources for s in splits)  # exact for packed rows, near it for the other layouts
+    with tqdm(total=about, desc="pack", unit="row", unit_scale=True, leave=False) as bar:
         for name in sources:
             for split in splits:
                 stream = load_split(tokens_dir, name, split)
-                tokens = stream.tokens
-                rows, files = spec.build(stream, seq_len, tokenizer), []
-                n = 0
-                while shard := list(itertools.islice(rows, shard_rows)):
-                    files.append(f"{name}.{split}.{len(files):05d}.mindrecord")
-                    _write_shard(out / files[-1], shard, spec.schema(seq_len), spec.index)
-                    n += len(shard)
-                    bar.update(len(shard))
+                rows, files, n = spec.build(stream, seq_len, tokenizer), [], 0
+                while True:
+                    file = f"{name}.{split}.{len(files):05d}.mindrecord"
+                    shard = itertools.islice(rows, shard_rows)
+                    if (partial / file).is_file():
+                        done = sum(1 for _ in shard)
+                    else:
+                        done = _write_shard(partial, file, shard, spec.schema(seq_len), spec.index)
+                    bar.update(done)
+                    if done:
+                        files.append(file)
+                        n += done
+                    if done < shard_rows:
+                        break
                 if split == "train" and n == 0:
-                    raise DataError(f"data source '{name}' has {len(tokens)} training tokens after cleaning, fewer "
-                                    f"than one row of {spec.name} rows at data.seq_len={seq_len}; lower "
+                    raise DataError(f"data source '{name}' has {len(stream.tokens)} training tokens after cleaning, "
+                                    f"fewer than one row of {spec.name} rows at data.seq_len={seq_len}; lower "
                                     f"data.seq_len, add text to the source, or remove it from data.sources")
                 index["sources"][name][split] = {"rows": n, "files": files}
     index["seconds"] = round(time.perf_counter() - start_time, 3)
-    (out / "index.json").write_text(json.dumps(index, indent=2) + "\n")
+    with writing(partial / "index.json"):
+        (partial / "index.json").write_text(json.dumps(index, indent=2) + "\n")
+    os.replace(partial, out)
     return index
 
 
@@ -133,14 +157,31 @@ def load_split(tokens_dir: Path, source: str, split: str) -> Split:
                  np.load(margin) if margin.exists() else None)
 
 
-def _write_shard(path: Path, rows: List[dict], schema: dict, index_fields) -> None:
-    writer = FileWriter(str(path), shard_num=1)
-    writer.add_schema(schema, "rows")
-    if index_fields:
-        writer.add_index(list(index_fields))
-    for start in range(0, len(rows), WRITE_BATCH):
-        writer.write_raw_data(rows[start:start + WRITE_BATCH])
-    writer.commit()
+def _write_shard(directory: Path, file: str, rows: Iterator[dict], schema: dict, index_fields) -> int:
+    """Write `rows` as `directory/file` (+ .db) through a tmp directory (the file's own name is in its header);
+    returns how many rows it held, 0 (and no file) when `rows` is empty."""
+    batch = list(itertools.islice(rows, WRITE_BATCH))
+    if not batch:
+        return 0
+    tmp = directory / f".tmp-{socket.gethostname()}-{os.getpid()}"
+    tmp.mkdir()
+    n = 0
+    try:
+        with writing(directory / file):
+            writer = FileWriter(str(tmp / file), shard_num=1)
+            writer.add_schema(schema, "rows")
+            if index_fields:
+                writer.add_index(list(index_fields))
+            while batch:
+                writer.write_raw_data(batch)
+                n += len(batch)
+                batch = list(itertools.islice(rows, WRITE_BATCH))
+            writer.commit()
+            os.replace(tmp / f"{file}.db", directory / f"{file}.db")
+            os.replace(tmp / file, directory / file)  # last: the shard counts as written once this is there
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return n
 
 
 def _rows(tokens: np.ndarray, offsets: np.ndarray, seq_len: int, start: int, stop: int) -> Iterator[dict]:
