@@ -52,13 +52,13 @@ def fan_out(argv: List[str]) -> Tuple[List[str], Optional[str], Tuple[int, int]]
     rest = [arg for arg in argv if not arg.startswith(("step=", "part="))]
     step, part = given.get("step"), given.get("part")
     if step is not None and step not in STEPS:
-        raise ConfigError("step", f"got {step!r}; choose one of {', '.join(STEPS)} (without step=: everything, "
+        raise ConfigError("step", f"got {step}; choose one of {', '.join(STEPS)} (without step=: everything, "
                                   f"then the merge and the rows)")
     if part is None:
         return rest, step, (0, 1)
     match = re.fullmatch(r"(\d+)/(\d+)", part)
     if not match or not int(match[1]) < int(match[2]):
-        raise ConfigError("part", f"got {part!r}; write it i/n with 0 <= i < n, e.g. part=0/8")
+        raise ConfigError("part", f"got {part}; write it i/n with 0 <= i < n, e.g. part=0/8")
     if step not in ("clean", "tokenize"):
         raise ConfigError("part", "runs one per-unit step of a fan-out: add step=clean or step=tokenize (the "
                                   "plan and the merge cover every part)")

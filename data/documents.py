@@ -35,6 +35,7 @@ import os
 import shutil
 import socket
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
@@ -151,8 +152,8 @@ def clean_unit(source: SourceConfig, unit: Unit, cfg: CleaningConfig, out: Path,
     columns: Dict[str, list] = {k: [] for k in ("status", "chars", "bytes", "lengths", "text_chars", "digests",
                                                  "split_hashes")}
     try:
-        tmp.mkdir(parents=True)
-        with writing(tmp), open(tmp / "texts.bin", "wb") as texts, open(tmp / "signatures.bin", "wb") as sigs:
+        with writing(out), _made(tmp), open(tmp / "texts.bin", "wb") as texts, \
+                open(tmp / "signatures.bin", "wb") as sigs:
             for batch in _batches(read_unit(source, unit), batch_chars):
                 if source.max_chars:
                     fits = _within_max_chars(np.array([len(d) for d in batch]), source.max_chars - n_chars)
@@ -220,8 +221,7 @@ def plan(cfg: DataConfig, work: Work) -> dict:
     start = time.perf_counter()
     tmp = _tmp(work.plan_dir)
     try:
-        (tmp / "assign").mkdir(parents=True)
-        with writing(tmp):
+        with writing(work.plan_dir), _made(tmp / "assign"):
             counts, train_docs = _dedup_and_split(cfg, work, tmp / "assign")
             lap = time.perf_counter()
             tokenizer = build_tokenizer(cfg.tokenizer, train_docs, tmp / "tokenizer.model",
@@ -244,57 +244,56 @@ def _dedup_and_split(cfg: DataConfig, work: Work, assign_dir: Path) -> Tuple[Dic
     dedup = Deduplicator(cleaning, lambda doc_id: _signature(work, offered, doc_id))
     counts: Dict[str, dict] = {}
     train_docs: Dict[str, Texts] = {}
-    bar = tqdm(total=len(work.units), desc="dedup", unit="unit", leave=False)
-    for source in cfg.sources:
-        mine = [i for i, u in enumerate(work.units) if u.source == source.name]
-        removed = dict.fromkeys(FILTERS + STEPS, 0)
-        read = {"docs_read": 0, "chars_read": 0, "bytes_read": 0}
-        kept: Dict[int, np.ndarray] = {}  # unit -> which of its offered documents dedup kept
-        capped = False  # max_chars reached: nothing of the source's later units is read
-        for i in mine:
-            d = work.unit_dirs[i]
-            status, chars = np.load(d / "status.npy"), np.load(d / "chars.npy")
-            n = 0 if capped else _within_max_chars(chars, source.max_chars - read["chars_read"]) \
-                if source.max_chars else len(chars)
-            capped = capped or n < len(chars) or bool(np.load(d / "capped.npy"))
-            read["docs_read"] += n
-            read["chars_read"] += int(chars[:n].sum())
-            read["bytes_read"] += int(np.load(d / "bytes.npy")[:n].sum())
-            for f, k in enumerate(np.bincount(status[:n], minlength=1 + len(FILTERS))[1:]):
-                removed[FILTERS[f]] += int(k)
-            m = int((status[:n] == 0).sum())  # the first m kept documents of the unit are within max_chars
-            sigs = (np.fromfile(d / "signatures.bin", np.uint32, m * NUM_PERM).reshape(m, NUM_PERM)
-                    if cleaning.near_dedup else None)
-            steps = dedup.offer(np.load(d / "digests.npy")[:m], sigs)
-            offered.append((offered[-1][0] + offered[-1][1] if offered else 0, m))
-            for s, k in enumerate(np.bincount(steps, minlength=1 + len(STEPS))[1:]):
-                removed[STEPS[s]] += int(k)
-            kept[i] = steps == 0
-            bar.update(1)
-        if read["docs_read"] == 0:
-            raise no_documents(source, source_files(source))
-        n_kept = sum(int(k.sum()) for k in kept.values())
-        print(f"[data] {source.name}: {read['docs_read']:,} documents read, {n_kept:,} kept; removed "
-              + ", ".join(f"{k} {v:,}" for k, v in removed.items()), flush=True)
-        if n_kept == 0:
-            raise DataError(f"data source '{source.name}': cleaning removed all {read['docs_read']} documents ("
-                            + ", ".join(f"{k}: {v}" for k, v in removed.items() if v)
-                            + "); relax the data.cleaning keys named here, or check the source's text")
-        counts[source.name] = {**read, "removed": removed, "docs_kept": n_kept}
-        splits = _split(work, kept, cfg.val_fraction)
-        chars = {split: 0 for split in SPLITS}
-        docs = {split: 0 for split in SPLITS}
-        for i, assign in splits.items():
-            np.save(assign_dir / f"{i:06d}.npy", assign)
-            text_chars = np.load(work.unit_dirs[i] / "text_chars.npy")[:len(assign)]
-            for split, code in zip(SPLITS, (TRAIN, VAL)):
-                docs[split] += int((assign == code).sum())
-                chars[split] += int(text_chars[assign == code].sum())
-        for split in SPLITS:
-            counts[source.name][split] = {"docs": docs[split], "chars": chars[split]}
-        train_docs[source.name] = Texts([work.unit_dirs[i] for i in splits],
-                                        [np.flatnonzero(a == TRAIN) for a in splits.values()])
-    bar.close()
+    with tqdm(total=len(work.units), desc="dedup", unit="unit", leave=False) as bar:
+        for source in cfg.sources:
+            mine = [i for i, u in enumerate(work.units) if u.source == source.name]
+            removed = dict.fromkeys(FILTERS + STEPS, 0)
+            read = {"docs_read": 0, "chars_read": 0, "bytes_read": 0}
+            kept: Dict[int, np.ndarray] = {}  # unit -> which of its offered documents dedup kept
+            capped = False  # max_chars reached: nothing of the source's later units is read
+            for i in mine:
+                d = work.unit_dirs[i]
+                status, chars = np.load(d / "status.npy"), np.load(d / "chars.npy")
+                n = 0 if capped else _within_max_chars(chars, source.max_chars - read["chars_read"]) \
+                    if source.max_chars else len(chars)
+                capped = capped or n < len(chars) or bool(np.load(d / "capped.npy"))
+                read["docs_read"] += n
+                read["chars_read"] += int(chars[:n].sum())
+                read["bytes_read"] += int(np.load(d / "bytes.npy")[:n].sum())
+                for f, k in enumerate(np.bincount(status[:n], minlength=1 + len(FILTERS))[1:]):
+                    removed[FILTERS[f]] += int(k)
+                m = int((status[:n] == 0).sum())  # the first m kept documents of the unit are within max_chars
+                sigs = (np.fromfile(d / "signatures.bin", np.uint32, m * NUM_PERM).reshape(m, NUM_PERM)
+                        if cleaning.near_dedup else None)
+                steps = dedup.offer(np.load(d / "digests.npy")[:m], sigs)
+                offered.append((offered[-1][0] + offered[-1][1] if offered else 0, m))
+                for s, k in enumerate(np.bincount(steps, minlength=1 + len(STEPS))[1:]):
+                    removed[STEPS[s]] += int(k)
+                kept[i] = steps == 0
+                bar.update(1)
+            if read["docs_read"] == 0:
+                raise no_documents(source, source_files(source))
+            n_kept = sum(int(k.sum()) for k in kept.values())
+            print(f"[data] {source.name}: {read['docs_read']:,} documents read, {n_kept:,} kept; removed "
+                  + ", ".join(f"{k} {v:,}" for k, v in removed.items()), flush=True)
+            if n_kept == 0:
+                raise DataError(f"data source '{source.name}': cleaning removed all {read['docs_read']} documents ("
+                                + ", ".join(f"{k}: {v}" for k, v in removed.items() if v)
+                                + "); relax the data.cleaning keys named here, or check the source's text")
+            counts[source.name] = {**read, "removed": removed, "docs_kept": n_kept}
+            splits = _split(work, kept, cfg.val_fraction)
+            chars = {split: 0 for split in SPLITS}
+            docs = {split: 0 for split in SPLITS}
+            for i, assign in splits.items():
+                np.save(assign_dir / f"{i:06d}.npy", assign)
+                text_chars = np.load(work.unit_dirs[i] / "text_chars.npy")[:len(assign)]
+                for split, code in zip(SPLITS, (TRAIN, VAL)):
+                    docs[split] += int((assign == code).sum())
+                    chars[split] += int(text_chars[assign == code].sum())
+            for split in SPLITS:
+                counts[source.name][split] = {"docs": docs[split], "chars": chars[split]}
+            train_docs[source.name] = Texts([work.unit_dirs[i] for i in splits],
+                                            [np.flatnonzero(a == TRAIN) for a in splits.values()])
     return counts, train_docs
 
 
@@ -384,8 +383,7 @@ def tokenize_unit(unit_dir: Path, assign_path: Path, model: str, out: Path, batc
     tmp = _tmp(out)
     lengths: Dict[int, List[int]] = {TRAIN: [], VAL: []}
     try:
-        tmp.mkdir(parents=True)
-        with writing(tmp), open(unit_dir / "texts.bin", "rb") as texts, \
+        with writing(out), _made(tmp), open(unit_dir / "texts.bin", "rb") as texts, \
                 open(tmp / "train.bin", "wb") as train, open(tmp / "val.bin", "wb") as val:
             files = {TRAIN: train, VAL: val}
             for first, stop in _byte_batches(offsets[:len(assign) + 1], batch_chars):
@@ -486,6 +484,12 @@ def split_documents(docs: Sequence[str], val_fraction: float) -> Tuple[List[str]
 def _tmp(final: Path) -> Path:
     """A sibling of `final` private to this process, on any machine sharing the cache."""
     return final.with_name(f"{final.name}.tmp-{socket.gethostname()}-{os.getpid()}")
+
+
+@contextmanager
+def _made(directory: Path) -> Iterator[None]:
+    directory.mkdir(parents=True)
+    yield
 
 
 def _publish(tmp: Path, final: Path) -> None:

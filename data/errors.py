@@ -15,11 +15,14 @@ class DataError(UserError, ValueError):
 
 @contextmanager
 def writing(path: Path) -> Iterator[None]:
-    """Turn a full disk (or quota, or file-size limit) met while writing `path` into a DataError naming it."""
+    """Turn a full disk (or quota, or file-size limit) met while writing `path` into a DataError naming it.
+    MindRecord's writer says it with a RuntimeError of its own ("No free disk to be used ...")."""
     try:
         yield
-    except OSError as e:
-        if e.errno not in _NO_SPACE:
+    except (OSError, RuntimeError) as e:
+        full = e.errno in _NO_SPACE if isinstance(e, OSError) else "No free disk" in str(e)
+        if not full:
             raise
-        raise DataError(f"{path}: cannot write it ({e.strerror}); free space there or point data.cache_dir at "
-                        f"a larger disk, then run prepare again: the work already finished is kept") from e
+        reason = e.strerror if isinstance(e, OSError) else "no space left on device"
+        raise DataError(f"{path}: cannot write it ({reason}); free space there or point data.cache_dir at a "
+                        f"larger disk, then run prepare again: the work already finished is kept") from e

@@ -77,7 +77,10 @@ def fingerprint(path: Path) -> List[object]:
     """Resolved path, size and mtime; for a directory, of every file under it."""
     if path.is_dir():
         return [str(path.resolve())] + [fingerprint(f) for f in sorted(path.rglob("*")) if f.is_file()]
-    st = path.stat()
+    try:
+        st = path.stat()
+    except FileNotFoundError as e:  # gone since the glob listed it, or a dangling link
+        raise _unreadable(path, e) from e
     return [str(path.resolve()), st.st_size, st.st_mtime_ns]
 
 
@@ -292,13 +295,13 @@ def _read_text(path: Path) -> str:
 def _jsonl_documents(piece: Piece, text_field: str) -> Iterator[str]:
     """The text_field of every line starting in the piece (a line belongs to the piece it starts in)."""
     path = Path(piece.path)
-    lineno = 0  # lines of the piece read so far
+    lineno = first = 0  # lines of the piece read so far; where its first line starts
     try:
         with open(path, "rb") as raw, (gzip.open(raw) if path.suffix == ".gz" else nullcontext(raw)) as f:
             if piece.start:
                 raw.seek(piece.start - 1)
                 raw.readline()  # the end of the line that started before the piece (only its newline if none did)
-            pos = raw.tell()  # uncompressed files: where the next line starts
+            first = pos = raw.tell()  # uncompressed files: where the next line starts
             read = _Read(pos, (piece.stop if piece.stop is not None else _disk_size(path)) - pos)
             for lineno, line in enumerate(f, 1):
                 if piece.stop is not None and pos >= piece.stop:
@@ -308,16 +311,16 @@ def _jsonl_documents(piece: Piece, text_field: str) -> Iterator[str]:
                     try:
                         yield _json_text(line, text_field)
                     except _BadLine as e:
-                        raise DataError(f"{path}:{_line_number(path, piece.start, lineno)}: {e}") from e
+                        raise DataError(f"{path}:{_line_number(path, first, lineno)}: {e}") from e
                 if lineno % 1024 == 0:
                     read.at(raw.tell())
             read.at(read.start + read.size)
     except (OSError, EOFError, zlib.error) as e:
-        raise _unreadable(path, e, _line_number(path, piece.start, lineno) if lineno else 0) from e
+        raise _unreadable(path, e, _line_number(path, first, lineno) if lineno else 0) from e
 
 
 def _line_number(path: Path, start: int, lineno: int) -> int:
-    """The file's line number of the piece's `lineno`-th line (the piece starts at a line start)."""
+    """The file's line number of the `lineno`-th line from byte `start` (a line start), counted on demand."""
     if not start:
         return lineno
     with open(path, "rb") as f:

@@ -1,0 +1,273 @@
+"""prepare at corpus scale: peak memory and throughput per step on generated corpora of a few GB, side by side
+with another checkout's prepare (the code before streaming), and the two properties a long prepare relies on:
+kill -9 at a random moment then rerun, and n parts then the merge, each give the bytes of one uninterrupted
+run. Prints its figures and writes the table into benchmarks/RESULTS.md.
+
+    scripts/venv.sh python -m benchmarks.prepare_scale --sizes 0.5 1 2 4 --old /tmp/old-checkout --old-sizes 0.5 1
+
+Corpora (`--work`, default /tmp/prepare_scale; each is deleted after its size is measured): JSONL files of
+256 MB holding documents of 15-60 lines drawn at random from the lines of ../shared/corpora (MINDLAB_CORPORA),
+so nearly all are unique; 1% are exact copies of an earlier document and 1% near copies (one line changed),
+for dedup to find. MB are 10^6 bytes of UTF-8 text read (meta.json's bytes_read). This checkout runs one
+process per step (clean, plan, tokenize, then the merge and the rows, as a Slurm fan-out does with one part)
+so that each step's peak is its own; the old checkout runs once, its steps' peaks cut from the sampled
+memory by the timings in its meta.json. Memory is sampled every 0.2 s: the RSS of the prepare process and
+the sum over it and its workers (which counts shared libraries once per process: an upper bound).
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+CORPORA = Path(os.environ.get("MINDLAB_CORPORA", REPO.parent / "shared" / "corpora"))
+RESULTS = REPO / "benchmarks" / "RESULTS.md"
+BEGIN, END = "<!-- prepare_scale: begin -->", "<!-- prepare_scale: end -->"
+FILE_BYTES = 256 * 10 ** 6
+OVERRIDES = ["model=small", "data=default", "data.num_workers=2"]
+STEPS = [["step=clean"], ["step=plan"], ["step=tokenize"], []]  # the last: merge + rows
+STEP_NAMES = ["clean", "plan", "tokenize", "merge+pack"]
+
+
+def make_corpus(out: Path, size: int, seed: int = 0) -> List[Path]:
+    """JSONL files totalling about `size` bytes of documents made of random lines of the shared corpora."""
+    lines = []
+    for path in sorted(CORPORA.glob("*/*.jsonl.gz")):
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            for record in f:
+                lines += [line for line in json.loads(record)["text"].split("\n") if len(line.strip()) >= 20]
+    rng = random.Random(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    files, written, earlier = [], 0, []
+    f = None
+    while written < size:
+        if f is None or f.tell() >= FILE_BYTES:
+            f and f.close()
+            files.append(out / f"web-{len(files):05d}.jsonl")
+            f = open(files[-1], "w", encoding="utf-8")
+        roll = rng.random()
+        if roll < 0.01 and earlier:
+            text = rng.choice(earlier)  # an exact copy
+        elif roll < 0.02 and earlier:
+            doc = rng.choice(earlier).split("\n")
+            doc[rng.randrange(len(doc))] = rng.choice(lines)
+            text = "\n".join(doc)  # a near copy
+        else:
+            text = "\n".join(rng.choice(lines) for _ in range(rng.randint(15, 60)))
+            if rng.random() < 0.01:
+                earlier = (earlier + [text])[-1000:]
+        line = json.dumps({"text": text}, ensure_ascii=False) + "\n"
+        f.write(line)
+        written += len(line.encode())
+    f.close()
+    return files
+
+
+class Sampler:
+    """Peak RSS of a process and of it with its descendants, sampled every 0.2 s in a thread, with a timeline."""
+
+    def __init__(self, pid: int):
+        self.proc = psutil.Process(pid)
+        self.timeline: List[tuple] = []  # (seconds since start, main RSS, tree RSS)
+        self._stop = threading.Event()
+        self._start = time.perf_counter()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                main = self.proc.memory_info().rss
+                tree = main + sum(c.memory_info().rss for c in self.proc.children(recursive=True)
+                                  if c.is_running())
+                self.timeline.append((time.perf_counter() - self._start, main, tree))
+            except psutil.Error:
+                pass
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def peak(self, start: float = 0.0, stop: float = float("inf")) -> tuple:
+        inside = [(m, t) for s, m, t in self.timeline if start <= s <= stop] or [(0, 0)]
+        return max(m for m, _ in inside) / 1e9, max(t for _, t in inside) / 1e9
+
+
+def run(cwd: Path, args: List[str], kill_after: Optional[float] = None) -> dict:
+    """Run prepare.py in `cwd`; wall seconds, peak memory, the timeline and when each stdout line came."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    start = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "prepare.py", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    sampler = Sampler(proc.pid)
+    lines = []
+    reader = threading.Thread(target=lambda: [lines.append((time.perf_counter() - start, line.rstrip()))
+                                              for line in proc.stdout], daemon=True)
+    reader.start()
+    try:
+        proc.wait(timeout=kill_after)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    reader.join()
+    sampler.stop()
+    return {"code": proc.returncode, "wall": time.perf_counter() - start, "sampler": sampler, "lines": lines}
+
+
+def output_digest(cache: Path) -> Dict[str, str]:
+    """sha256 of every file of the prepared cache (the one key dir), meta.json and index.json without timings."""
+    (root,) = [p for p in cache.iterdir() if p.is_dir() and len(p.name) == 12]
+    digests = {}
+    for path in sorted(root.rglob("*")):
+        if not path.is_file():
+            continue
+        data = path.read_bytes()
+        if path.name in ("meta.json", "index.json"):
+            record = json.loads(data)
+            record.pop("seconds")
+            data = json.dumps(record, sort_keys=True).encode()
+        digests[str(path.relative_to(root))] = hashlib.sha256(data).hexdigest()
+    return digests
+
+
+def mb_read(cache: Path) -> float:
+    (meta,) = cache.glob("*/meta.json")
+    return sum(m["bytes_read"] for m in json.loads(meta.read_text())["sources"].values()) / 1e6
+
+
+def measure_new(files: List[Path], cache: Path) -> dict:
+    overrides = OVERRIDES + [source_override(files), f"data.cache_dir={cache}"]
+    steps = {}
+    for name, extra in zip(STEP_NAMES, STEPS):
+        result = run(REPO, overrides + extra)
+        assert result["code"] == 0, f"{name} failed"
+        steps[name] = {"wall": result["wall"], "peak": result["sampler"].peak()}
+        print(f"  new {name}: {result['wall']:.0f} s, peak RSS main {steps[name]['peak'][0]:.2f} GB, "
+              f"with workers {steps[name]['peak'][1]:.2f} GB", flush=True)
+    return steps
+
+
+def measure_old(old: Path, files: List[Path], cache: Path) -> dict:
+    result = run(old, OVERRIDES + [source_override(files), f"data.cache_dir={cache}"])
+    assert result["code"] == 0, "the old prepare failed"
+    (meta,) = cache.glob("*/meta.json")
+    seconds = json.loads(meta.read_text())["seconds"]
+    starts = [t for t, line in result["lines"] if line.startswith("[data] building")]
+    sampler, steps, at = result["sampler"], {}, starts[0]
+    for name in ("read", "clean_and_dedup", "tokenizer", "tokenize"):
+        steps[name] = {"wall": seconds[name], "peak": sampler.peak(at, at + seconds[name])}
+        at += seconds[name]
+    steps["pack"] = {"wall": result["wall"] - starts[1], "peak": sampler.peak(starts[1])}
+    steps["total"] = {"wall": result["wall"], "peak": sampler.peak()}
+    for name, s in steps.items():
+        print(f"  old {name}: {s['wall']:.0f} s, peak RSS main {s['peak'][0]:.2f} GB, with workers "
+              f"{s['peak'][1]:.2f} GB", flush=True)
+    return steps
+
+
+def source_override(files: List[Path]) -> str:
+    return f"data.sources=[{{name: web, kind: jsonl, paths: ['{files[0].parent}/web-*.jsonl']}}]"
+
+
+def check_kill_and_parts(files: List[Path], work: Path, reference: Dict[str, str], wall: float, seed: int) -> dict:
+    """A prepare killed at a random moment then rerun, and 2 parts per step, against the reference bytes."""
+    overrides = OVERRIDES + [source_override(files)]
+    rng = random.Random(seed)
+    killed = work / "cache-killed"
+    at = rng.uniform(5, 0.9 * wall)
+    run(REPO, overrides + [f"data.cache_dir={killed}"], kill_after=at)
+    left = sorted(str(p.relative_to(killed)) for p in killed.rglob("*") if p.is_dir())
+    assert run(REPO, overrides + [f"data.cache_dir={killed}"])["code"] == 0
+    same_after_kill = output_digest(killed) == reference
+    shutil.rmtree(killed)
+    parts = work / "cache-parts"
+    for step in ("clean", "plan", "tokenize"):
+        for i in ((0, 1) if step != "plan" else (None,)):
+            args = [f"step={step}"] + ([f"part={i}/2"] if i is not None else [])
+            assert run(REPO, overrides + [f"data.cache_dir={parts}", *args])["code"] == 0
+    assert run(REPO, overrides + [f"data.cache_dir={parts}"])["code"] == 0
+    same_parts = output_digest(parts) == reference
+    shutil.rmtree(parts)
+    print(f"  killed at {at:.0f} s (left: {len(left)} directories), rerun: same bytes {same_after_kill}; "
+          f"2 parts + merge: same bytes {same_parts}", flush=True)
+    return {"killed_at": at, "same_after_kill": same_after_kill, "same_parts": same_parts}
+
+
+def table(rows: Dict[float, dict]) -> str:
+    out = ["| corpus | code | step | s | MB/s | peak RSS, GB (process / with workers) |", "|---|---|---|---:|---:|---:|"]
+    for size, r in rows.items():
+        for code in ("old", "new"):
+            if code not in r:
+                continue
+            for step, s in r[code].items():
+                out.append(f"| {size:g} GB ({r['mb']:.0f} MB read) | {code} | {step} | {s['wall']:.0f} | "
+                           f"{r['mb'] / max(s['wall'], 1e-9):.2f} | {s['peak'][0]:.2f} / {s['peak'][1]:.2f} |")
+        if "check" in r:
+            c = r["check"]
+            out.append(f"| {size:g} GB | new | kill -9 at {c['killed_at']:.0f} s, rerun: same bytes | "
+                       f"{c['same_after_kill']} | | |")
+            out.append(f"| {size:g} GB | new | 2 parts + merge: same bytes | {c['same_parts']} | | |")
+    return "\n".join(out)
+
+
+def write_results(text: str) -> None:
+    head = "# Benchmark results written by the benchmarks themselves\n"
+    current = RESULTS.read_text() if RESULTS.exists() else head
+    section = f"{BEGIN}\n## prepare at corpus scale (benchmarks/prepare_scale.py)\n\n{text}\n{END}"
+    if BEGIN in current:
+        current = current[:current.index(BEGIN)] + section + current[current.index(END) + len(END):]
+    else:
+        current = current.rstrip("\n") + "\n\n" + section + "\n"
+    RESULTS.write_text(current)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=float, nargs="+", default=[0.5, 1, 2, 4], help="GB of JSONL")
+    parser.add_argument("--old", type=Path, help="a checkout of the prepare to compare with")
+    parser.add_argument("--old-sizes", type=float, nargs="*", default=[0.5, 1], help="sizes the old one runs at")
+    parser.add_argument("--check-size", type=float, default=0.5, help="size of the kill and parts checks")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/prepare_scale"))
+    args = parser.parse_args()
+    rows: Dict[float, dict] = {}
+    for size in args.sizes:
+        corpus = args.work / f"corpus-{size:g}"
+        print(f"corpus {size:g} GB: generating", flush=True)
+        files = make_corpus(corpus, int(size * 1e9))
+        row = rows[size] = {}
+        if args.old and size in args.old_sizes:
+            cache = args.work / "cache-old"
+            row["old"] = measure_old(args.old, files, cache)
+            row["mb"] = mb_read(cache)
+            shutil.rmtree(cache)
+        cache = args.work / "cache-new"
+        row["new"] = measure_new(files, cache)
+        row["new"]["total"] = {"wall": sum(s["wall"] for s in row["new"].values()),
+                               "peak": tuple(max(s["peak"][i] for s in row["new"].values()) for i in (0, 1))}
+        row["mb"] = mb_read(cache)
+        if size == args.check_size:
+            row["check"] = check_kill_and_parts(files, args.work, output_digest(cache), row["new"]["total"]["wall"],
+                                                seed=int(time.time()))
+        shutil.rmtree(cache)
+        shutil.rmtree(corpus)
+        print(table(rows), flush=True)
+    write_results(table(rows))
+
+
+if __name__ == "__main__":
+    main()
