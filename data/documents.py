@@ -38,7 +38,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Sequence, Tuple
 
 import numpy as np
 from omegaconf import OmegaConf
@@ -240,61 +240,68 @@ def _dedup_and_split(cfg: DataConfig, work: Work, assign_dir: Path) -> Tuple[Dic
     """Per source: its counts, and its training documents (read back from the units on demand); writes each
     unit's assignment (uint8 per document that passed the filters, up to max_chars: REMOVED, TRAIN or VAL)."""
     cleaning = OmegaConf.to_object(OmegaConf.structured(cfg.cleaning))
-    offered: List[Tuple[int, int]] = []  # per unit done: (first dedup id, documents offered)
+    offered: List[Tuple[int, int]] = []  # per unit, in order: (its first document's dedup id, documents offered)
     dedup = Deduplicator(cleaning, lambda doc_id: _signature(work, offered, doc_id))
     counts: Dict[str, dict] = {}
     train_docs: Dict[str, Texts] = {}
     with tqdm(total=len(work.units), desc="dedup", unit="unit", leave=False) as bar:
         for source in cfg.sources:
             mine = [i for i, u in enumerate(work.units) if u.source == source.name]
-            removed = dict.fromkeys(FILTERS + STEPS, 0)
-            read = {"docs_read": 0, "chars_read": 0, "bytes_read": 0}
-            kept: Dict[int, np.ndarray] = {}  # unit -> which of its offered documents dedup kept
-            capped = False  # max_chars reached: nothing of the source's later units is read
-            for i in mine:
-                d = work.unit_dirs[i]
-                status, chars = np.load(d / "status.npy"), np.load(d / "chars.npy")
-                n = 0 if capped else _within_max_chars(chars, source.max_chars - read["chars_read"]) \
-                    if source.max_chars else len(chars)
-                capped = capped or n < len(chars) or bool(np.load(d / "capped.npy"))
-                read["docs_read"] += n
-                read["chars_read"] += int(chars[:n].sum())
-                read["bytes_read"] += int(np.load(d / "bytes.npy")[:n].sum())
-                for f, k in enumerate(np.bincount(status[:n], minlength=1 + len(FILTERS))[1:]):
-                    removed[FILTERS[f]] += int(k)
-                m = int((status[:n] == 0).sum())  # the first m kept documents of the unit are within max_chars
-                sigs = (np.fromfile(d / "signatures.bin", np.uint32, m * NUM_PERM).reshape(m, NUM_PERM)
-                        if cleaning.near_dedup else None)
-                steps = dedup.offer(np.load(d / "digests.npy")[:m], sigs)
-                offered.append((offered[-1][0] + offered[-1][1] if offered else 0, m))
-                for s, k in enumerate(np.bincount(steps, minlength=1 + len(STEPS))[1:]):
-                    removed[STEPS[s]] += int(k)
-                kept[i] = steps == 0
-                bar.update(1)
-            if read["docs_read"] == 0:
-                raise no_documents(source, source_files(source))
-            n_kept = sum(int(k.sum()) for k in kept.values())
-            print(f"[data] {source.name}: {read['docs_read']:,} documents read, {n_kept:,} kept; removed "
-                  + ", ".join(f"{k} {v:,}" for k, v in removed.items()), flush=True)
-            if n_kept == 0:
-                raise DataError(f"data source '{source.name}': cleaning removed all {read['docs_read']} documents ("
-                                + ", ".join(f"{k}: {v}" for k, v in removed.items() if v)
-                                + "); relax the data.cleaning keys named here, or check the source's text")
-            counts[source.name] = {**read, "removed": removed, "docs_kept": n_kept}
-            splits = _split(work, kept, cfg.val_fraction)
-            chars = {split: 0 for split in SPLITS}
-            docs = {split: 0 for split in SPLITS}
-            for i, assign in splits.items():
+            dirs = [work.unit_dirs[i] for i in mine]
+            counts[source.name], kept = _dedup_source(source, dirs, dedup, offered, bar)
+            assigned = _split(dirs, kept, cfg.val_fraction)
+            for split, code in zip(SPLITS, (TRAIN, VAL)):
+                counts[source.name][split] = {"docs": 0, "chars": 0}
+            for i, d, assign in zip(mine, dirs, assigned):
                 np.save(assign_dir / f"{i:06d}.npy", assign)
-                text_chars = np.load(work.unit_dirs[i] / "text_chars.npy")[:len(assign)]
+                text_chars = np.load(d / "text_chars.npy")[:len(assign)]
                 for split, code in zip(SPLITS, (TRAIN, VAL)):
-                    docs[split] += int((assign == code).sum())
-                    chars[split] += int(text_chars[assign == code].sum())
-            for split in SPLITS:
-                counts[source.name][split] = {"docs": docs[split], "chars": chars[split]}
-            train_docs[source.name] = Texts([work.unit_dirs[i] for i in splits],
-                                            [np.flatnonzero(a == TRAIN) for a in splits.values()])
+                    counts[source.name][split]["docs"] += int((assign == code).sum())
+                    counts[source.name][split]["chars"] += int(text_chars[assign == code].sum())
+            train_docs[source.name] = Texts(dirs, [np.flatnonzero(a == TRAIN) for a in assigned])
+    n = sum(m for _, m in offered)
+    print(f"[data] dedup held the keys of {n:,} documents in {dedup.nbytes / 1e6:.1f} MB", flush=True)
     return counts, train_docs
+
+
+def _dedup_source(source: SourceConfig, dirs: List[Path], dedup: Deduplicator, offered: List[Tuple[int, int]],
+                  bar: tqdm) -> Tuple[dict, List[np.ndarray]]:
+    """Offer one source's units to dedup in order, up to its max_chars; (its counts, which of each unit's
+    offered documents were kept)."""
+    removed = dict.fromkeys(FILTERS + STEPS, 0)
+    read = {"docs_read": 0, "chars_read": 0, "bytes_read": 0}
+    kept: List[np.ndarray] = []
+    capped = False  # max_chars reached: nothing of the later units is read
+    for d in dirs:
+        status, chars = np.load(d / "status.npy"), np.load(d / "chars.npy")
+        n = len(chars)
+        if source.max_chars:
+            n = 0 if capped else _within_max_chars(chars, source.max_chars - read["chars_read"])
+            capped = capped or n < len(chars) or bool(np.load(d / "capped.npy"))
+        read["docs_read"] += n
+        read["chars_read"] += int(chars[:n].sum())
+        read["bytes_read"] += int(np.load(d / "bytes.npy")[:n].sum())
+        for f, k in enumerate(np.bincount(status[:n], minlength=1 + len(FILTERS))[1:]):
+            removed[FILTERS[f]] += int(k)
+        m = int((status[:n] == 0).sum())  # the unit's first m kept documents are within max_chars
+        sigs = (np.fromfile(d / "signatures.bin", np.uint32, m * NUM_PERM).reshape(m, NUM_PERM)
+                if dedup.near else None)
+        steps = dedup.offer(np.load(d / "digests.npy")[:m], sigs)
+        offered.append((offered[-1][0] + offered[-1][1] if offered else 0, m))
+        for s, k in enumerate(np.bincount(steps, minlength=1 + len(STEPS))[1:]):
+            removed[STEPS[s]] += int(k)
+        kept.append(steps == 0)
+        bar.update(1)
+    if read["docs_read"] == 0:
+        raise no_documents(source, source_files(source))
+    n_kept = sum(int(k.sum()) for k in kept)
+    print(f"[data] {source.name}: {read['docs_read']:,} documents read, {n_kept:,} kept; removed "
+          + ", ".join(f"{k} {v:,}" for k, v in removed.items()), flush=True)
+    if n_kept == 0:
+        raise DataError(f"data source '{source.name}': cleaning removed all {read['docs_read']} documents ("
+                        + ", ".join(f"{k}: {v}" for k, v in removed.items() if v)
+                        + "); relax the data.cleaning keys named here, or check the source's text")
+    return {**read, "removed": removed, "docs_kept": n_kept}, kept
 
 
 def _within_max_chars(chars: np.ndarray, budget: int) -> int:
@@ -303,12 +310,11 @@ def _within_max_chars(chars: np.ndarray, budget: int) -> int:
     return int(np.searchsorted(np.cumsum(chars), budget, side="right"))
 
 
-def _split(work: Work, kept: Dict[int, np.ndarray], val_fraction: float) -> Dict[int, np.ndarray]:
+def _split(dirs: List[Path], kept: List[np.ndarray], val_fraction: float) -> List[np.ndarray]:
     """Per unit, each offered document's fate. Of the n kept documents of the source, the round(val_fraction *
     n) with the lowest split hash are held out (ties: the earlier), at least one when val_fraction > 0 and at
-    most n - 1."""
-    hashes = [np.load(work.unit_dirs[i] / "split_hashes.npy")[:len(k)][k] for i, k in kept.items()]
-    flat = np.concatenate(hashes)
+    most n - 1. Holds 8 bytes per kept document of the source (16 while choosing)."""
+    flat = np.concatenate([np.load(d / "split_hashes.npy")[:len(k)][k] for d, k in zip(dirs, kept)])
     n = len(flat)
     n_val = min(max(round(val_fraction * n), int(val_fraction > 0)), n - 1)
     val = np.zeros(n, bool)
@@ -316,12 +322,12 @@ def _split(work: Work, kept: Dict[int, np.ndarray], val_fraction: float) -> Dict
         cut = np.partition(flat, n_val - 1)[n_val - 1]
         val[flat < cut] = True
         val[np.flatnonzero(flat == cut)[:n_val - int(val.sum())]] = True
-    out, at = {}, 0
-    for i, k in kept.items():
+    out, at = [], 0
+    for k in kept:
         assign = np.where(k, TRAIN, REMOVED).astype(np.uint8)
         assign[np.flatnonzero(k)[val[at:at + int(k.sum())]]] = VAL
         at += int(k.sum())
-        out[i] = assign
+        out.append(assign)
     return out
 
 
@@ -444,7 +450,9 @@ def merge(cfg: DataConfig, work: Work, out: Path) -> dict:
                 counts[source.name][split]["tokens"] = int(offsets[-1])
     seconds = _recorded_seconds(work)
     meta = {"name": cfg.name, "dtype": tokenizer.token_dtype.name, "splits": list(SPLITS),
-            "tokenizer": {**_tokenizer_meta(tokenizer, cfg.tokenizer), "sample": result["tokenizer_sample"]},
+            "tokenizer": {**_tokenizer_meta(tokenizer, cfg.tokenizer),
+                          **({"sample_chars": cfg.tokenizer.sample_chars, "sample": result["tokenizer_sample"]}
+                             if result["tokenizer_sample"] else {})},
             "cleaning": OmegaConf.to_container(OmegaConf.structured(cfg.cleaning)), "sources": counts,
             "seconds": {"clean": seconds.get("clean", 0.0), **result["seconds"],
                         "tokenize": seconds.get("tokenize", 0.0), "merge": round(time.perf_counter() - start, 3)}}

@@ -57,11 +57,9 @@ class WorkerPool:
         if self._executor is not None:
             self._executor.shutdown(cancel_futures=True)  # running tasks finish: what they wrote is kept
 
-    def run(self, fn: Callable[..., R], tasks: Iterable[tuple], desc: str, total: int,
-            max_pending: Optional[int] = None) -> Iterator[R]:
-        """fn(*task) for every task, results in the order they finish. Tasks are drawn from `tasks` as
-        workers free up, at most `max_pending` at a time (default: all), so a lazy iterable bounds what is
-        held in memory. The bar counts `total` bytes, advanced by report() inside fn."""
+    def run(self, fn: Callable[..., R], tasks: Iterable[tuple], desc: str, total: int) -> Iterator[R]:
+        """fn(*task) for every task, results in the order they finish (tasks are small: work units' names,
+        not their data). The bar counts `total` bytes, advanced by report() inside fn."""
         global _progress
         if self.num_workers > 0 and self._executor is None:  # started on first use: a cached prepare starts none
             context = multiprocessing.get_context("spawn")
@@ -79,15 +77,9 @@ class WorkerPool:
                 return
             with self._counter.get_lock():
                 self._counter.value = 0
-            pending: set = set()
-            tasks = iter(tasks)
-            limit = max_pending or sys.maxsize
+            pending = {self._executor.submit(fn, *task) for task in tasks}
             try:
-                while True:
-                    while len(pending) < limit and (task := next(tasks, None)) is not None:
-                        pending.add(self._executor.submit(fn, *task))
-                    if not pending:
-                        return
+                while pending:
                     done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
                     bar.update(self._counter.value - bar.n)
                     for future in done:
