@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import mmap
 import os
 import shutil
 import socket
@@ -184,8 +185,19 @@ def _write_shard(directory: Path, file: str, rows: Iterator[dict], schema: dict,
     return n
 
 
+def _window(tokens: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """tokens[lo:hi] as int32. A memory-mapped split is read with plain reads instead: every page of a mapping
+    that was touched stays in the process's resident set until it is unmapped, so packing a split through the
+    map would hold the whole split by the end."""
+    if not (isinstance(tokens, np.memmap) and isinstance(tokens.base, mmap.mmap)):  # not a whole file's map
+        return np.asarray(tokens[lo:hi], dtype=np.int32)
+    with open(tokens.filename, "rb") as f:
+        f.seek(tokens.offset + lo * tokens.itemsize)
+        return np.fromfile(f, tokens.dtype, min(hi, len(tokens)) - lo).astype(np.int32)
+
+
 def _rows(tokens: np.ndarray, offsets: np.ndarray, seq_len: int, start: int, stop: int) -> Iterator[dict]:
-    window = np.asarray(tokens[start * seq_len:stop * seq_len + 1], dtype=np.int32)
+    window = _window(tokens, start * seq_len, stop * seq_len + 1)
     starts = offsets[:-1]  # document starts; the last offset is the stream's end
     for i in range(start, stop):
         first = i * seq_len
