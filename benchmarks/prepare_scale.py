@@ -119,14 +119,18 @@ def run(cwd: Path, args: List[str], kill_after: Optional[float] = None) -> dict:
     reader = threading.Thread(target=lambda: [lines.append((time.perf_counter() - start, line.rstrip()))
                                               for line in proc.stdout], daemon=True)
     reader.start()
+    survivors = None
     try:
         proc.wait(timeout=kill_after)
     except subprocess.TimeoutExpired:
+        children = psutil.Process(proc.pid).children(recursive=True)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+        survivors = len(psutil.wait_procs(children, timeout=10)[1])  # its workers must die with it
     reader.join()
     sampler.stop()
-    return {"code": proc.returncode, "wall": time.perf_counter() - start, "sampler": sampler, "lines": lines}
+    return {"code": proc.returncode, "wall": time.perf_counter() - start, "sampler": sampler, "lines": lines,
+            "survivors": survivors}
 
 
 def output_digest(cache: Path) -> Dict[str, str]:
@@ -190,7 +194,7 @@ def check_kill_and_parts(files: List[Path], work: Path, reference: Dict[str, str
     rng = random.Random(seed)
     killed = work / "cache-killed"
     at = rng.uniform(5, 0.9 * wall)
-    run(REPO, overrides + [f"data.cache_dir={killed}"], kill_after=at)
+    survivors = run(REPO, overrides + [f"data.cache_dir={killed}"], kill_after=at)["survivors"]
     left = sorted(str(p.relative_to(killed)) for p in killed.rglob("*") if p.is_dir())
     assert run(REPO, overrides + [f"data.cache_dir={killed}"])["code"] == 0
     same_after_kill = output_digest(killed) == reference
@@ -203,9 +207,9 @@ def check_kill_and_parts(files: List[Path], work: Path, reference: Dict[str, str
     assert run(REPO, overrides + [f"data.cache_dir={parts}"])["code"] == 0
     same_parts = output_digest(parts) == reference
     shutil.rmtree(parts)
-    print(f"  killed at {at:.0f} s (left: {len(left)} directories), rerun: same bytes {same_after_kill}; "
-          f"2 parts + merge: same bytes {same_parts}", flush=True)
-    return {"killed_at": at, "same_after_kill": same_after_kill, "same_parts": same_parts}
+    print(f"  killed at {at:.0f} s ({survivors} of its processes outlived it; it left {len(left)} directories), "
+          f"rerun: same bytes {same_after_kill}; 2 parts + merge: same bytes {same_parts}", flush=True)
+    return {"killed_at": at, "survivors": survivors, "same_after_kill": same_after_kill, "same_parts": same_parts}
 
 
 def table(rows: Dict[float, dict]) -> str:
@@ -219,8 +223,8 @@ def table(rows: Dict[float, dict]) -> str:
                            f"{r['mb'] / max(s['wall'], 1e-9):.2f} | {s['peak'][0]:.2f} / {s['peak'][1]:.2f} |")
         if "check" in r:
             c = r["check"]
-            out.append(f"| {size:g} GB | new | kill -9 at {c['killed_at']:.0f} s, rerun: same bytes | "
-                       f"{c['same_after_kill']} | | |")
+            out.append(f"| {size:g} GB | new | kill -9 at {c['killed_at']:.0f} s ({c['survivors']} workers outlived "
+                       f"it), rerun: same bytes | {c['same_after_kill']} | | |")
             out.append(f"| {size:g} GB | new | 2 parts + merge: same bytes | {c['same_parts']} | | |")
     return "\n".join(out)
 
