@@ -152,7 +152,8 @@ def clean_unit(source: SourceConfig, unit: Unit, cfg: CleaningConfig, out: Path,
     columns: Dict[str, list] = {k: [] for k in ("status", "chars", "bytes", "lengths", "text_chars", "digests",
                                                  "split_hashes")}
     try:
-        with writing(out), _made(tmp), open(tmp / "texts.bin", "wb") as texts, \
+        with writing(out.parent.parent, f"the cleaned text of {unit.pieces[0].path}"), _made(tmp), \
+                open(tmp / "texts.bin", "wb") as texts, \
                 open(tmp / "signatures.bin", "wb") as sigs:
             for batch in _batches(read_unit(source, unit), batch_chars):
                 if source.max_chars:

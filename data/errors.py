@@ -14,9 +14,9 @@ class DataError(UserError, ValueError):
 
 
 @contextmanager
-def writing(path: Path) -> Iterator[None]:
-    """Turn a full disk (or quota, or file-size limit) met while writing `path` into a DataError naming it.
-    MindRecord's writer says it with a RuntimeError of its own ("No free disk to be used ...")."""
+def writing(where: Path, what: str = "it") -> Iterator[None]:
+    """Turn a full disk (or quota, or file-size limit) met while writing `what` under `where` into a DataError
+    naming them. MindRecord's writer says it with a RuntimeError of its own ("No free disk to be used ...")."""
     try:
         yield
     except (OSError, RuntimeError) as e:
@@ -24,5 +24,5 @@ def writing(path: Path) -> Iterator[None]:
         if not full:
             raise
         reason = e.strerror if isinstance(e, OSError) else "no space left on device"
-        raise DataError(f"{path}: cannot write it ({reason}); free space there or point data.cache_dir at a "
+        raise DataError(f"{where}: cannot write {what} ({reason}); free space there or point data.cache_dir at a "
                         f"larger disk, then run prepare again: the work already finished is kept") from e

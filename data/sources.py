@@ -302,7 +302,7 @@ def _jsonl_documents(piece: Piece, text_field: str) -> Iterator[str]:
                 raw.seek(piece.start - 1)
                 raw.readline()  # the end of the line that started before the piece (only its newline if none did)
             first = pos = raw.tell()  # uncompressed files: where the next line starts
-            read = _Read(pos, (piece.stop if piece.stop is not None else _disk_size(path)) - pos)
+            read = _Read(piece.start, (piece.stop if piece.stop is not None else _disk_size(path)) - piece.start)
             for lineno, line in enumerate(f, 1):
                 if piece.stop is not None and pos >= piece.stop:
                     break
