@@ -25,7 +25,10 @@ Every step writes into a temporary directory renamed into place when complete. C
 <cache_dir>/units/<hash of their files and the cleaning config>, so they are found again after any change
 that leaves them valid (a file fixed elsewhere, another val_fraction); the rest in <cache_dir>/<key>.work/;
 both go once the merge is done. The output does not depend on how units were spread over workers, machines
-or runs: n parts then the plan, tokenize and merge steps write the same bytes as one prepare.
+or runs: n parts then the plan, tokenize and merge steps write the same bytes as one prepare. (datatrove
+splits its MinHash dedup into stages over per-task signature files the same way, and Megatron's
+preprocess_data merges per-partition outputs as the merge step does; here the dedup pass stays sequential
+so that the first copy in reading order is the one kept, whatever the partition.)
 """
 from __future__ import annotations
 
