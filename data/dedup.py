@@ -7,9 +7,10 @@ filters already had. Near: MinHash LSH (data/minhash.py): a document is removed 
 it shares one of its band keys and agrees on >= near_dedup_threshold of the signature entries.
 
 Memory: 16 B per document for the digests and, per kept document, one 8-byte key and a 4-byte id for each
-LSH band (18 bands at the default threshold 0.8: 216 B), all in sorted runs (SortedKeys): about 232 MB per
-million documents, up to twice that while the two largest runs merge. Signatures are not kept: a candidate's
-is read back through `signature_of` (from the work units on disk), and candidates are rare.
+LSH band (18 bands at the default threshold 0.8: 216 B), all in sorted runs (SortedKeys): 232 MB per million
+documents, and about 3x that for the moments the largest runs merge (measured: a million random documents
+grew the process by 0.7 GB at most). Signatures are not kept: a candidate's is read back through
+`signature_of` (from the work units on disk), and candidates are rare.
 """
 from __future__ import annotations
 
@@ -35,10 +36,7 @@ class SortedKeys:
         order = np.argsort(keys, kind="stable")
         run = (keys[order], None if values is None else values[order])
         while self._runs and len(self._runs[-1][0]) <= len(run[0]):
-            last = self._runs.pop()
-            merged = np.concatenate([last[0], run[0]])
-            order = np.argsort(merged, kind="stable")  # two sorted runs: timsort merges them in linear time
-            run = (merged[order], None if values is None else np.concatenate([last[1], run[1]])[order])
+            run = _merge(self._runs.pop(), run)
         if len(run[0]):
             self._runs.append(run)
 
@@ -62,6 +60,16 @@ class SortedKeys:
     @property
     def nbytes(self) -> int:
         return sum(k.nbytes + (0 if v is None else v.nbytes) for k, v in self._runs)
+
+
+def _merge(a: Tuple[np.ndarray, Optional[np.ndarray]], b: Tuple[np.ndarray, Optional[np.ndarray]]):
+    """Two sorted runs as one. Timsort finds the two runs and merges them in linear time; each temporary is
+    dropped as soon as it is used, which keeps the peak near 3x the two runs' keys."""
+    keys = np.concatenate([a[0], b[0]])
+    order = np.argsort(keys, kind="stable")
+    keys = keys[order]
+    values = None if a[1] is None else np.concatenate([a[1], b[1]])[order]
+    return keys, values
 
 
 class Deduplicator:
