@@ -133,7 +133,7 @@ def prepare_step(cfg: DataConfig, step: str, part: Tuple[int, int] = (0, 1)) -> 
         done = run(cfg, work, part, pool)
     mine = len(work.mine(part))
     did = {"clean": "cleaned", "tokenize": "tokenized"}[step]
-    return f"part {part[0]}/{part[1]}: {did} {done} of its {mine} work units ({mine - done} were done already)"
+    return f"part {part[0]}/{part[1]}: {did} {done} of its {mine} work units ({mine - done} already done)"
 
 
 def cache_key(cfg: DataConfig) -> str:
