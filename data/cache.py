@@ -99,7 +99,7 @@ def prepare(cfg: DataConfig, spec: RowSpec = PACKED) -> PreparedData:
         if not rows_dir.is_dir():
             print(f"[data] building {rows_dir}", flush=True)
             pack_sources(root / "tokens", rows_dir, list(meta["sources"]), meta["splits"], cfg.seq_len,
-                         cfg.shard_rows, spec, Tokenizer(root / "tokenizer.model"))
+                         cfg.shard_rows, spec, Tokenizer(root / "tokenizer.model"), pool)
             built = True
     index = json.loads((rows_dir / "index.json").read_text())
     meta["seq_len"], meta["seconds"]["pack"] = index["seq_len"], index["seconds"]

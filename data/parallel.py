@@ -57,16 +57,16 @@ class WorkerPool:
         if self._executor is not None:
             self._executor.shutdown(cancel_futures=True)  # running tasks finish: what they wrote is kept
 
-    def run(self, fn: Callable[..., R], tasks: Iterable[tuple], desc: str, total: int) -> Iterator[R]:
+    def run(self, fn: Callable[..., R], tasks: Iterable[tuple], desc: str, total: int, unit: str = "B") -> Iterator[R]:
         """fn(*task) for every task, results in the order they finish (tasks are small: work units' names,
-        not their data). The bar counts `total` bytes, advanced by report() inside fn."""
+        not their data). The bar counts `total` (bytes, or `unit`s), advanced by report() inside fn."""
         global _progress
         if self.num_workers > 0 and self._executor is None:  # started on first use: a cached prepare starts none
             context = multiprocessing.get_context("spawn")
             self._counter = context.Value("q", 0)
             self._executor = ProcessPoolExecutor(self.num_workers, mp_context=context, initializer=_start_worker,
                                                  initargs=(os.getpid(), self._counter))
-        with tqdm(total=total, desc=desc, unit="B", unit_scale=True, leave=False) as bar:
+        with tqdm(total=total, desc=desc, unit=unit, unit_scale=True, leave=False) as bar:
             if self._executor is None:
                 _progress = bar
                 try:
