@@ -12,7 +12,9 @@ for dedup to find. MB are 10^6 bytes of UTF-8 text read (meta.json's bytes_read)
 process per step (clean, plan, tokenize, then the merge and the rows, as a Slurm fan-out does with one part)
 so that each step's peak is its own; the old checkout runs once, its steps' peaks cut from the sampled
 memory by the timings in its meta.json. Memory is sampled every 0.2 s: the RSS of the prepare process and
-the sum over it and its workers (which counts shared libraries once per process: an upper bound).
+the sum over it and its workers (which counts shared libraries once per process: an upper bound). This box
+is shared: a step's mean 1-minute load average is printed beside its time, and its CPU seconds (the process
+and the workers it waited for), which other processes' load sways much less than the wall clock.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import hashlib
 import json
 import os
 import random
+import resource
 import shutil
 import signal
 import subprocess
@@ -82,7 +85,7 @@ class Sampler:
 
     def __init__(self, pid: int):
         self.proc = psutil.Process(pid)
-        self.timeline: List[tuple] = []  # (seconds since start, main RSS, tree RSS)
+        self.timeline: List[tuple] = []  # (seconds since start, main RSS, tree RSS, 1-minute load average)
         self._stop = threading.Event()
         self._start = time.perf_counter()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -94,7 +97,7 @@ class Sampler:
                 main = self.proc.memory_info().rss
                 tree = main + sum(c.memory_info().rss for c in self.proc.children(recursive=True)
                                   if c.is_running())
-                self.timeline.append((time.perf_counter() - self._start, main, tree))
+                self.timeline.append((time.perf_counter() - self._start, main, tree, os.getloadavg()[0]))
             except psutil.Error:
                 pass
             time.sleep(0.2)
@@ -104,13 +107,18 @@ class Sampler:
         self._thread.join()
 
     def peak(self, start: float = 0.0, stop: float = float("inf")) -> tuple:
-        inside = [(m, t) for s, m, t in self.timeline if start <= s <= stop] or [(0, 0)]
+        inside = [(m, t) for s, m, t, _ in self.timeline if start <= s <= stop] or [(0, 0)]
         return max(m for m, _ in inside) / 1e9, max(t for _, t in inside) / 1e9
+
+    def load(self) -> float:
+        """The mean 1-minute load average while it ran: above ~3 (itself and 2 workers), others were busy too."""
+        return sum(x[3] for x in self.timeline) / max(len(self.timeline), 1)
 
 
 def run(cwd: Path, args: List[str], kill_after: Optional[float] = None) -> dict:
     """Run prepare.py in `cwd`; wall seconds, peak memory, the timeline and when each stdout line came."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "prepare.py", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
@@ -129,8 +137,10 @@ def run(cwd: Path, args: List[str], kill_after: Optional[float] = None) -> dict:
         survivors = len(psutil.wait_procs(children, timeout=10)[1])  # its workers must die with it
     reader.join()
     sampler.stop()
-    return {"code": proc.returncode, "wall": time.perf_counter() - start, "sampler": sampler, "lines": lines,
-            "survivors": survivors}
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the run and the workers it waited for
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    return {"code": proc.returncode, "wall": time.perf_counter() - start, "cpu": cpu, "sampler": sampler,
+            "lines": lines, "survivors": survivors}
 
 
 def output_digest(cache: Path) -> Dict[str, str]:
@@ -160,9 +170,11 @@ def measure_new(files: List[Path], cache: Path) -> dict:
     for name, extra in zip(STEP_NAMES, STEPS):
         result = run(REPO, overrides + extra)
         assert result["code"] == 0, f"{name} failed"
-        steps[name] = {"wall": result["wall"], "peak": result["sampler"].peak()}
-        print(f"  new {name}: {result['wall']:.0f} s, peak RSS main {steps[name]['peak'][0]:.2f} GB, "
-              f"with workers {steps[name]['peak'][1]:.2f} GB", flush=True)
+        steps[name] = {"wall": result["wall"], "cpu": result["cpu"], "load": result["sampler"].load(),
+                       "peak": result["sampler"].peak()}
+        print(f"  new {name}: {result['wall']:.0f} s ({result['cpu']:.0f} CPU s, load {steps[name]['load']:.1f}), "
+              f"peak RSS main {steps[name]['peak'][0]:.2f} GB, with workers {steps[name]['peak'][1]:.2f} GB",
+              flush=True)
     return steps
 
 
@@ -177,10 +189,11 @@ def measure_old(old: Path, files: List[Path], cache: Path) -> dict:
         steps[name] = {"wall": seconds[name], "peak": sampler.peak(at, at + seconds[name])}
         at += seconds[name]
     steps["pack"] = {"wall": result["wall"] - starts[1], "peak": sampler.peak(starts[1])}
-    steps["total"] = {"wall": result["wall"], "peak": sampler.peak()}
+    steps["total"] = {"wall": result["wall"], "cpu": result["cpu"], "load": sampler.load(), "peak": sampler.peak()}
     for name, s in steps.items():
         print(f"  old {name}: {s['wall']:.0f} s, peak RSS main {s['peak'][0]:.2f} GB, with workers "
               f"{s['peak'][1]:.2f} GB", flush=True)
+    print(f"  old: {result['cpu']:.0f} CPU s, load {steps['total']['load']:.1f}", flush=True)
     return steps
 
 
@@ -213,19 +226,22 @@ def check_kill_and_parts(files: List[Path], work: Path, reference: Dict[str, str
 
 
 def table(rows: Dict[float, dict]) -> str:
-    out = ["| corpus | code | step | s | MB/s | peak RSS, GB (process / with workers) |", "|---|---|---|---:|---:|---:|"]
+    out = ["| corpus | code | step | s | MB/s | CPU s | load | peak RSS, GB (process / with workers) |",
+           "|---|---|---|---:|---:|---:|---:|---:|"]
     for size, r in rows.items():
         for code in ("old", "new"):
             if code not in r:
                 continue
             for step, s in r[code].items():
+                cpu, load = (f"{s['cpu']:.0f}", f"{s['load']:.1f}") if "cpu" in s else ("", "")
                 out.append(f"| {size:g} GB ({r['mb']:.0f} MB read) | {code} | {step} | {s['wall']:.0f} | "
-                           f"{r['mb'] / max(s['wall'], 1e-9):.2f} | {s['peak'][0]:.2f} / {s['peak'][1]:.2f} |")
+                           f"{r['mb'] / max(s['wall'], 1e-9):.2f} | {cpu} | {load} | "
+                           f"{s['peak'][0]:.2f} / {s['peak'][1]:.2f} |")
         if "check" in r:
             c = r["check"]
             out.append(f"| {size:g} GB | new | kill -9 at {c['killed_at']:.0f} s ({c['survivors']} workers outlived "
-                       f"it), rerun: same bytes | {c['same_after_kill']} | | |")
-            out.append(f"| {size:g} GB | new | 2 parts + merge: same bytes | {c['same_parts']} | | |")
+                       f"it), rerun: same bytes | {c['same_after_kill']} | | | | |")
+            out.append(f"| {size:g} GB | new | 2 parts + merge: same bytes | {c['same_parts']} | | | | |")
     return "\n".join(out)
 
 
@@ -261,8 +277,10 @@ def main() -> None:
             shutil.rmtree(cache)
         cache = args.work / "cache-new"
         row["new"] = measure_new(files, cache)
-        row["new"]["total"] = {"wall": sum(s["wall"] for s in row["new"].values()),
-                               "peak": tuple(max(s["peak"][i] for s in row["new"].values()) for i in (0, 1))}
+        steps = list(row["new"].values())
+        row["new"]["total"] = {"wall": sum(s["wall"] for s in steps), "cpu": sum(s["cpu"] for s in steps),
+                               "load": sum(s["load"] * s["wall"] for s in steps) / sum(s["wall"] for s in steps),
+                               "peak": tuple(max(s["peak"][i] for s in steps) for i in (0, 1))}
         row["mb"] = mb_read(cache)
         if size == args.check_size:
             row["check"] = check_kill_and_parts(files, args.work, output_digest(cache), row["new"]["total"]["wall"],
