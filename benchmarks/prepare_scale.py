@@ -1,20 +1,21 @@
 """prepare at corpus scale: peak memory and throughput per step on generated corpora of a few GB, side by side
 with another checkout's prepare (the code before streaming), and the two properties a long prepare relies on:
 kill -9 at a random moment then rerun, and n parts then the merge, each give the bytes of one uninterrupted
-run. Prints its figures and writes the table into benchmarks/RESULTS.md.
+run.
 
     scripts/venv.sh python -m benchmarks.prepare_scale --sizes 0.5 1 2 4 --old /tmp/old-checkout --old-sizes 0.5 1
 
-Corpora (`--work`, default /tmp/prepare_scale; each is deleted after its size is measured): JSONL files of
-256 MB holding documents of 15-60 lines drawn at random from the lines of ../shared/corpora (MINDLAB_CORPORA),
-so nearly all are unique; 1% are exact copies of an earlier document and 1% near copies (one line changed),
-for dedup to find. MB are 10^6 bytes of UTF-8 text read (meta.json's bytes_read). This checkout runs one
-process per step (clean, plan, tokenize, then the merge and the rows, as a Slurm fan-out does with one part)
-so that each step's peak is its own; the old checkout runs once, its steps' peaks cut from the sampled
-memory by the timings in its meta.json. Memory is sampled every 0.2 s: the RSS of the prepare process and
-the sum over it and its workers (which counts shared libraries once per process: an upper bound). This box
-is shared: a step's mean 1-minute load average is printed beside its time, and its CPU seconds (the process
-and the workers it waited for), which other processes' load sways much less than the wall clock.
+Corpora (`--work`, default /tmp/prepare_scale; each is deleted after its size is measured): JSONL files of 256
+MB holding documents of 15-60 lines drawn at random from the lines of ../shared/corpora (MINDLAB_CORPORA), so
+nearly all are unique; 1% are exact copies of an earlier document and 1% near copies (one line changed), for
+dedup to find. MB are 10^6 bytes of UTF-8 text read (meta.json's bytes_read). This checkout runs one process
+per step (clean, plan, tokenize, then the merge and the rows, as a Slurm fan-out does with one part) so that
+each step's peak is its own; the old checkout runs once, its steps' peaks cut from the sampled memory by the
+timings in its meta.json. The table goes to benchmarks/RESULTS.md (benchmarks/results.py). Memory is sampled
+every 0.2 s: the RSS of the prepare process and the sum over it and its workers (which counts shared libraries
+once per process: an upper bound). This box is shared: a step's mean 1-minute load average is printed beside
+its time, and its CPU seconds (the process and the workers it waited for), which other processes' load sways
+much less than the wall clock.
 """
 from __future__ import annotations
 
@@ -36,10 +37,10 @@ from typing import Dict, List, Optional
 
 import psutil
 
+from benchmarks.results import recorded
+
 REPO = Path(__file__).resolve().parents[1]
 CORPORA = Path(os.environ.get("MINDLAB_CORPORA", REPO.parent / "shared" / "corpora"))
-RESULTS = REPO / "benchmarks" / "RESULTS.md"
-BEGIN, END = "<!-- prepare_scale: begin -->", "<!-- prepare_scale: end -->"
 FILE_BYTES = 256 * 10 ** 6
 OVERRIDES = ["model=small", "data=default", "data.num_workers=2"]
 STEPS = [["step=clean"], ["step=plan"], ["step=tokenize"], []]  # the last: merge + rows
@@ -245,17 +246,6 @@ def table(rows: Dict[float, dict]) -> str:
     return "\n".join(out)
 
 
-def write_results(text: str) -> None:
-    head = "# Benchmark results written by the benchmarks themselves\n"
-    current = RESULTS.read_text() if RESULTS.exists() else head
-    section = f"{BEGIN}\n## prepare at corpus scale (benchmarks/prepare_scale.py)\n\n{text}\n{END}"
-    if BEGIN in current:
-        current = current[:current.index(BEGIN)] + section + current[current.index(END) + len(END):]
-    else:
-        current = current.rstrip("\n") + "\n\n" + section + "\n"
-    RESULTS.write_text(current)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=float, nargs="+", default=[0.5, 1, 2, 4], help="GB of JSONL")
@@ -288,7 +278,8 @@ def main() -> None:
         shutil.rmtree(cache)
         shutil.rmtree(corpus)
         print(table(rows), flush=True)
-    write_results(table(rows))
+    with recorded("benchmarks.prepare_scale", "prepare at corpus scale: memory and throughput per step"):
+        print(table(rows))
 
 
 if __name__ == "__main__":
