@@ -105,6 +105,7 @@ class DataConfig:
     seq_len: int = 256
     val_fraction: float = 0.02  # of each source's documents, held out before packing
     num_workers: int = 2  # processes that clean and tokenize; 0: in this process
+    batch_chars: int = 1_000_000  # text a worker cleans or encodes at a time: prepare holds ~2 per worker
     shard_rows: int = 65536  # packed rows per MindRecord file (when packing; rows already packed are reused)
     cache_dir: str = "${oc.env:MINDLAB_DATA_DIR,${oc.env:HOME}/.cache/mindlab/data}"
 

@@ -235,6 +235,7 @@ def _check_data(cfg: DictConfig) -> None:
     _require(0 <= d.val_fraction < 1, "data.val_fraction", f"must be in [0, 1), got {d.val_fraction}")
     _require(d.num_workers >= 0, "data.num_workers", f"must be >= 0 (0: in this process), got {d.num_workers}")
     _require(d.shard_rows >= 1, "data.shard_rows", f"must be >= 1, got {d.shard_rows}")
+    _require(d.batch_chars >= 1, "data.batch_chars", f"must be >= 1, got {d.batch_chars}")
     forms = ("NFC", "NFKC", "NFD", "NFKD", "none")
     _require(c.unicode_form in forms, "data.cleaning.unicode_form", f"got {c.unicode_form!r}; choose one of "
              f"{', '.join(forms)}")

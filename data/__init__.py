@@ -2,8 +2,9 @@
 rows -> blended, dp-sharded, resumable batches.
 
 `build_data` is the entry point for training; `python prepare.py data=...` prepares without training.
-Modules, in pipeline order: sources, cleaning (+ minhash, dedup), tokenizer, documents (stage 1), packing
-(stage 2), cache (prepare: both stages, cached), mixing (the blended order), loader (MindDataset reading).
+Modules, in pipeline order: sources (+ work units), cleaning (+ minhash, dedup), tokenizer, documents (stage 1,
+streamed in resumable steps), packing (stage 2), cache (prepare: both stages, cached, resumable, in parts),
+mixing (the blended order), loader (MindDataset reading); parallel runs the worker processes.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The prepared-data cache: build each stage once, atomically, and find it again.
+"""The prepared-data cache: build each stage once, resumably, and find it again.
 
 Layout, `<data.cache_dir>/<key>/` (one per distinct input, shared by every preset and mix over it):
   tokenizer.model, tokens/, meta.json   stage 1 (data/documents.py): cleaned, split, tokenized documents
@@ -7,9 +7,14 @@ Layout, `<data.cache_dir>/<key>/` (one per distinct input, shared by every prese
 `key` hashes everything stage 1 depends on: the source configs with the path, size and mtime of every
 file they read, data.cleaning, data.tokenizer (and its .model file), data.val_fraction, the sentencepiece
 version and FORMAT_VERSION. Not data.name, data.weights or data.seq_len: mixes share the cache, and a new
-seq_len only re-packs. Each stage is built in `<dir>.tmp-<pid>` and renamed into place, under a file lock
-so that concurrent processes (one per rank) build it once while the others wait; a build that was killed
-leaves only a tmp directory, removed by the next one, which then starts that stage afresh.
+seq_len only re-packs.
+
+While a stage is built its finished parts wait beside it: stage 1's work units in `units/` and `<key>.work/`
+(data/documents.py), stage 2's finished shards in `<rows dir>.partial/`. Each part is written in a private
+tmp directory and renamed into place when complete, so a killed prepare loses only the parts in flight and
+the next one continues from the rest; the result is the same bytes as an uninterrupted build. A build runs
+under a file lock, so that concurrent processes (one per rank) build once while the others wait. Across
+machines, `prepare_step` runs one step for a part of the work units (prepare.py part=i/n step=...).
 """
 from __future__ import annotations
 
@@ -22,22 +27,25 @@ import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List
+from typing import Dict, Iterator, List, Tuple
 
 import numpy as np
 import sentencepiece as spm
 from omegaconf import OmegaConf
 
 from base.schema import SAMPLE_KINDS, DataConfig
-from data.documents import build_documents
+from data import documents
+from data.documents import Work, build_documents
 from data.errors import DataError
 from data.packing import PACKED, pack_sources
+from data.parallel import WorkerPool
 from data.rows import RowSpec
 from data.samples import build_samples
-from data.sources import source_files
+from data.sources import fingerprint, source_files
 from data.tokenizer import Tokenizer, pretrained_path
 
 FORMAT_VERSION = 3
+STEPS = ("clean", "plan", "tokenize")  # what prepare_step runs; the merge and packing follow in prepare()
 
 
 @dataclass
@@ -71,20 +79,28 @@ class PreparedData:
 
 
 def prepare(cfg: DataConfig, spec: RowSpec = PACKED) -> PreparedData:
-    """Return the prepared data for `cfg` in `spec`'s row layout, building whichever stage is missing."""
-    if getattr(multiprocessing.current_process(), "_inheriting", False):  # multiprocessing's own test for this
-        raise DataError("prepare() was called while a worker process re-imported the main script: put the code "
-                        "that calls build_data/prepare under `if __name__ == \"__main__\":` (workers are spawned)")
+    """Return the prepared data for `cfg` in `spec`'s row layout, building whatever is missing."""
+    _check_not_reimported()
     root = Path(cfg.cache_dir) / cache_key(cfg)
     samples = _sample_sources(cfg)
     rows_dir = root / spec.dir_name(cfg.seq_len)
     root.parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(root.with_name(root.name + ".lock")):
-        built = _build_once(root, lambda tmp: (build_samples if samples else build_documents)(cfg, tmp))
+    with _file_lock(root.with_name(root.name + ".lock")), WorkerPool(cfg.num_workers) as pool:
+        built = False
+        if not root.is_dir():
+            if samples:
+                _build_once(root, lambda tmp: build_samples(cfg, tmp))
+            else:
+                work = Work.of(cfg, root.name)
+                _build_once(root, lambda tmp: build_documents(cfg, work, tmp, pool))
+                work.remove()
+            built = True
         meta = json.loads((root / "meta.json").read_text())
-        built |= _build_once(rows_dir, lambda tmp: pack_sources(root / "tokens", tmp, list(meta["sources"]),
-                                                                meta["splits"], cfg.seq_len, cfg.shard_rows, spec,
-                                                                Tokenizer(root / "tokenizer.model")))
+        if not rows_dir.is_dir():
+            print(f"[data] building {rows_dir}", flush=True)
+            pack_sources(root / "tokens", rows_dir, list(meta["sources"]), meta["splits"], cfg.seq_len,
+                         cfg.shard_rows, spec, Tokenizer(root / "tokenizer.model"), pool)
+            built = True
     index = json.loads((rows_dir / "index.json").read_text())
     meta["seq_len"], meta["seconds"]["pack"] = index["seq_len"], index["seconds"]
     for name, entry in index["sources"].items():
@@ -92,6 +108,32 @@ def prepare(cfg: DataConfig, spec: RowSpec = PACKED) -> PreparedData:
             meta["sources"][name][split].update(rows)
     print(f"[data] {'reusing' if not built else 'built'} {rows_dir}", flush=True)
     return PreparedData(root, rows_dir, meta, reused=not built, columns=spec.columns)
+
+
+def prepare_step(cfg: DataConfig, step: str, part: Tuple[int, int] = (0, 1)) -> str:
+    """One step of stage 1 for part i of n of the work units (clean, tokenize) or for all of them (plan),
+    for a fan-out over machines that share data.cache_dir; `prepare` then merges. Returns what it did."""
+    _check_not_reimported()
+    if _sample_sources(cfg):
+        raise DataError(f"data '{cfg.name}' holds instruction samples, which prepare in one step: run prepare "
+                        f"without step= and part=")
+    key = cache_key(cfg)
+    root = Path(cfg.cache_dir) / key
+    if root.is_dir():
+        return f"{root} is already prepared"
+    root.parent.mkdir(parents=True, exist_ok=True)
+    work = Work.of(cfg, key)
+    if step == "plan":
+        with _file_lock(root.with_name(root.name + ".lock")):
+            counts = documents.plan(cfg, work)["sources"]
+        return f"planned {len(work.units)} work units: " + ", ".join(
+            f"{name} {c['docs_kept']:,} of {c['docs_read']:,} documents kept" for name, c in counts.items())
+    run = {"clean": documents.clean, "tokenize": documents.tokenize}[step]
+    with WorkerPool(cfg.num_workers) as pool:
+        done = run(cfg, work, part, pool)
+    mine = len(work.mine(part))
+    did = {"clean": "cleaned", "tokenize": "tokenized"}[step]
+    return f"part {part[0]}/{part[1]}: {did} {done} of its {mine} work units ({mine - done} already done)"
 
 
 def cache_key(cfg: DataConfig) -> str:
@@ -105,21 +147,27 @@ def cache_key(cfg: DataConfig) -> str:
     tok_path = pretrained_path(tok)
     spec = {
         **({"template": OmegaConf.to_container(OmegaConf.structured(cfg.template)),
-            "val_files": [[_fingerprint(Path(f)) for f in s.val_paths] for s in cfg.sources]}
+            "val_files": [[fingerprint(Path(f)) for f in s.val_paths] for s in cfg.sources]}
            if _sample_sources(cfg) else {}),
         "format": FORMAT_VERSION,
         "sentencepiece": spm.__version__,
         "val_fraction": cfg.val_fraction,
         "cleaning": OmegaConf.to_container(OmegaConf.structured(cfg.cleaning)),
         "sources": [{"name": s.name, "kind": s.kind, "paths": list(s.paths), "text_field": s.text_field,
-                     "max_chars": s.max_chars, "files": [_fingerprint(f) for f in source_files(s)]}
+                     "max_chars": s.max_chars, "files": [fingerprint(f) for f in source_files(s)]}
                     for s in cfg.sources],
         "tokenizer": {"model_type": tok.model_type, "vocab_size": tok.vocab_size, "sample_chars": tok.sample_chars,
                       "character_coverage": tok.character_coverage, "path": tok.path,
                       **({"user_symbols": list(tok.user_symbols)} if tok.user_symbols else {}),
-                      "file": _fingerprint(tok_path) if tok_path else None},
+                      "file": fingerprint(tok_path) if tok_path else None},
     }
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _check_not_reimported() -> None:
+    if getattr(multiprocessing.current_process(), "_inheriting", False):  # multiprocessing's own test for this
+        raise DataError("prepare() was called while a worker process re-imported the main script: put the code "
+                        "that calls build_data/prepare under `if __name__ == \"__main__\":` (workers are spawned)")
 
 
 def _sample_sources(cfg: DataConfig) -> bool:
@@ -131,11 +179,9 @@ def _sample_sources(cfg: DataConfig) -> bool:
     return kinds == {True}
 
 
-def _build_once(final: Path, build: Callable[[Path], object]) -> bool:
-    """Build `final` through a tmp sibling renamed into place; False when it is already there. Call under
-    the lock: tmp siblings left by a killed build are removed first, and a failed build removes its own."""
-    if final.is_dir():
-        return False
+def _build_once(final: Path, build) -> None:
+    """Build `final` through a tmp sibling renamed into place. Call under the lock: tmp siblings left by a
+    killed build are removed first, and a failed build removes its own."""
     for stale in final.parent.glob(final.name + ".tmp-*"):
         shutil.rmtree(stale)
     tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
@@ -147,15 +193,6 @@ def _build_once(final: Path, build: Callable[[Path], object]) -> bool:
         shutil.rmtree(tmp)
         raise
     os.replace(tmp, final)
-    return True
-
-
-def _fingerprint(path: Path) -> List[object]:
-    """Resolved path, size and mtime; for a directory, of every file under it."""
-    if path.is_dir():
-        return [str(path.resolve())] + [_fingerprint(f) for f in sorted(path.rglob("*")) if f.is_file()]
-    st = path.stat()
-    return [str(path.resolve()), st.st_size, st.st_mtime_ns]
 
 
 @contextmanager

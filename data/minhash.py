@@ -1,4 +1,5 @@
-"""MinHash signatures of word 5-gram sets, and an LSH index that finds near duplicates among them.
+"""MinHash signatures of word 5-gram sets, and the LSH band keys that find candidate near duplicates among
+them (data/dedup.py keeps the index).
 
 Words are runs of letters/digits, lowercased; each CJK character is a word of its own (those scripts do not
 separate words with spaces). The fraction of equal signature entries estimates the Jaccard similarity of
@@ -8,8 +9,7 @@ from __future__ import annotations
 
 import re
 import zlib
-from collections import defaultdict
-from typing import Dict, List, Tuple
+from typing import Tuple
 
 import numpy as np
 
@@ -21,6 +21,8 @@ _rng = np.random.default_rng(20240601)  # fixed: signatures must agree across pr
 _MIX = _rng.integers(1, 2**63, SHINGLE_WORDS, dtype=np.uint64) * 2 + 1  # odd multipliers, word hash -> 5-gram
 _PERM_A = _rng.integers(1, 2**63, NUM_PERM, dtype=np.uint64) * 2 + 1
 _PERM_B = _rng.integers(0, 2**63, NUM_PERM, dtype=np.uint64)
+_BAND_SEED = _rng.integers(0, 2**63, NUM_PERM, dtype=np.uint64)  # per band: keys of different bands differ
+_BAND_MUL = np.uint64(0x9E3779B97F4A7C15)  # odd: multiplying by it permutes the 64-bit values
 _CHUNK = 4096  # shingles hashed at once: bounds memory at _CHUNK x NUM_PERM x 8 bytes
 
 
@@ -50,22 +52,13 @@ def lsh_bands(threshold: float) -> Tuple[int, int]:
     return NUM_PERM, 1
 
 
-class NearDuplicateIndex:
-    """Signatures of the documents kept so far, bucketed by LSH band."""
-
-    def __init__(self, threshold: float):
-        self.threshold = threshold
-        self.bands, self.rows = lsh_bands(threshold)
-        self._buckets: List[Dict[bytes, List[int]]] = [defaultdict(list) for _ in range(self.bands)]
-        self._kept: List[np.ndarray] = []
-
-    def add_unless_duplicate(self, sig: np.ndarray) -> bool:
-        """Keep `sig` and return True, unless a kept signature agrees on >= threshold of its entries."""
-        keys = [sig[b * self.rows:(b + 1) * self.rows].tobytes() for b in range(self.bands)]
-        candidates = {i for band, key in zip(self._buckets, keys) for i in band.get(key, ())}
-        if any(np.mean(self._kept[i] == sig) >= self.threshold for i in candidates):
-            return False
-        for band, key in zip(self._buckets, keys):
-            band[key].append(len(self._kept))
-        self._kept.append(sig)
-        return True
+def band_keys(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
+    """uint64 [n, bands]: one key per LSH band of each signature (uint32 [n, NUM_PERM]). Equal bands give
+    equal keys; bands that differ, or the same values in another band, collide with probability ~2^-64 (a
+    collision only makes a candidate, which the signatures' agreement then rules out)."""
+    sig = signatures[:, :bands * rows].astype(np.uint64).reshape(len(signatures), bands, rows)
+    keys = np.broadcast_to(_BAND_SEED[:bands], (len(signatures), bands)).copy()
+    for r in range(rows):
+        keys = (keys ^ sig[:, :, r]) * _BAND_MUL  # multiply-xor, wrapping mod 2**64
+        keys ^= keys >> np.uint64(29)
+    return keys

@@ -13,11 +13,17 @@ row[1:]); the last partial row is dropped. Columns:
 Written into `out` (one directory per spec and seq_len):
   <source>.<split>.<k:05d>.mindrecord (+ .db)   rows [k*shard_rows, (k+1)*shard_rows)
   index.json      seq_len, shard_rows, rows spec, seconds it took, and per source and split: rows and files
+Rows stream into the shards; memory holds WRITE_BATCH rows per shard being written, not a split's (a layout's
+own build may hold more: keep_documents_whole reorders a split's tokens in memory).
 """
 from __future__ import annotations
 
 import itertools
 import json
+import mmap
+import os
+import shutil
+import socket
 import time
 from pathlib import Path
 from typing import Dict, Iterator, List
@@ -26,11 +32,12 @@ import numpy as np
 from mindspore.mindrecord import FileWriter
 from tqdm import tqdm
 
-from data.errors import DataError
+from data.errors import DataError, writing
+from data.parallel import WorkerPool, report
 from data.rows import RowSpec, Split, best_fit
 
 WRITE_BATCH = 2048  # rows per FileWriter.write_raw_data call
-PACK_CHUNK = 65536  # PACKED rows materialized at a time
+PACK_TOKENS = 1 << 22  # PACKED rows are cut from windows of about this many tokens (16 MB as int32)
 
 
 def num_rows(n_tokens: int, seq_len: int) -> int:
@@ -38,9 +45,14 @@ def num_rows(n_tokens: int, seq_len: int) -> int:
 
 
 def packed_rows(split: Split, seq_len: int, tokenizer=None) -> Iterator[dict]:
-    n = num_rows(len(split.tokens), seq_len)
-    for start in range(0, n, PACK_CHUNK):
-        yield from _rows(split.tokens, split.offsets, seq_len, start, min(start + PACK_CHUNK, n))
+    return _packed_range(split, seq_len, 0, num_rows(len(split.tokens), seq_len))
+
+
+def _packed_range(split: Split, seq_len: int, start: int, stop: int) -> Iterator[dict]:
+    """PACKED rows [start, stop): a row is a function of its index alone."""
+    chunk = max(PACK_TOKENS // seq_len, 1)
+    for lo in range(start, stop, chunk):
+        yield from _rows(split.tokens, split.offsets, seq_len, lo, min(lo + chunk, stop))
 
 
 def _packed_schema(seq_len: int) -> dict:
@@ -97,31 +109,93 @@ DOCUMENT_PACKED = RowSpec(name="packed-docs", columns=("input_ids",), build=docu
 
 
 def pack_sources(tokens_dir: Path, out: Path, sources: List[str], splits: List[str], seq_len: int,
-                 shard_rows: int, spec: RowSpec = PACKED, tokenizer=None) -> dict:
-    """Write every source's splits as rows of `spec` into the empty directory `out`; returns the index written."""
+                 shard_rows: int, spec: RowSpec, tokenizer, pool: WorkerPool) -> dict:
+    """Write every source's splits as rows of `spec` into `out`, which must not exist; returns the index written.
+
+    Shards are finished in `<out>.partial/`, each written under a tmp directory and renamed there when complete;
+    a packing that was killed keeps them, and the next one writes only the shards that are missing (rows are
+    deterministic, so the result is the same bytes). index.json is written last, then `<out>.partial` becomes
+    `out`. PACKED rows are cut straight from the token stream, so the workers of `pool` write its shards side
+    by side; other layouts' rows come from one pass over each split, streamed into one shard after another."""
     start_time = time.perf_counter()
-    index: Dict[str, dict] = {"seq_len": seq_len, "shard_rows": shard_rows, "rows": spec.name,
-                              "sources": {n: {} for n in sources}}
-    with tqdm(desc="pack", unit="row", unit_scale=True, leave=False) as bar:
+    partial = out.with_name(out.name + ".partial")
+    partial.mkdir(exist_ok=True)
+    for stale in partial.glob(".tmp-*"):  # a killed packing's shard in progress (callers hold the cache lock)
+        shutil.rmtree(stale)
+    pack = _pack_side_by_side if spec is PACKED else _pack_in_order
+    index = {"seq_len": seq_len, "shard_rows": shard_rows, "rows": spec.name,
+             "sources": pack(tokens_dir, partial, sources, splits, seq_len, shard_rows, spec, tokenizer, pool),
+             "seconds": round(time.perf_counter() - start_time, 3)}
+    with writing(partial / "index.json"):
+        (partial / "index.json").write_text(json.dumps(index, indent=2) + "\n")
+    os.replace(partial, out)
+    return index
+
+
+def _pack_side_by_side(tokens_dir: Path, partial: Path, sources: List[str], splits: List[str], seq_len: int,
+                       shard_rows: int, spec: RowSpec, tokenizer, pool: WorkerPool) -> Dict[str, dict]:
+    """PACKED: every missing shard is a task for the pool; per source and split, its rows and files."""
+    entries: Dict[str, dict] = {name: {} for name in sources}
+    tasks = []
+    for name in sources:
+        for split in splits:
+            n = num_rows(len(np.load(tokens_dir / f"{name}.{split}.npy", mmap_mode="r")), seq_len)
+            _check_rows(tokens_dir, name, split, n, spec, seq_len)
+            files = [_shard_file(name, split, k) for k in range(-(-n // shard_rows))]
+            entries[name][split] = {"rows": n, "files": files}
+            tasks += [(tokens_dir, name, split, seq_len, k * shard_rows, min(n, (k + 1) * shard_rows), partial, file)
+                      for k, file in enumerate(files) if not (partial / file).is_file()]
+    for _ in pool.run(write_packed_shard, tasks, "pack", sum(task[5] - task[4] for task in tasks), unit="row"):
+        pass
+    return entries
+
+
+def write_packed_shard(tokens_dir: Path, source: str, split: str, seq_len: int, start: int, stop: int,
+                       directory: Path, file: str) -> None:
+    """PACKED rows [start, stop) of one source's split as one shard (runs in a worker process)."""
+    rows = _packed_range(load_split(tokens_dir, source, split), seq_len, start, stop)
+    _write_shard(directory, file, rows, PACKED.schema(seq_len), PACKED.index)
+
+
+def _pack_in_order(tokens_dir: Path, partial: Path, sources: List[str], splits: List[str], seq_len: int,
+                   shard_rows: int, spec: RowSpec, tokenizer, pool: WorkerPool) -> Dict[str, dict]:
+    """Any layout: each split's rows from one pass, one shard after another; per source and split, its rows
+    and files."""
+    entries: Dict[str, dict] = {name: {} for name in sources}
+    about = sum(num_rows(len(np.load(tokens_dir / f"{n}.{s}.npy", mmap_mode="r")), seq_len)
+                for n in sources for s in splits)  # the number of packed rows: near it for other layouts
+    with tqdm(total=about, desc="pack", unit="row", unit_scale=True, leave=False) as bar:
         for name in sources:
             for split in splits:
-                stream = load_split(tokens_dir, name, split)
-                tokens = stream.tokens
-                rows, files = spec.build(stream, seq_len, tokenizer), []
-                n = 0
-                while shard := list(itertools.islice(rows, shard_rows)):
-                    files.append(f"{name}.{split}.{len(files):05d}.mindrecord")
-                    _write_shard(out / files[-1], shard, spec.schema(seq_len), spec.index)
-                    n += len(shard)
-                    bar.update(len(shard))
-                if split == "train" and n == 0:
-                    raise DataError(f"data source '{name}' has {len(tokens)} training tokens after cleaning, fewer "
-                                    f"than one row of {spec.name} rows at data.seq_len={seq_len}; lower "
-                                    f"data.seq_len, add text to the source, or remove it from data.sources")
-                index["sources"][name][split] = {"rows": n, "files": files}
-    index["seconds"] = round(time.perf_counter() - start_time, 3)
-    (out / "index.json").write_text(json.dumps(index, indent=2) + "\n")
-    return index
+                rows, files, n = spec.build(load_split(tokens_dir, name, split), seq_len, tokenizer), [], 0
+                while True:
+                    file = _shard_file(name, split, len(files))
+                    shard = itertools.islice(rows, shard_rows)
+                    if (partial / file).is_file():
+                        done = sum(1 for _ in shard)
+                    else:
+                        done = _write_shard(partial, file, shard, spec.schema(seq_len), spec.index)
+                    bar.update(done)
+                    if done:
+                        files.append(file)
+                        n += done
+                    if done < shard_rows:
+                        break
+                _check_rows(tokens_dir, name, split, n, spec, seq_len)
+                entries[name][split] = {"rows": n, "files": files}
+    return entries
+
+
+def _shard_file(source: str, split: str, k: int) -> str:
+    return f"{source}.{split}.{k:05d}.mindrecord"
+
+
+def _check_rows(tokens_dir: Path, source: str, split: str, n: int, spec: RowSpec, seq_len: int) -> None:
+    if split == "train" and n == 0:
+        tokens = len(np.load(tokens_dir / f"{source}.{split}.npy", mmap_mode="r"))
+        raise DataError(f"data source '{source}' has {tokens} training tokens after cleaning, fewer than one row of "
+                        f"{spec.name} rows at data.seq_len={seq_len}; lower data.seq_len, add text to the source, "
+                        f"or remove it from data.sources")
 
 
 def load_split(tokens_dir: Path, source: str, split: str) -> Split:
@@ -133,18 +207,47 @@ def load_split(tokens_dir: Path, source: str, split: str) -> Split:
                  np.load(margin) if margin.exists() else None)
 
 
-def _write_shard(path: Path, rows: List[dict], schema: dict, index_fields) -> None:
-    writer = FileWriter(str(path), shard_num=1)
-    writer.add_schema(schema, "rows")
-    if index_fields:
-        writer.add_index(list(index_fields))
-    for start in range(0, len(rows), WRITE_BATCH):
-        writer.write_raw_data(rows[start:start + WRITE_BATCH])
-    writer.commit()
+def _write_shard(directory: Path, file: str, rows: Iterator[dict], schema: dict, index_fields) -> int:
+    """Write `rows` as `directory/file` (+ .db) through a tmp directory (the file's own name is in its header);
+    returns how many rows it held, 0 (and no file) when `rows` is empty."""
+    batch = list(itertools.islice(rows, WRITE_BATCH))
+    if not batch:
+        return 0
+    tmp = directory / f".tmp-{socket.gethostname()}-{os.getpid()}"
+    tmp.mkdir()
+    n = 0
+    try:
+        with writing(directory / file):
+            writer = FileWriter(str(tmp / file), shard_num=1)
+            writer.add_schema(schema, "rows")
+            if index_fields:
+                writer.add_index(list(index_fields))
+            while batch:
+                writer.write_raw_data(batch)
+                n += len(batch)
+                report(len(batch))
+                batch = list(itertools.islice(rows, WRITE_BATCH))
+            writer.commit()
+            os.replace(tmp / f"{file}.db", directory / f"{file}.db")
+            os.replace(tmp / file, directory / file)  # last: the shard counts as written once this is there
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return n
+
+
+def _window(tokens: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """tokens[lo:hi] as int32. A memory-mapped split is read with plain reads instead: every page of a mapping
+    that was touched stays in the process's resident set until it is unmapped, so packing a split through the
+    map would hold the whole split by the end."""
+    if not (isinstance(tokens, np.memmap) and isinstance(tokens.base, mmap.mmap)):  # not a whole file's map
+        return np.asarray(tokens[lo:hi], dtype=np.int32)
+    with open(tokens.filename, "rb") as f:
+        f.seek(tokens.offset + lo * tokens.itemsize)
+        return np.fromfile(f, tokens.dtype, min(hi, len(tokens)) - lo).astype(np.int32)
 
 
 def _rows(tokens: np.ndarray, offsets: np.ndarray, seq_len: int, start: int, stop: int) -> Iterator[dict]:
-    window = np.asarray(tokens[start * seq_len:stop * seq_len + 1], dtype=np.int32)
+    window = _window(tokens, start * seq_len, stop * seq_len + 1)
     starts = offsets[:-1]  # document starts; the last offset is the stream's end
     for i in range(start, stop):
         first = i * seq_len

@@ -1,62 +1,113 @@
-"""An ordered map over chunks of work in worker processes, with a progress bar.
+"""Worker processes for prepare's steps: tasks run in `data.num_workers` processes that die with this one,
+and a progress bar (bytes/s, ETA) that the tasks advance as they go.
 
 Workers are started with `spawn`, not `fork`: forking a process in which MindSpore's threads run can
 deadlock. Spawned workers re-import the main script, so a script that prepares data needs the usual
 `if __name__ == "__main__":` guard (train.py and prepare.py have it).
+
+A worker asks the kernel for SIGKILL when its parent dies (Linux prctl PR_SET_PDEATHSIG; elsewhere a thread
+watches the parent's pid): a prepare killed with SIGKILL leaves no workers behind, and once they are gone
+multiprocessing's resource tracker sees its pipe close and exits too.
 """
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
+import os
+import signal
+import sys
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from typing import Callable, Iterable, Iterator, List, Optional, Sequence, TypeVar
+from typing import Callable, Iterable, Iterator, Optional, TypeVar
 
 from tqdm import tqdm
 
 from data.errors import DataError
 
-T = TypeVar("T")
 R = TypeVar("R")
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_progress = None  # in a worker: the shared counter that report() advances; in this process: the open bar
+
+
+def report(n: int) -> None:
+    """Advance the running step's progress bar by `n` (bytes); call it from a task as its work gets done."""
+    if _progress is None:
+        return
+    if isinstance(_progress, tqdm):
+        _progress.update(n)
+    else:
+        with _progress.get_lock():
+            _progress.value += n
 
 
 class WorkerPool:
-    """`num_workers` processes (0: everything runs in this process); use as a context manager."""
+    """`num_workers` processes (0: every task runs in this process); use as a context manager."""
 
     def __init__(self, num_workers: int):
         self.num_workers = num_workers
         self._executor: Optional[ProcessPoolExecutor] = None
+        self._counter = None
 
     def __enter__(self) -> "WorkerPool":
-        if self.num_workers > 0:
-            self._executor = ProcessPoolExecutor(self.num_workers, mp_context=multiprocessing.get_context("spawn"))
         return self
 
     def __exit__(self, *exc) -> None:
         if self._executor is not None:
-            self._executor.shutdown(cancel_futures=True)
+            self._executor.shutdown(cancel_futures=True)  # running tasks finish: what they wrote is kept
 
-    def map(self, fn: Callable[..., R], chunks: Sequence[tuple], desc: str, sizes: Sequence[int]) -> Iterator[R]:
-        """fn(*chunk) for every chunk, in order; the bar advances by sizes[i] (characters) as chunk i is done."""
-        results: Iterable[R] = (self._executor.map(fn, *zip(*chunks)) if self._executor and chunks
-                                else (fn(*chunk) for chunk in chunks))
-        with tqdm(total=sum(sizes), desc=desc, unit="char", unit_scale=True, leave=False) as bar:
+    def run(self, fn: Callable[..., R], tasks: Iterable[tuple], desc: str, total: int, unit: str = "B") -> Iterator[R]:
+        """fn(*task) for every task, results in the order they finish (tasks are small: work units' names,
+        not their data). The bar counts `total` (bytes, or `unit`s), advanced by report() inside fn."""
+        global _progress
+        if self.num_workers > 0 and self._executor is None:  # started on first use: a cached prepare starts none
+            context = multiprocessing.get_context("spawn")
+            self._counter = context.Value("q", 0)
+            self._executor = ProcessPoolExecutor(self.num_workers, mp_context=context, initializer=_start_worker,
+                                                 initargs=(os.getpid(), self._counter))
+        with tqdm(total=total, desc=desc, unit=unit, unit_scale=True, leave=False) as bar:
+            if self._executor is None:
+                _progress = bar
+                try:
+                    for task in tasks:
+                        yield fn(*task)
+                finally:
+                    _progress = None
+                return
+            with self._counter.get_lock():
+                self._counter.value = 0
+            pending = {self._executor.submit(fn, *task) for task in tasks}
             try:
-                for size, result in zip(sizes, results):
-                    bar.update(size)
-                    yield result
+                while pending:
+                    done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+                    bar.update(self._counter.value - bar.n)
+                    for future in done:
+                        yield future.result()
             except BrokenProcessPool as e:
                 raise DataError(f"a data worker process died ({e}); its error is printed above. Killed for memory: "
                                 f"lower data.num_workers. Re-imported the main script: guard it with "
                                 f"`if __name__ == \"__main__\":`") from e
+            finally:
+                for future in pending:
+                    future.cancel()
 
 
-def chunk_by_size(items: List[T], size_of: Callable[[T], int], target: int) -> List[List[T]]:
-    """Consecutive runs of `items` whose sizes add up to about `target` (at least one item each)."""
-    chunks, current, total = [], [], 0
-    for item in items:
-        current.append(item)
-        total += size_of(item)
-        if total >= target:
-            chunks.append(current)
-            current, total = [], 0
-    return chunks + [current] if current else chunks
+def _start_worker(parent: int, counter) -> None:
+    """Worker initializer: die with the parent, and count progress into the parent's counter."""
+    global _progress
+    _progress = counter
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    else:
+        threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)

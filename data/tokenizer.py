@@ -28,6 +28,7 @@ class Tokenizer:
     def __init__(self, path: Union[str, Path]):
         self.path = Path(path)
         self.sp = spm.SentencePieceProcessor(model_file=str(self.path))
+        self.sample: Optional[Dict[str, Dict[str, int]]] = None  # trained here: lines, chars per source
 
     @property
     def vocab_size(self) -> int:
@@ -77,12 +78,13 @@ def encode_documents(model_path: str, texts: Sequence[str]) -> List[np.ndarray]:
     return [np.array(ids + [tok.eos_id], tok.token_dtype) for ids in tok.sp.encode(list(texts))]
 
 
-def build_tokenizer(cfg: TokenizerConfig, docs_by_source: Mapping[str, Sequence[str]],
-                    out_path: Union[str, Path]) -> Tokenizer:
-    """Copy the model at `cfg.path` to `out_path` after checking it, or train one from the documents."""
+def build_tokenizer(cfg: TokenizerConfig, docs_by_source: Mapping[str, Sequence[str]], out_path: Union[str, Path],
+                    sizes: Optional[Mapping[str, int]] = None) -> Tokenizer:
+    """Copy the model at `cfg.path` to `out_path` after checking it, or train one from the documents
+    (`sizes`: each source's characters, when the caller knows them without reading every document)."""
     path = pretrained_path(cfg)
     if path is None:
-        return train_tokenizer(docs_by_source, cfg, out_path)
+        return train_tokenizer(docs_by_source, cfg, out_path, sizes)
     tokenizer = Tokenizer(path)
     if tokenizer.vocab_size != cfg.vocab_size:
         raise DataError(f"data.tokenizer.path={cfg.path} has {tokenizer.vocab_size} pieces but "
@@ -102,14 +104,17 @@ def pretrained_path(cfg: TokenizerConfig) -> Optional[Path]:
     return Path(cfg.path)
 
 
-def train_tokenizer(docs_by_source: Mapping[str, Sequence[str]], cfg: TokenizerConfig,
-                    out_path: Union[str, Path]) -> Tokenizer:
-    """Train on `cfg.sample_chars` characters drawn evenly across sources; write the model to `out_path`."""
+def train_tokenizer(docs_by_source: Mapping[str, Sequence[str]], cfg: TokenizerConfig, out_path: Union[str, Path],
+                    sizes: Optional[Mapping[str, int]] = None) -> Tokenizer:
+    """Train on `cfg.sample_chars` characters drawn evenly across sources; write the model to `out_path`.
+    The sample bounds the memory and time it takes whatever the corpus size; what it held is the returned
+    tokenizer's `sample` (lines and characters per source)."""
     model = io.BytesIO()
     extra = {"user_defined_symbols": list(cfg.user_symbols)} if cfg.user_symbols else {}
+    sample: Dict[str, Dict[str, int]] = {}
     try:
         spm.SentencePieceTrainer.train(**extra,
-            sentence_iterator=sample_lines(docs_by_source, cfg.sample_chars), model_writer=model,
+            sentence_iterator=sample_lines(docs_by_source, cfg.sample_chars, sizes, sample), model_writer=model,
             model_type=cfg.model_type, vocab_size=cfg.vocab_size, character_coverage=cfg.character_coverage,
             byte_fallback=True, split_digits=True, allow_whitespace_only_pieces=True,
             normalization_rule_name="identity", remove_extra_whitespaces=False,
@@ -122,18 +127,27 @@ def train_tokenizer(docs_by_source: Mapping[str, Sequence[str]], cfg: TokenizerC
                         f"lower the coverage. Too large: the text has fewer pieces to offer, so lower "
                         f"model.vocab_size or raise data.tokenizer.sample_chars") from e
     Path(out_path).write_bytes(model.getvalue())
-    return Tokenizer(out_path)
+    tokenizer = Tokenizer(out_path)
+    tokenizer.sample = sample
+    return tokenizer
 
 
-def sample_lines(docs_by_source: Mapping[str, Sequence[str]], sample_chars: int) -> Iterator[str]:
-    """Non-empty lines (cut to MAX_LINE_CHARS) totalling about `sample_chars`, split evenly over sources.
+def sample_lines(docs_by_source: Mapping[str, Sequence[str]], sample_chars: int,
+                 sizes: Optional[Mapping[str, int]] = None,
+                 counts: Optional[Dict[str, Dict[str, int]]] = None) -> Iterator[str]:
+    """Non-empty lines (cut to MAX_LINE_CHARS) totalling about `sample_chars`, split evenly over sources
+    (`sizes`: their characters; None: counted here). `counts` gets each source's lines and characters.
 
     A source smaller than its share gives all of it and the rest goes to the others. Within a source,
     documents are visited in a fixed pseudo-random order so the sample spans the whole source.
     """
-    sizes = {name: sum(map(len, docs)) for name, docs in docs_by_source.items()}
-    for name, budget in _even_shares(sizes, sample_chars).items():
-        yield from _source_lines(docs_by_source[name], budget)
+    sizes = sizes if sizes is not None else {name: sum(map(len, docs)) for name, docs in docs_by_source.items()}
+    for name, budget in _even_shares(dict(sizes), sample_chars).items():
+        mine = (counts if counts is not None else {}).setdefault(name, {"lines": 0, "chars": 0})
+        for line in _source_lines(docs_by_source[name], budget):
+            mine["lines"] += 1
+            mine["chars"] += len(line)
+            yield line
 
 
 def _source_lines(docs: Sequence[str], budget: int) -> Iterator[str]:

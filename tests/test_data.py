@@ -186,7 +186,7 @@ def test_bad_paths_kind_and_caps_raise_data_error(tmp_path):
     assert "max_chars=50" in msg
 
 
-def test_a_bad_source_fails_prepare_and_leaves_nothing_behind(tmp_path, corpus):
+def test_a_bad_source_fails_prepare_and_leaves_no_half_written_file(tmp_path, corpus):
     cfg, _ = corpus
     (tmp_path / "bad.jsonl").write_bytes(GOOD_LINE * 3 + b'{"txt": "x"}\n')
     bad = OmegaConf.merge(cfg, {"sources": [*cfg.sources, {"name": "c", "kind": "jsonl",
@@ -202,7 +202,7 @@ def test_a_bad_source_fails_prepare_and_leaves_nothing_behind(tmp_path, corpus):
     with pytest.raises(DataError, match=r"'c' has \d+ training tokens after cleaning, fewer than one row"):
         prepare(tiny)  # fails in stage 2, after stage 1 succeeded
     leftovers = [p.name for p in (tmp_path / "cache").rglob("*") if ".tmp-" in p.name]
-    assert leftovers == [] and not list((tmp_path / "cache").glob("*/rows-*"))
+    assert leftovers == [] and [p.name for p in (tmp_path / "cache").glob("*/rows-*")] == ["rows-32.partial"]
 
 
 # --- cleaning and dedup -------------------------------------------------------------------------------
@@ -360,10 +360,11 @@ def test_changing_a_source_file_or_config_rebuilds(tmp_path, corpus):
 def test_leftover_tmp_dirs_are_removed(corpus):
     cfg, _ = corpus
     prepared = prepare(cfg)
-    for done in (prepared.dir, prepared.rows_dir):  # as if a build of this stage had been killed
+    rows_tmp = prepared.rows_dir.with_name("rows-32.partial") / ".tmp-host-999999"
+    for done, stale in [(prepared.dir, prepared.dir.with_name(prepared.dir.name + ".tmp-999999")),
+                        (prepared.rows_dir, rows_tmp)]:  # as if a build of this stage had been killed
         shutil.rmtree(done)
-        stale = done.with_name(done.name + ".tmp-999999")
-        stale.mkdir()
+        stale.mkdir(parents=True)
         (stale / "half-written.mindrecord").write_text("x")
         rebuilt = prepare(cfg)
         assert not rebuilt.reused and done.is_dir() and not stale.exists()

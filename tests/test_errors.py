@@ -6,13 +6,16 @@ Each case runs its CLI's `main(argv)` in this process (conftest.invoke), as `pyt
 (train.py: sys.argv). test_troubleshooting_shows_the_table checks that docs/troubleshooting.md's table is the one
 these cases print (`MINDLAB_WRITE_DOCS=1 pytest tests/test_errors.py -k troubleshooting` rewrites it).
 """
+import contextlib
 import gzip
 import hashlib
 import importlib
 import json
 import os
 import re
+import resource
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -35,11 +38,28 @@ class Case:
     code: int = 1
     cause: str = ""  # what the user did, for docs/troubleshooting.md's table
     env: dict = field(default_factory=dict)  # environment for the case (None: unset)
+    max_file_bytes: int = 0  # > 0: no file may grow past this during the case (RLIMIT_FSIZE: a disk that fills)
 
 
-def C(id, entry, argv, names, code=1, cause="", env=None):
+def C(id, entry, argv, names, code=1, cause="", env=None, max_file_bytes=0):
     as_fn = lambda x: x if callable(x) else (lambda w: x)
-    return Case(id, entry, as_fn(argv), as_fn(names), code, cause, env or {})
+    return Case(id, entry, as_fn(argv), as_fn(names), code, cause, env or {}, max_file_bytes)
+
+
+@contextlib.contextmanager
+def file_size_limit(max_bytes: int):
+    """Writes past `max_bytes` fail with EFBIG, as they would on a full disk with ENOSPC (0: no limit)."""
+    if not max_bytes:
+        yield
+        return
+    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the error, not the signal that kills
+    resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, old_limit[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+        signal.signal(signal.SIGXFSZ, old_handler)
 
 
 class World:
@@ -60,6 +80,13 @@ class World:
         self.write("data/not.parquet", b"PAR1 this is not parquet")
         whole = gzip.compress(b"".join(b'{"text": "line %d"}\n' % i for i in range(2000)))
         self.write("data/truncated.jsonl.gz", whole[: len(whole) // 2])
+        self.write("data/mid/a.jsonl.gz", whole)  # a source whose middle file is cut short
+        self.write("data/mid/b.jsonl.gz", whole[: len(whole) // 2])
+        self.write("data/mid/c.jsonl.gz", whole)
+        os.makedirs(self.path("data", "gone"))  # a file listed by the glob that cannot be read: a dangling link
+        os.symlink(self.path("data", "gone", "moved-away.jsonl"), self.path("data", "gone", "part.jsonl"))
+        self.write("data/big.jsonl", "".join(json.dumps({"text": f"document {i} " + "lorem ipsum " * 60}) + "\n"
+                                             for i in range(400)).encode())
         self.write("data/prompts_bad.jsonl", b'{"prompt": "a"}\n{"prompt": \n')
         self.write("data/prompts_field.jsonl", b'{"text": "a"}\n')
         self.write("data/task_bad.jsonl", b'{"context": "x"}\n')
@@ -260,6 +287,20 @@ CASES = [
       lambda w: w.prepare(w.source("jsonl", w.path("data", "nothing*.jsonl"))), ["nothing*.jsonl"], 1),
     C("prepare: unknown kind", "prepare", lambda w: w.prepare(w.source("csv", w.path("data", "bad.jsonl"))),
       ["csv"], 1),
+    C("prepare: truncated gzip mid-source", "prepare",
+      lambda w: w.prepare(w.source("jsonl", w.path("data", "mid", "*.jsonl.gz"))),
+      lambda w: [w.path("data", "mid", "b.jsonl.gz"), "cannot read it"], 1),
+    C("prepare: file gone", "prepare", lambda w: w.prepare(w.source("jsonl", w.path("data", "gone", "*.jsonl"))),
+      lambda w: [w.path("data", "gone", "part.jsonl"), "no such file"], 1,
+      "a data file that vanished after prepare listed it"),
+    C("prepare: disk full", "prepare", lambda w: w.prepare(w.source("jsonl", w.path("data", "big.jsonl"))),
+      lambda w: [w.cache, "cannot write", w.path("data", "big.jsonl"), "data.cache_dir"], 1,
+      "a disk that fills while prepare writes",
+      max_file_bytes=64 << 10),
+    C("prepare: bad step", "prepare", lambda w: w.prepare("step=merge"), ["step", "clean, plan, tokenize"], 2),
+    C("prepare: part without a step", "prepare", lambda w: w.prepare("part=1/4"), ["part", "step=clean"], 2,
+      "a fan-out part without its step"),
+    C("prepare: bad part", "prepare", lambda w: w.prepare("step=clean", "part=4/4"), ["part: got 4/4", "0 <= i < n"], 2),
     # ---------------------------------------------------------------------------------------- models.convert
     C("convert: missing dir", "convert", lambda w: [w.path("nowhere"), "--to", "hf", w.path("out")],
       lambda w: [w.path("nowhere")], 2, "converting a directory that is not there"),
@@ -421,7 +462,8 @@ def test_bad_input_is_one_clear_line(case, world):
     protected = (world.run, world.cache, world.ckpt, world.stranger, world.path("sweep_foreign_report"),
                  world.recipe_run)
     before = snapshot(*protected)
-    out = invoke(case.entry, case.argv(world), case.env)
+    with file_size_limit(case.max_file_bytes):
+        out = invoke(case.entry, case.argv(world), case.env)
     assert not out.traceback, f"a traceback instead of one error line:\n{out.err[-3000:]}"
     lines = [line for line in out.err.splitlines() if ERROR_LINE.match(line)]
     assert len(lines) == 1, f"expected one error line, got:\n{out.err[-3000:]}"
@@ -490,7 +532,8 @@ def troubleshooting_table(world: World) -> str:
         if not case.cause:
             continue
         if case.id not in SEEN:  # deselected (-k): run it here
-            out = invoke(case.entry, case.argv(world), case.env)
+            with file_size_limit(case.max_file_bytes):
+                out = invoke(case.entry, case.argv(world), case.env)
             SEEN[case.id] = next(line for line in out.err.splitlines() if ERROR_LINE.match(line))
         argv = [short(a) for a in case.argv(world) if not a.startswith(hidden)]
         command = " ".join([ENTRIES[case.entry][1], *argv])
