@@ -19,11 +19,11 @@ while [[ $1 == --* ]]; do
   [[ $1 == --array=* ]] && array=${1#--array=}
   shift
 done
-echo "${opts[*]} $2" >> "$SBATCH_LOG"
+echo "${opts[*]} $2" >> "$SBATCH_LOG"  # (the role)
 id=$(( $(wc -l < "$SBATCH_LOG") + 100 ))
 if [[ -n $array ]]; then
   for ((i = ${array%-*}; i <= ${array#*-}; i++)); do
-    SLURM_JOB_ID=$id SLURM_ARRAY_TASK_ID=$i SLURM_ARRAY_TASK_COUNT=$((${array#*-} + 1)) bash "$@" >&2
+    SLURM_JOB_ID=$id SLURM_ARRAY_TASK_ID=$i SLURM_ARRAY_TASK_COUNT=$((${array#*-} - ${array%-*} + 1)) bash "$@" >&2
   done
 else
   SLURM_JOB_ID=$id bash "$@" >&2
@@ -47,6 +47,11 @@ def test_the_recipe_fans_out_and_merges_to_one_prepares_bytes(many_units, tmp_pa
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SBATCH_LOG": str(tmp_path / "sbatch.log"),
            "SLURM_SUBMIT_DIR": ROOT}
     env.pop("SLURM_JOB_ID", None)
+    # a clean task run alone first, as when one is resubmitted (an array of one task: Slurm's TASK_COUNT is 1)
+    alone = subprocess.run(["sbatch", "--array=1", os.path.join(ROOT, "scripts", "slurm_prepare.sbatch"), "clean", "2",
+                            *overrides], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert alone.returncode == 0 and "part 1/2: cleaned 1 of its 1 work units" in alone.stderr, alone.stderr[-3000:]
+    (tmp_path / "sbatch.log").unlink()
     done = subprocess.run(["bash", os.path.join(ROOT, "scripts", "slurm_prepare.sbatch"), "2", *overrides],
                           env=env, capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -57,7 +62,8 @@ def test_the_recipe_fans_out_and_merges_to_one_prepares_bytes(many_units, tmp_pa
     assert options == [["--parsable", "--array=0-1"], ["--parsable", "--dependency=afterok:101"],
                        ["--parsable", "--array=0-1", "--dependency=afterok:102"],
                        ["--parsable", "--dependency=afterok:103"]]
-    assert "part 1/2: cleaned 1 of its 1 work units" in done.stderr  # two sources: one unit each
+    assert "part 0/2: cleaned 1 of its 1 work units" in done.stderr  # two sources: one unit each
+    assert "part 1/2: cleaned 0 of its 1 work units (1 already done)" in done.stderr
     one = prepare(OmegaConf.merge(cfg, {"cache_dir": str(tmp_path / "one"), "name": "default"}))  # data=default
     (merged,) = [p for p in fanned.iterdir() if p.is_dir()]
     assert digests_of(merged) == digests_of(one.dir)
