@@ -19,6 +19,8 @@ from typing import Iterator
 
 import numpy as np
 
+from base.errors import require
+from base.schema import is_sharded
 from data.errors import DataError
 from data.rows import RowSpec, Split
 from objectives.sft import IGNORE_INDEX
@@ -26,6 +28,15 @@ from objectives.sft import IGNORE_INDEX
 SIDES = ("chosen", "rejected")
 DATA_HINT = "use data=preferences or your own {prompt, chosen, rejected} JSONL with kind: preference"
 COLUMNS = ("chosen_ids", "chosen_labels", "rejected_ids", "rejected_labels", "margin")
+
+
+def require_data_parallel(cfg, objective: str, why: str) -> None:
+    """Refused, not planned: the tensor/pipeline plan (models/<family>/plan.py) lays out the language model's own
+    cells, and what a pair objective adds (`why`: a score head, a reference model) is not among them; nothing
+    sharded runs here to check a plan of it against."""
+    require(not is_sharded(cfg.parallel), "parallel", f"objective={objective} trains data parallel only "
+            f"(parallel={cfg.parallel.name}: {why}); use parallel=single, or dp alone "
+            "(e.g. parallel=dp8 parallel.optimizer_shard=false)")
 
 
 def pair_schema(seq_len: int) -> dict:

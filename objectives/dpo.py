@@ -43,9 +43,9 @@ from mindspore import Tensor, nn, ops
 from omegaconf import MISSING
 
 from base.errors import require
-from base.schema import PREFERENCE_KINDS, is_sharded
+from base.schema import PREFERENCE_KINDS
 from objectives import _reference, check_fine_tuning
-from objectives._preference import COLUMNS, DATA_HINT, pair_row_spec
+from objectives._preference import COLUMNS, DATA_HINT, pair_row_spec, require_data_parallel
 from objectives.sft import IGNORE_INDEX
 
 LOSSES = ("sigmoid", "ipo", "hinge")
@@ -72,12 +72,9 @@ def check(cfg) -> None:
             f"applies to loss=sigmoid only, not {o.loss}; set it to 0")
     require(o.nll_coefficient >= 0, "objective.nll_coefficient", f"must be >= 0, got {o.nll_coefficient}")
     _reference.check(cfg, "objective.reference")
-    # Refused, not planned: the tensor/pipeline plan lays out the policy alone; the reference (copy, lora_base) is
-    # a second model in the step graph with no strategies or stages, and `precomputed` scores every pair with the
-    # whole model on each device before training.
-    require(not is_sharded(cfg.parallel), "parallel", f"objective=dpo trains data parallel only "
-            f"(parallel={cfg.parallel.name}: its reference model is not in the tensor/pipeline plan); use "
-            "parallel=single, or dp alone (e.g. parallel=dp8 parallel.optimizer_shard=false)")
+    # the reference (copy, lora_base) is a second model in the step graph with no strategies or stages, and
+    # `precomputed` scores every pair with the whole model on each device before training
+    require_data_parallel(cfg, "dpo", "its reference model is not in the tensor/pipeline plan")
 
 
 def row_spec(cfg: Config):

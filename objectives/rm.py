@@ -35,9 +35,9 @@ from mindspore import Parameter, Tensor, nn, ops
 from omegaconf import MISSING
 
 from base.errors import require
-from base.schema import PREFERENCE_KINDS, is_sharded
+from base.schema import PREFERENCE_KINDS
 from objectives import check_fine_tuning
-from objectives._preference import DATA_HINT, last_labelled, pair_row_spec
+from objectives._preference import DATA_HINT, last_labelled, pair_row_spec, require_data_parallel
 
 
 @dataclass
@@ -54,12 +54,7 @@ def check(cfg) -> None:
     check_fine_tuning(cfg, "rm", PREFERENCE_KINDS, DATA_HINT)
     require(cfg.objective.center_coefficient >= 0, "objective.center_coefficient",
             f"must be >= 0, got {cfg.objective.center_coefficient}")
-    # Refused, not planned: the tensor/pipeline plan (models/<family>/plan.py) lays out the language model's own
-    # cells, and the score head, its stage and the pair's two sides are not among them; nothing sharded runs here
-    # to check a plan of them against.
-    require(not is_sharded(cfg.parallel), "parallel", f"objective=rm trains data parallel only "
-            f"(parallel={cfg.parallel.name}: its score head is not in the tensor/pipeline plan); use parallel=single, "
-            "or dp alone (e.g. parallel=dp8 parallel.optimizer_shard=false)")
+    require_data_parallel(cfg, "rm", "its score head is not in the tensor/pipeline plan")
 
 
 def row_spec(cfg: Config):
