@@ -14,6 +14,7 @@ that holds other things (a multirun directory's report): it overwrites a file of
 marker lists it. A full disk during the write is one line too (base/errors.py `writing`).
 """
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -125,3 +126,15 @@ def check_run_dir(run_dir: os.PathLike) -> None:
     if foreign and "status.json" not in entries:
         raise ConfigError("hydra.run.dir", f"{run_dir} holds files that are not a mindlab run's (e.g. {foreign[0]}); "
                           "give a new directory, e.g. hydra.run.dir=outputs/my_run (hydra.sweep.dir with -m)")
+
+
+@contextlib.contextmanager
+def file_lock(path: os.PathLike) -> Iterator[None]:
+    """An exclusive lock on the file `path` (made if missing) for the block: processes that share a directory,
+    on this machine or over a shared file system with flock, take turns."""
+    with open(path, "a") as f:  # "a": taking the lock does not touch the file
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

@@ -18,21 +18,20 @@ machines, `prepare_step` runs one step for a part of the work units (prepare.py 
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import multiprocessing
 import os
 import shutil
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, List, Tuple
+from typing import Dict, List, Tuple
 
 import numpy as np
 import sentencepiece as spm
 from omegaconf import OmegaConf
 
+from base.outputs import file_lock
 from base.schema import SAMPLE_KINDS, DataConfig
 from data import documents
 from data.documents import Work, build_documents
@@ -85,7 +84,7 @@ def prepare(cfg: DataConfig, spec: RowSpec = PACKED) -> PreparedData:
     samples = _sample_sources(cfg)
     rows_dir = root / spec.dir_name(cfg.seq_len)
     root.parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(root.with_name(root.name + ".lock")), WorkerPool(cfg.num_workers) as pool:
+    with file_lock(root.with_name(root.name + ".lock")), WorkerPool(cfg.num_workers) as pool:
         built = False
         if not root.is_dir():
             if samples:
@@ -124,7 +123,7 @@ def prepare_step(cfg: DataConfig, step: str, part: Tuple[int, int] = (0, 1)) -> 
     root.parent.mkdir(parents=True, exist_ok=True)
     work = Work.of(cfg, key)
     if step == "plan":
-        with _file_lock(root.with_name(root.name + ".lock")):
+        with file_lock(root.with_name(root.name + ".lock")):
             counts = documents.plan(cfg, work)["sources"]
         return f"planned {len(work.units)} work units: " + ", ".join(
             f"{name} {c['docs_kept']:,} of {c['docs_read']:,} documents kept" for name, c in counts.items())
@@ -194,12 +193,3 @@ def _build_once(final: Path, build) -> None:
         raise
     os.replace(tmp, final)
 
-
-@contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    with open(path, "a") as f:  # "a": taking the lock does not touch the file
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)

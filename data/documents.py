@@ -24,7 +24,7 @@ document do, data/dedup.py) and finished work survives a kill. A work unit is ~6
 Every step writes into a temporary directory renamed into place when complete. Cleaned units live in
 <cache_dir>/units/<hash of their files and the cleaning config>, so they are found again after any change
 that leaves them valid (a file fixed elsewhere, another val_fraction); the rest in <cache_dir>/<key>.work/;
-both go once the merge is done. The output does not depend on how units were spread over workers, machines
+both go once the merge is done, but units that another unfinished build has claimed (Work.claim). The output does not depend on how units were spread over workers, machines
 or runs: n parts then the plan, tokenize and merge steps write the same bytes as one prepare. (datatrove
 splits its MinHash dedup into stages over per-task signature files the same way, and Megatron's
 preprocess_data merges per-partition outputs as the merge step does; here the dedup pass stays sequential
@@ -47,6 +47,7 @@ import numpy as np
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
+from base.outputs import file_lock
 from base.schema import CleaningConfig, DataConfig, SourceConfig, TokenizerConfig
 from data.cleaning import FILTERS, UNICODE_FORMS, clean_batch
 from data.dedup import STEPS, Deduplicator
@@ -104,16 +105,37 @@ class Work:
         """The units of part i of n: every n-th, from the i-th (units are of similar size)."""
         return list(range(part[0], len(self.units), part[1]))
 
+    @property
+    def units_lock(self) -> Path:
+        return self.cache_dir / "units.lock"
+
+    def claim(self) -> None:
+        """Say that this work reads its cleaned units until it is removed: units are shared by every cache key
+        whose sources and cleaning match, and a build of another key that finishes meanwhile keeps them."""
+        claim = self.root / "units.json"
+        if claim.is_file():
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        with file_lock(self.units_lock), writing(self.root):
+            tmp = _tmp(claim)
+            tmp.write_text(json.dumps([d.name for d in self.unit_dirs]))
+            os.replace(tmp, claim)
+
     def remove(self) -> None:
-        """Drop the work once merged (cleaned units, with what killed runs left beside them, and the rest)."""
-        for d in self.unit_dirs:
-            for path in [d, *d.parent.glob(d.name + ".tmp-*")]:
-                shutil.rmtree(path, ignore_errors=True)
-        shutil.rmtree(self.root, ignore_errors=True)
-        try:
-            (self.cache_dir / "units").rmdir()  # unless another build's units are there
-        except OSError:
-            pass
+        """Drop the work once merged: its own directory, then its cleaned units (with what killed runs left beside
+        them) but those another unfinished work has claimed."""
+        with file_lock(self.units_lock):
+            shutil.rmtree(self.root, ignore_errors=True)
+            claimed = {name for claim in self.cache_dir.glob("*.work/units.json")
+                       for name in json.loads(claim.read_text())}
+            for d in self.unit_dirs:
+                if d.name not in claimed:
+                    for path in [d, *d.parent.glob(d.name + ".tmp-*")]:
+                        shutil.rmtree(path, ignore_errors=True)
+            try:
+                (self.cache_dir / "units").rmdir()  # unless another build's units are there
+            except OSError:
+                pass
 
 
 def build_documents(cfg: DataConfig, work: Work, out: Path, pool: WorkerPool) -> dict:
@@ -131,6 +153,7 @@ def clean(cfg: DataConfig, work: Work, part: Tuple[int, int], pool: WorkerPool) 
     if cfg.cleaning.unicode_form not in UNICODE_FORMS:
         raise DataError(f"data.cleaning.unicode_form: got {cfg.cleaning.unicode_form!r}; choose one of "
                         f"{', '.join(UNICODE_FORMS)}")
+    work.claim()
     todo = [i for i in work.mine(part) if not work.unit_dirs[i].is_dir()]
     if not todo:
         return 0
@@ -217,6 +240,7 @@ def plan(cfg: DataConfig, work: Work) -> dict:
     written atomically to work.plan_dir. Returns plan.json's content."""
     if (work.plan_dir / "plan.json").is_file():
         return json.loads((work.plan_dir / "plan.json").read_text())
+    work.claim()
     missing = [str(work.units[i].pieces[0].path) for i, d in enumerate(work.unit_dirs) if not d.is_dir()]
     if missing:
         print(f"[data] cleaning the {len(missing)} work units no part has cleaned yet (from {missing[0]})", flush=True)
@@ -371,6 +395,7 @@ def tokenize(cfg: DataConfig, work: Work, part: Tuple[int, int], pool: WorkerPoo
     if not (work.plan_dir / "plan.json").is_file():
         raise DataError(f"the tokenize step needs the plan of {work.root}: run `python prepare.py step=plan` "
                         f"(with the same data overrides) after every clean part has finished")
+    work.claim()
     todo = [i for i in work.mine(part) if not work.tokens_dir(i).is_dir()]
     if not todo:
         return 0

@@ -13,7 +13,6 @@ and `python -m generate` on the checkpoint it scores. A stage directory is locke
 parallel sweep wait for each other's shared stage). A recipe directory run again with another config for one of
 its stages is refused, naming the stage: nothing computed is replaced.
 """
-import fcntl
 import hashlib
 import json
 import os
@@ -28,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from base.checkpoint import resolve
 from base.errors import ConfigError, UserError
+from base.outputs import file_lock
 from base.paths import REPO_ROOT
 from base.registry import OBJECTIVES
 from base.validate import validate
@@ -267,8 +267,7 @@ def run(planned: List[Planned], job_dir: Path, variant: str, stream=sys.stdout) 
         if not link.is_symlink():
             link.symlink_to(os.path.relpath(p.dir, job_dir))
         start = time.time()
-        with open(p.dir.parent / f"{p.dir.name}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # a variant running the same stage in parallel finishes it first
+        with file_lock(p.dir.parent / f"{p.dir.name}.lock"):  # a variant running the same stage finishes it first
             state = "reused" if finished(p) else "ran"
             if state == "ran":
                 print(f"[recipe] stage {p.stage.dirname}: {p.stage.kind} -> {p.dir}", file=stream, flush=True)

@@ -179,6 +179,20 @@ def test_a_new_val_fraction_reuses_the_cleaned_units(many_units):
     assert {d: d.stat().st_mtime_ns for d in work.unit_dirs} == stamps
 
 
+
+def test_a_build_that_finishes_keeps_the_units_another_build_is_reading(many_units):
+    """Two cache keys over the same files share cleaned units; the first to merge removes only the units no
+    unfinished build has claimed, so the other one's tokenize still finds them."""
+    cfg, _ = many_units
+    other = OmegaConf.merge(cfg, {"val_fraction": 0.3})
+    work2 = Work.of(other, cache_key(other))
+    with WorkerPool(0) as pool:
+        clean(other, work2, (0, 2), pool)  # the other build is half-way
+    prepare(cfg)
+    assert all(d.is_dir() for d in work2.unit_dirs)
+    prepare(other)
+    assert not (Path(cfg.cache_dir) / "units").exists()
+
 KILLABLE = """
 import sys, time
 import data.sources, data.packing
