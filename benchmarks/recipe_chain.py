@@ -33,13 +33,15 @@ def run(argv: list, workdir: str, name: str) -> float:
     return time.perf_counter() - start
 
 
-def stage_rows(job_dir: Path) -> list:
+def stage_rows(job_dir: Path, swept: str) -> list:
+    """A row per stage of the recipe run in `job_dir`, named by its value of the swept key (or the recipe's own)."""
     record = json.loads((job_dir / RECORD).read_text(encoding="utf-8"))
+    variant = next((o for o in record["variant"].split(",") if o.startswith(swept + "=")), "as the recipe says")
     rows = []
     for stage in record["stages"]:
         metrics = stage_metrics(stage["kind"], job_dir / stage["link"])
         shown = ", ".join(f"{k} {metrics[k]:.4f}" for k in SHOWN if k in metrics)
-        rows.append(f"| {record['variant']} | {stage['link']} | {stage['state']} | {stage['seconds']:.0f} | {shown} |")
+        rows.append(f"| {variant} | {stage['link']} | {stage['state']} | {stage['seconds']:.0f} | {shown} |")
     return rows
 
 
@@ -62,7 +64,7 @@ def main() -> None:
         print("| variant | stage | state | s | final numbers |")
         print("|---|---|---|---:|---|")
         for job_dir in [chain, *sorted(p for p in sweep.iterdir() if (p / RECORD).is_file())]:
-            print("\n".join(stage_rows(job_dir)))
+            print("\n".join(stage_rows(job_dir, args.sweep.split("=", 1)[0])))
         print()
         print(f"python -m recipe recipe={args.recipe}: {one / 60:.1f} min wall (datasets built when missing included)")
         print(f"python -m recipe -m ... {args.sweep}: {many / 60:.1f} min wall for "

@@ -155,10 +155,11 @@ def cache_key(cfg: DataConfig) -> str:
         "sources": [{"name": s.name, "kind": s.kind, "paths": list(s.paths), "text_field": s.text_field,
                      "max_chars": s.max_chars, "files": [fingerprint(f) for f in source_files(s)]}
                     for s in cfg.sources],
+        # a given tokenizer by its bytes, not its path: every run of a sweep carries its own copy of the same file
         "tokenizer": {"model_type": tok.model_type, "vocab_size": tok.vocab_size, "sample_chars": tok.sample_chars,
-                      "character_coverage": tok.character_coverage, "path": tok.path,
+                      "character_coverage": tok.character_coverage,
                       **({"user_symbols": list(tok.user_symbols)} if tok.user_symbols else {}),
-                      "file": fingerprint(tok_path) if tok_path else None},
+                      "file": hashlib.sha256(tok_path.read_bytes()).hexdigest() if tok_path else None},
     }
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 

@@ -285,6 +285,10 @@ def test_pretrained_tokenizer_is_used_or_rejected(tmp_path, corpus):
     assert reused.dir != trained.dir and not reused.meta["tokenizer"]["trained_here"]
     assert (reused.dir / "tokenizer.model").read_bytes() == model.read_bytes()
     assert np.array_equal(reused.tokens("a", "train"), trained.tokens("a", "train"))
+    copy = tmp_path / "run2" / "tokenizer.model"  # another run's copy of the same tokenizer: the same data
+    copy.parent.mkdir()
+    copy.write_bytes(model.read_bytes())
+    assert prepare(OmegaConf.merge(cfg, {"tokenizer": {"path": str(copy)}})).dir == reused.dir
     with pytest.raises(DataError, match=rf"data.tokenizer.path=.*has {VOCAB} pieces but model.vocab_size=512"):
         prepare(OmegaConf.merge(cfg, {"tokenizer": {"path": str(model), "vocab_size": 512}}))
     with pytest.raises(DataError, match="data.tokenizer.path=.*nope.model: file not found"):
