@@ -59,7 +59,7 @@ def main() -> None:
         one = run([f"recipe={args.recipe}", *overrides, f"hydra.run.dir={chain}"], str(work), "chain")
         many = run(["-m", f"recipe={args.recipe}", args.sweep, *overrides, f"hydra.sweep.dir={sweep}"], str(work),
                    "sweep")
-        print(f"recipe={args.recipe} {' '.join(overrides)}; the sweep: {args.sweep}")
+        print(f"{' '.join([f'recipe={args.recipe}', *overrides])}; the sweep: {args.sweep}")
         print()
         print("| variant | stage | state | s | final numbers |")
         print("|---|---|---|---:|---|")
