@@ -224,9 +224,7 @@ class SweepReport(Callback):
     """Hydra callback of `python -m recipe -m ...`: the sweep's report.html once every variant has run."""
 
     def on_multirun_end(self, config, **kwargs) -> None:
-        from hydra.core.hydra_config import HydraConfig
-
-        sweep = Path(HydraConfig.get().sweep.dir)
+        sweep = Path(config.hydra.sweep.dir)  # HydraConfig is unset once the jobs end; this config resolves as theirs
         if sweep.is_dir() and variants_in(sweep):
             print(f"[recipe] sweep report: {write(sweep)}")
 

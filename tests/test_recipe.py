@@ -194,6 +194,23 @@ def test_the_report_puts_every_stage_of_every_variant_side_by_side(tmp_path, mon
     assert table[2].startswith("| lr0 (best) | 1.5000 | 1.2500 |") and table[3].startswith("| lr1 | 1.5000")
 
 
+
+def test_a_sweep_writes_its_own_report_of_every_variant(tmp_path, monkeypatch):
+    """`python -m recipe -m ...` as typed: each variant's report, then the sweep's, written when the sweep ends."""
+    import sys
+
+    import recipe.__main__ as recipe_main
+
+    monkeypatch.setattr(runner, "execute", fake_execute([]))
+    monkeypatch.setattr(recipe_main, "build_datasets", lambda names: None)
+    monkeypatch.setattr(sys, "argv", ["recipe"])
+    sweep = tmp_path / "sweep"
+    recipe_main.main(["-m", "recipe=tiny_chat", "recipe.stages.dpo.objective.beta=0.05,0.2",
+                      f"hydra.sweep.dir={sweep}"])
+    assert (sweep / "0" / "report.html").is_file() and (sweep / "1" / "report.html").is_file()
+    report = (sweep / "report.html").read_text(encoding="utf-8")
+    assert "beta=0.05" in report and "beta=0.2" in report
+
 # --- real stages: train.py, evaluate and generate processes on model=tiny ---------------------------------------
 
 def synthetic_alpaca(path: Path) -> str:
