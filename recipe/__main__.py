@@ -38,7 +38,8 @@ def _register() -> None:
     cs.store(name="recipe_app", node=OmegaConf.create({
         "defaults": [{"recipe": "???"}, "_self_"],
         "dry_run": False,  # plan every stage (train.py's dry run for the training ones) and run nothing
-        "hydra": {"job": {"chdir": False},
+        # a variant is named by its own overrides, not the recipe all of them share
+        "hydra": {"job": {"chdir": False, "config": {"override_dirname": {"exclude_keys": ["recipe"]}}},
                   "run": {"dir": "recipes/${now:%Y-%m-%d}/${now:%H-%M-%S}"},
                   "sweep": {"dir": "recipes/multirun/${now:%Y-%m-%d}/${now:%H-%M-%S}", "subdir": "${hydra.job.num}"},
                   "callbacks": {"report": {"_target_": "recipe.report.SweepReport"}}}}))

@@ -208,6 +208,8 @@ def test_a_sweep_writes_its_own_report_of_every_variant(tmp_path, monkeypatch):
     recipe_main.main(["-m", "recipe=tiny_chat", "recipe.stages.dpo.objective.beta=0.05,0.2",
                       f"hydra.sweep.dir={sweep}"])
     assert (sweep / "0" / "report.html").is_file() and (sweep / "1" / "report.html").is_file()
+    names = [json.loads((sweep / str(n) / "recipe.json").read_text())["variant"] for n in range(2)]
+    assert names == ["recipe.stages.dpo.objective.beta=0.05", "recipe.stages.dpo.objective.beta=0.2"]
     report = (sweep / "report.html").read_text(encoding="utf-8")
     assert "beta=0.05" in report and "beta=0.2" in report
 
