@@ -2,13 +2,12 @@
 evaluate), then a sweep of two variants that differ in the last training stage, whose shared stages run once.
 Printed per stage: ran or reused, its seconds and its final numbers; then the wall time of each command.
 
-    scripts/venv.sh python -m benchmarks.recipe_chain [--recipe tiny_chat] [--sweep recipe.stages.dpo.objective.beta=0.05,0.2]
-        [--workdir DIR] [recipe overrides ...]
+    scripts/venv.sh python -m benchmarks.recipe_chain [--recipe tiny_chat]
+        [--sweep recipe.stages.dpo.objective.beta=0.05,0.2] [--workdir DIR] [recipe overrides ...]
 
 The datasets the recipe names are built first when missing (their time is in the first command's wall time).
 """
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -17,7 +16,7 @@ import time
 from pathlib import Path
 
 from benchmarks.results import recorded
-from recipe.report import RECORD, stage_metrics
+from recipe.report import variants
 
 SHOWN = ("val_loss", "val_bpb", "val_mean_token_accuracy", "val_rewards/accuracies", "val_rewards/margins", "loss",
          "bits_per_byte")  # of each stage's final numbers, those it has
@@ -33,15 +32,14 @@ def run(argv: list, workdir: str, name: str) -> float:
     return time.perf_counter() - start
 
 
-def stage_rows(job_dir: Path, swept: str) -> list:
-    """A row per stage of the recipe run in `job_dir`, named by its value of the swept key (or the recipe's own)."""
-    record = json.loads((job_dir / RECORD).read_text(encoding="utf-8"))
-    variant = next((o for o in record["variant"].split(",") if o.startswith(swept + "=")), "as the recipe says")
+def stage_rows(variant: dict, swept: str) -> list:
+    """A row per stage of a recipe run (recipe.report's load_variant), named by its value of the swept key (or the
+    recipe's own)."""
+    name = next((o for o in variant["variant"].split(",") if o.startswith(swept + "=")), "as the recipe says")
     rows = []
-    for stage in record["stages"]:
-        metrics = stage_metrics(stage["kind"], job_dir / stage["link"])
-        shown = ", ".join(f"{k} {metrics[k]:.4f}" for k in SHOWN if k in metrics)
-        rows.append(f"| {variant} | {stage['link']} | {stage['state']} | {stage['seconds']:.0f} | {shown} |")
+    for stage in variant["stages"]:
+        shown = ", ".join(f"{k} {stage['metrics'][k]:.4f}" for k in SHOWN if k in stage["metrics"])
+        rows.append(f"| {name} | {stage['link']} | {stage['state']} | {stage['seconds']:.0f} | {shown} |")
     return rows
 
 
@@ -63,8 +61,8 @@ def main() -> None:
         print()
         print("| variant | stage | state | s | final numbers |")
         print("|---|---|---|---:|---|")
-        for job_dir in [chain, *sorted(p for p in sweep.iterdir() if (p / RECORD).is_file())]:
-            print("\n".join(stage_rows(job_dir, args.sweep.split("=", 1)[0])))
+        for variant in variants(chain) + variants(sweep):
+            print("\n".join(stage_rows(variant, args.sweep.split("=", 1)[0])))
         print()
         print(f"python -m recipe recipe={args.recipe}: {one / 60:.1f} min wall (datasets built when missing included)")
         print(f"python -m recipe -m ... {args.sweep}: {many / 60:.1f} min wall for "

@@ -24,11 +24,12 @@ document do, data/dedup.py) and finished work survives a kill. A work unit is ~6
 Every step writes into a temporary directory renamed into place when complete. Cleaned units live in
 <cache_dir>/units/<hash of their files and the cleaning config>, so they are found again after any change
 that leaves them valid (a file fixed elsewhere, another val_fraction); the rest in <cache_dir>/<key>.work/;
-both go once the merge is done, but units that another unfinished build has claimed (Work.claim). The output does not depend on how units were spread over workers, machines
-or runs: n parts then the plan, tokenize and merge steps write the same bytes as one prepare. (datatrove
-splits its MinHash dedup into stages over per-task signature files the same way, and Megatron's
-preprocess_data merges per-partition outputs as the merge step does; here the dedup pass stays sequential
-so that the first copy in reading order is the one kept, whatever the partition.)
+both go once the merge is done, but units that another unfinished build has claimed (Work.claim). The output
+does not depend on how units were spread over workers, machines or runs: n parts then the plan, tokenize and
+merge steps write the same bytes as one prepare. (datatrove splits its MinHash dedup into stages over per-task
+signature files the same way, and Megatron's preprocess_data merges per-partition outputs as the merge step does;
+here the dedup pass stays sequential so that the first copy in reading order is the one kept, whatever the
+partition.)
 """
 from __future__ import annotations
 
