@@ -453,12 +453,7 @@ def _byte_batches(offsets: np.ndarray, batch_bytes: int) -> Iterator[Tuple[int, 
 
 def merge(cfg: DataConfig, work: Work, out: Path) -> dict:
     """tokens/, tokenizer.model and meta.json into the empty directory `out` from the plan and every unit's
-    ids (tokenizing the units no part has); returns the meta written."""
-    missing = [i for i in range(len(work.units)) if not work.tokens_dir(i).is_dir()]
-    if missing:
-        print(f"[data] tokenizing the {len(missing)} work units no part has tokenized yet", flush=True)
-        with WorkerPool(cfg.num_workers) as pool:
-            tokenize(cfg, work, (0, 1), pool)
+    ids (build_documents has tokenized the units no part has); returns the meta written."""
     start = time.perf_counter()
     result = json.loads((work.plan_dir / "plan.json").read_text())
     counts = result["sources"]
