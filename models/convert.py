@@ -22,13 +22,12 @@ from typing import Optional
 import numpy as np
 from omegaconf import OmegaConf
 
-from base.checkpoint import CheckpointError, resolve
+from base.checkpoint import ADAPTERS, CheckpointError, resolve
 from base.outputs import output_dir
 from data.samples import chat_template, template_of
 from base.errors import ArgumentParser, UsageError, entry_point
 from models import FAMILIES, family
 
-ADAPTER_CONFIG = "adapter_config.json"  # in a LoRA run's checkpoints (adapters only)
 REWARD_HEAD = "score.weight"  # the scalar head a reward model adds to the decoder (objectives/rm.py)
 
 
@@ -69,7 +68,7 @@ def _read_weights(ckpt_dir: str, merge_lora: bool):
     """(config, weights) of a checkpoint; a LoRA checkpoint's adapters merged into its base (stage.init_from)
     when `merge_lora`, else returned as they are (then the caller writes an adapter)."""
     cfg, weights = _read_checkpoint(ckpt_dir)
-    if not os.path.isfile(os.path.join(ckpt_dir, ADAPTER_CONFIG)) or not merge_lora:
+    if not os.path.isfile(os.path.join(ckpt_dir, ADAPTERS)) or not merge_lora:
         return cfg, weights
     from adapters.lora import merge_lora as merge
 
@@ -94,7 +93,7 @@ def export_hf(ckpt_dir: str, out_dir: str, merge_lora: bool = False, location: O
     weights = {k: v for k, v in weights.items() if not k.startswith("value_head.")}  # a PPO policy's critic
     adapter = model_family(cfg).hf
     tokenizer = os.path.join(ckpt_dir, "tokenizer.model")
-    if os.path.isfile(os.path.join(ckpt_dir, ADAPTER_CONFIG)) and not merge_lora:
+    if os.path.isfile(os.path.join(ckpt_dir, ADAPTERS)) and not merge_lora:
         from adapters.lora import peft_adapter_files, single_name, write_peft_adapter
 
         base = os.path.join(out_dir, "base")

@@ -20,7 +20,7 @@ from base.errors import ConfigError, entry_point
 from base.paths import REPO_ROOT
 from plugins import register
 from recipe import report
-from recipe.runner import RECORD, build_datasets, check_links, check_recipe_dir, dry_run_report, plan, run
+from recipe.runner import build_datasets, check_links, check_recipe_dir, dry_run_report, plan, run
 from recipe.spec import parse
 
 RECIPES = REPO_ROOT / "conf" / "recipe"
@@ -70,7 +70,7 @@ def app(cfg: DictConfig) -> None:
     try:
         record["stages"] = run(planned, job_dir, variant)
     finally:
-        (job_dir / RECORD).write_text(json.dumps(record, indent=1), encoding="utf-8")
+        (job_dir / report.RECORD).write_text(json.dumps(record, indent=1), encoding="utf-8")
     print(f"[recipe] report: {report.write(job_dir)}")
 
 

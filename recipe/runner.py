@@ -27,14 +27,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from base.checkpoint import resolve
 from base.errors import ConfigError, UserError
-from base.outputs import file_lock
-from base.paths import REPO_ROOT
+from base.outputs import HYDRA_WRITES, MARKER, file_lock
+from base.paths import REPO_ROOT, data_dir
 from base.registry import OBJECTIVES
 from base.validate import validate
+from recipe.report import CURVES, RECORD, REPORT
 from recipe.spec import Stage, override_value
 
 STORE = "stages"
-RECORD = "recipe.json"
 
 
 class StageFailed(UserError):
@@ -146,7 +146,7 @@ def check_recipe_dir(job_dir: Path) -> None:
     report; Hydra's .hydra and log); a directory holding anything else is refused, naming it."""
     if not job_dir.is_dir():
         return
-    ours = {RECORD, STORE, ".hydra", "report.html", "curves.png", ".mindlab-output.json"}
+    ours = {RECORD, STORE, REPORT, CURVES, MARKER, *HYDRA_WRITES}
     foreign = sorted(n for n in os.listdir(job_dir) if n not in ours and not n.endswith(".log")
                      and not (os.path.islink(job_dir / n) and n[:2].isdigit()))
     if foreign:
@@ -218,27 +218,26 @@ def stage_commands(p: Planned, workdir: Path, variant: str) -> List[List[str]]:
     return commands
 
 
-# datasets a recipe may ask for: name -> (the builder's command, what it writes under the data dir: base/paths.py)
-DATASETS = {"instructions": (["-m", "builders.instructions"], "instructions"),
-            "preferences": (["-m", "builders.preferences"], "preferences"),
-            "tasks": (["-m", "builders.tasks", "build"], "tasks")}
+# datasets a recipe may ask for: name (also the directory the builder writes under the data dir, base/paths.py) ->
+# the builder's command
+DATASETS = {"instructions": ["-m", "builders.instructions"],
+            "preferences": ["-m", "builders.preferences"],
+            "tasks": ["-m", "builders.tasks", "build"]}
 
 
 def build_datasets(names: List[str], stream=sys.stdout) -> None:
     """Build each dataset the recipe names whose directory is not there yet (builders/), in order."""
-    from base.paths import data_dir
-
+    root = data_dir()
     for name in names:
         if name not in DATASETS:
             raise ConfigError("recipe.datasets", f"no builder for {name!r}; choose from {', '.join(DATASETS)}")
-        args, out = DATASETS[name]
-        if (data_dir() / out).is_dir():
+        if (root / name).is_dir():
             continue
-        print(f"[recipe] building {name}: python {' '.join(args)}", file=stream, flush=True)
-        (data_dir()).mkdir(parents=True, exist_ok=True)
-        code = execute([sys.executable, *args], data_dir() / f"{out}.build.log", stream)
+        print(f"[recipe] building {name}: python {' '.join(DATASETS[name])}", file=stream, flush=True)
+        root.mkdir(parents=True, exist_ok=True)
+        code = execute([sys.executable, *DATASETS[name]], root / f"{name}.build.log", stream)
         if code != 0:
-            raise StageFailed(f"building {name} failed (exit {code}; its log: {data_dir() / f'{out}.build.log'})")
+            raise StageFailed(f"building {name} failed (exit {code}; its log: {root / f'{name}.build.log'})")
 
 
 def dry_run_report(planned: List[Planned]) -> str:
