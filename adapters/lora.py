@@ -59,6 +59,14 @@ class LoraConfig:
     target_modules: List[str] = field(default_factory=lambda: list(LLAMA_TARGETS))
     use_rslora: bool = False  # rank-stabilized LoRA: scaling alpha / sqrt(r) instead of alpha / r
 
+    @staticmethod
+    def adapter_parameters(linears: Dict[str, Tuple[int, int]], cfg) -> int:
+        """The LoRA parameters `cfg` adds to a model whose linear cells are `linears` (path -> (in, out)): r x
+        (in + out) for each one target_modules matches. The dry run's memory plan asks each PEFT method this
+        through base/registry.py (only these train)."""
+        matches = _matcher(list(cfg.target_modules))
+        return sum(cfg.r * (n_in + n_out) for path, (n_in, n_out) in linears.items() if matches(path))
+
 
 def scaling(cfg) -> float:
     """The factor on B @ A: alpha / r, or alpha / sqrt(r) with use_rslora."""
@@ -181,13 +189,6 @@ def apply_lora(model, cfg, seed: int) -> dict:
         p.requires_grad = id(p) in trainable
         total += p.size
     return {"trainable": sum(p.size for p in adapters), "total": total, "targets": targets}
-
-
-def adapter_parameters(linears: Dict[str, Tuple[int, int]], cfg) -> int:
-    """The LoRA parameters `cfg` adds to a model whose linear cells are `linears` (path -> (in, out)): r x (in + out)
-    for each one target_modules matches. For the dry run's memory plan (only these train)."""
-    matches = _matcher(list(cfg.target_modules))
-    return sum(cfg.r * (n_in + n_out) for path, (n_in, n_out) in linears.items() if matches(path))
 
 
 def describe(info: dict) -> str:

@@ -13,7 +13,7 @@ from typing import Any, Optional, Sequence
 
 from base.errors import ConfigError
 from base.paths import REPO_ROOT
-from base.registry import FAMILIES, OBJECTIVES
+from base.registry import FAMILIES, OBJECTIVES, PEFT
 from base.schema import global_batch_size, peak_tflops, pipeline_micro_batches
 from planner.advisor import MAX_DEVICES, Option, Search, best_of, candidate_of, format_table, global_batch, summary_row
 from planner.launch import format_launch
@@ -84,14 +84,14 @@ def _needs(cfg: Any) -> ObjectiveMemory:
 
 
 def trained_fraction(cfg: Any) -> float:
-    """The share of the model's parameters that train: with peft=lora its adapters (added to the frozen whole), when
-    the family lists its linear cells (linear_shapes); 1 otherwise."""
+    """The share of the model's parameters that train: with a PEFT method that counts its adapters
+    (adapter_parameters, e.g. LoRA's) those (added to the frozen whole), when the family lists its linear cells
+    (linear_shapes); 1 otherwise."""
     fam = FAMILIES[cfg.model.family]
-    if cfg.peft.name != "lora" or not hasattr(fam, "linear_shapes"):
+    count = getattr(PEFT[cfg.peft.name], "adapter_parameters", None)
+    if count is None or not hasattr(fam, "linear_shapes"):
         return 1.0
-    from adapters.lora import adapter_parameters
-
-    adapters = adapter_parameters(fam.linear_shapes(cfg.model), cfg.peft)
+    adapters = count(fam.linear_shapes(cfg.model), cfg.peft)
     return adapters / (fam.parameter_count(cfg.model)["total"] + adapters)
 
 

@@ -273,7 +273,6 @@ def test_one_prompt_generates_through_the_adapters_as_the_full_forward():
 def test_the_dry_run_counts_the_adapters_that_apply_lora_adds(pynative):
     """The memory plan gives gradients and AdamW states to LoRA's adapters only: its count of them (from the family's
     linear shapes and target_modules) is what apply_lora adds to the model, for the default targets and a regex."""
-    from adapters.lora import adapter_parameters
     from models.llama import linear_shapes
 
     for targets in (list(LoraConfig().target_modules), ["re:model\\.layers\\.0\\..*", "lm_head"]):
@@ -282,4 +281,4 @@ def test_the_dry_run_counts_the_adapters_that_apply_lora_adds(pynative):
         peft = OmegaConf.structured(LoraConfig(r=4, target_modules=targets))
         before = sum(p.size for p in model.get_parameters())
         apply_lora(model, peft, 0)
-        assert adapter_parameters(linear_shapes(cfg), peft) == sum(p.size for p in model.get_parameters()) - before
+        assert LoraConfig.adapter_parameters(linear_shapes(cfg), peft) == sum(p.size for p in model.get_parameters()) - before
