@@ -38,6 +38,11 @@ def _size(directory: Path) -> int:
     return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
 
 
+def _unmarked_own(directory: Path, entries: Sequence[str], own: Sequence[str]) -> bool:
+    """An earlier output without a marker: `directory` holds nothing but files named in `own`."""
+    return bool(own) and not _marker(directory) and all(n in own and (directory / n).is_file() for n in entries)
+
+
 def check_output_dir(out: os.PathLike, tool: str, own: Sequence[str] = ()) -> None:
     """Refuse (UsageError, naming the directory and one foreign entry) an existing `out` that is neither empty nor
     a previous output of `tool`: its marker says so, or, without a marker, it holds nothing but files named in `own`
@@ -48,9 +53,7 @@ def check_output_dir(out: os.PathLike, tool: str, own: Sequence[str] = ()) -> No
     if not out.is_dir() or _marker(out).get("tool") == tool:
         return
     entries = sorted(os.listdir(out), key=lambda name: (name.startswith("."), name))  # name a visible one first
-    if own and entries and not _marker(out) and all(name in own and (out / name).is_file() for name in entries):
-        return
-    if entries:
+    if entries and not _unmarked_own(out, entries, own):
         raise UsageError(f"{out}: exists and holds files that {tool} did not write (e.g. {entries[0]}); give a new "
                          f"or empty directory, or a previous output of {tool}: nothing there is replaced")
 
@@ -90,7 +93,7 @@ def check_owned_files(directory: os.PathLike, tool: str, names: Sequence[str], o
     marker = _marker(directory)
     ours: List[str] = marker.get("files", []) if marker.get("tool") == tool else []
     entries = os.listdir(directory) if directory.is_dir() else []
-    if own and not marker and all(name in own and (directory / name).is_file() for name in entries):
+    if _unmarked_own(directory, entries, own):
         ours = entries
     foreign = [n for n in names if (directory / n).exists() and n not in ours]
     if foreign:

@@ -27,7 +27,7 @@ from mindspore import nn, ops
 from mindspore.ops.auto_generate import RmsNorm, RotaryPositionEmbedding
 
 from adapters import twins
-from models.llama.model import AttentionBlock, RMSNorm, Rotary, apply_rope, rotate_half
+from models.llama.model import AttentionBlock, RMSNorm, Rotary, apply_rope
 
 
 class ColumnBroadcast(nn.Cell):
@@ -88,8 +88,7 @@ class CpuRotary(Rotary):
         twins.adopt(self, base)
 
     def construct(self, x, cos, sin):
-        cos, sin = ops.broadcast_to(cos, x.shape), ops.broadcast_to(sin, x.shape)
-        return (x * cos + rotate_half(x) * sin).astype(x.dtype)
+        return apply_rope(x, ops.broadcast_to(cos, x.shape), ops.broadcast_to(sin, x.shape))
 
 
 class CpuAttentionBlock(AttentionBlock):
