@@ -181,7 +181,7 @@ def test_bad_jsonl_raises_data_error_naming_the_file(tmp_path, name, contents, e
     assert expected in str(err.value)
 
 
-def test_bad_paths_kind_and_caps_raise_data_error(tmp_path):
+def test_bad_paths_and_kind_raise_data_error(tmp_path):
     def error(**kw):
         with pytest.raises(DataError) as err:
             list(read_documents(source_cfg(name="s", **kw)))
