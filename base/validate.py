@@ -173,6 +173,9 @@ def _check_parallel(cfg: DictConfig) -> None:
                  "which the one-graph sharded step does not expose; set it to 0 (non-finite steps are still skipped)")
         _require(cfg.model.get("impl", "native") == "native", "model.impl",
                  "tp/pp shard the native model; set model.impl=native")
+        _require(not t.eval_tasks, "trainer.eval_tasks", "tasks are scored by the whole model on one device, which a "
+                 "tp/pp/optimizer_shard run never builds; set trainer.eval_tasks=[] and score a merged checkpoint "
+                 "(python -m distributed.reshard merge, then python -m evaluate)")
     _require(not p.optimizer_shard or p.dp > 1, "parallel.optimizer_shard", "needs dp > 1")
 
 

@@ -33,11 +33,13 @@ K and V: the kv heads, not their GQA repeats; Parameters, written in place), an 
 left-padded batches and per-row positions. `construct` (training) does not use them.
 """
 import math
+from typing import Optional
 
 import numpy as np
 
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
+from mindspore.common.initializer import Normal, initializer
 from mindspore.ops.operations.nn_ops import FlashAttentionScore
 
 from models.llama import rope
@@ -46,7 +48,12 @@ from models.llama.config import LlamaConfig
 DTYPES = {"fp32": ms.float32, "fp16": ms.float16, "bf16": ms.bfloat16}
 
 
-def _init(rng: np.random.Generator, shape, std: float) -> Parameter:
+def _init(rng: Optional[np.random.Generator], shape, std: float) -> Parameter:
+    """N(0, std) weights: drawn now from `rng` (identical on every rank and backend), or with rng None (a sharded
+    build) deferred to MindSpore's initializer, which the semi-auto compile runs on each rank's slice only, as
+    MindFormers does: no rank materialises the whole model (a 70B model is 280 GB of fp32)."""
+    if rng is None:
+        return Parameter(initializer(Normal(std), shape, ms.float32))
     return Parameter(Tensor(rng.normal(0.0, std, size=shape).astype(np.float32)))
 
 
@@ -284,6 +291,7 @@ class DecoderLayer(nn.Cell):
         self.attention = Attention(cfg, rng, compute_dtype, flash)
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.feed_forward = FeedForward(cfg, rng, compute_dtype)
+        self.attention_residual, self.ffn_residual = ops.Add(), ops.Add()  # primitives: plan.py shards them
 
     @property
     def cell_init_args(self) -> str:
@@ -300,8 +308,8 @@ class DecoderLayer(nn.Cell):
         """lazy_inline and Cell assign the argument-based key; the property above replaces it."""
 
     def construct(self, x, cos, sin, mask=None):
-        x = x + self.attention(self.attention_norm(x), cos, sin, mask).astype(x.dtype)
-        return x + self.feed_forward(self.ffn_norm(x)).astype(x.dtype)
+        x = self.attention_residual(x, self.attention(self.attention_norm(x), cos, sin, mask).astype(x.dtype))
+        return self.ffn_residual(x, self.feed_forward(self.ffn_norm(x)).astype(x.dtype))
 
     def cached(self, x, cos, sin, bias, k_cache=None, v_cache=None, slot=None):
         x = x + self.attention.cached(self.attention_norm(x), cos, sin, bias, k_cache, v_cache, slot).astype(x.dtype)
@@ -378,9 +386,11 @@ class LlamaModel(nn.Cell):
 class LlamaForCausalLM(nn.Cell):
     """tokens [B, S] int32 -> logits [B, S, vocab] fp32. `flash`: Ascend's flash attention (Attention)."""
 
-    def __init__(self, cfg: LlamaConfig, compute_dtype: str = "fp32", flash: bool = False, seed: int = 0):
+    def __init__(self, cfg: LlamaConfig, compute_dtype: str = "fp32", flash: bool = False, seed: int = 0,
+                 deferred: bool = False):
+        """`deferred`: the weights are initialised by the sharded compile, each rank its slices (_init)."""
         super().__init__()
-        rng = np.random.default_rng(seed)  # numpy init: identical weights on every rank, independent of backend
+        rng = None if deferred else np.random.default_rng(seed)  # numpy: identical weights on every rank
         dtype = DTYPES[compute_dtype]
         self.model = LlamaModel(cfg, rng, dtype, flash)
         self.tie_embeddings = cfg.tie_embeddings
