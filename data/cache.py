@@ -32,7 +32,8 @@ import sentencepiece as spm
 from omegaconf import OmegaConf
 
 from base.outputs import file_lock
-from base.schema import SAMPLE_KINDS, DataConfig
+from base.registry import FORMATS
+from base.schema import DataConfig
 from data import documents
 from data.documents import Work, build_documents
 from data.errors import DataError
@@ -172,9 +173,9 @@ def _check_not_reimported() -> None:
 
 def _sample_sources(cfg: DataConfig) -> bool:
     """True when every source holds instruction samples, False when all hold documents; a mix is an error."""
-    kinds = {s.kind in SAMPLE_KINDS for s in cfg.sources}
+    kinds = {s.kind in FORMATS for s in cfg.sources}
     if len(kinds) > 1:
-        raise DataError(f"data '{cfg.name}' mixes instruction samples ({', '.join(SAMPLE_KINDS)}) with documents; "
+        raise DataError(f"data '{cfg.name}' mixes instruction samples ({', '.join(FORMATS)}) with documents; "
                         f"prepare them as two data configs")
     return kinds == {True}
 

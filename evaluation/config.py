@@ -110,9 +110,9 @@ def split_arguments(overrides: Sequence[str]) -> Tuple[EvalConfig, Optional[List
 
 
 def _sample_data(data) -> bool:
-    from base.schema import SAMPLE_KINDS
+    from base.registry import FORMATS
 
-    return any(s.kind in SAMPLE_KINDS for s in data.sources)
+    return any(s.kind in FORMATS for s in data.sources)
 
 
 def documents_of(saved: DictConfig, saved_file: str) -> DictConfig:

@@ -299,7 +299,7 @@ def test_an_instruction_is_prompted_as_the_checkpoints_training_template_renders
     saved.data = {"template": {"name": template}}
     OmegaConf.save(saved, copy / "config.yaml")
     t = template_of(saved)
-    expected = render({"instruction": "Name a colour.", "input": "", "output": ""}, "alpaca", t)[0][0]
+    expected = render({"instruction": "Name a colour.", "input": "", "output": ""}, t)[0][0]
     chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"instruction": "Name a colour."}) + "\n" + json.dumps({"messages": chat}) + "\n")
