@@ -45,6 +45,8 @@ def parse_args(argv: Optional[List[str]]):
     prompts.add_argument("--prompts-file", help="JSONL, one object per line: {\"prompt\": ...} as it is, "
                          "{\"instruction\": ...[, \"input\": ...]} or {\"messages\": [{\"role\", \"content\"}, ...]} "
                          "in the checkpoint's template")
+    parser.add_argument("--template", metavar="NAME", help="wrap --instruction and chats in this built-in template "
+                        "(alpaca, alpaca_zh, chatml) instead of the checkpoint's own (said on stderr)")
     parser.add_argument("--out", help="write the samples here as JSONL (default: stdout for a prompts file)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=1.0, help="0: greedy (default 1)")
@@ -221,7 +223,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         model_cfg, path, tokenizer = load(args.source, workdir)
         from data.samples import template_of
 
-        template = template_of(OmegaConf.load(os.path.join(path, "config.yaml")))
+        template = template_of(OmegaConf.load(os.path.join(path, "config.yaml")), args.template)
         prompts = encode_prompts(records, tokenizer, model_cfg.max_position_embeddings, args.max_new_tokens, template)
         if template["assistant_end"] and any("instruction" in r or "messages" in r for r in records):
             args.stop = args.stop + [template["assistant_end"]]  # a templated answer ends with it, then eos

@@ -79,10 +79,12 @@ class TokenizerConfig:
 
 @dataclass
 class TemplateConfig:
-    """How instruction samples become text (data/samples.py). `name` picks a built-in (alpaca, chatml; custom:
-    none); each part set here overrides it. {instruction} {input} {content} are filled in."""
+    """How instruction samples become text (data/samples.py). `name` picks a built-in (alpaca, alpaca_zh, chatml;
+    custom: none); each part set here overrides it. {instruction} {input} {content} are filled in; `\\n` typed as
+    two characters is a newline. Unset (null), a stage started from a checkpoint takes the template it was tuned
+    with (base/checkpoint.py inherit), so the prompts a model learned travel with it; else alpaca."""
 
-    name: str = "alpaca"
+    name: Optional[str] = None
     prompt_input: Optional[str] = None  # alpaca samples with an input
     prompt_no_input: Optional[str] = None  # alpaca samples without
     system: Optional[str] = None  # chat turns ({content})

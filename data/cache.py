@@ -40,7 +40,7 @@ from data.errors import DataError
 from data.packing import PACKED, pack_sources
 from data.parallel import WorkerPool
 from data.rows import RowSpec
-from data.samples import build_samples
+from data.samples import build_samples, template_parts
 from data.sources import fingerprint, source_files
 from data.tokenizer import Tokenizer, pretrained_path
 
@@ -146,7 +146,7 @@ def cache_key(cfg: DataConfig) -> str:
     tok = cfg.tokenizer
     tok_path = pretrained_path(tok)
     spec = {
-        **({"template": OmegaConf.to_container(OmegaConf.structured(cfg.template)),
+        **({"template": template_parts(cfg.template), "ties": [s.ties for s in cfg.sources],
             "val_files": [[fingerprint(Path(f)) for f in s.val_paths] for s in cfg.sources]}
            if _sample_sources(cfg) else {}),
         "format": FORMAT_VERSION,

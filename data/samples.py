@@ -25,6 +25,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
+import string
+import sys
 import time
 import zlib
 from dataclasses import dataclass
@@ -56,20 +59,51 @@ TEMPLATES = {
         prompt_no_input="<|im_start|>user\n{instruction}<|im_end|>\n<|im_start|>assistant\n",
         system="<|im_start|>system\n{content}<|im_end|>\n", user="<|im_start|>user\n{content}<|im_end|>\n",
         assistant_start="<|im_start|>assistant\n", assistant_end="<|im_end|>"),
+    # the template of the article this repo follows (its instruction tuning writes "### 指令: {inst}\n### 输入: {inp}
+    # \n### 输出: {out}", its reward model's inputs the same without 输入)
+    "alpaca_zh": dict(
+        prompt_input="### 指令: {instruction}\n### 输入: {input}\n### 输出: ",
+        prompt_no_input="### 指令: {instruction}\n### 输出: ",
+        system="{content}\n", user="### 指令: {content}\n### 输出: ", assistant_start="", assistant_end=""),
 }
+FIELDS = {"prompt_input": ("instruction", "input"), "prompt_no_input": ("instruction", "input"),
+          "system": ("content",), "user": ("content",)}  # what each formatted part fills in
+_ESCAPE = re.compile(r"\\(\\|n|t)")  # \n, \t and \\ typed as two characters
 Part = Tuple[object, bool]  # (text, or EOS; carries loss)
 
 
 def template_parts(cfg: TemplateConfig) -> Dict[str, str]:
-    """The template's strings: the built-in `cfg.name` with the keys set in cfg overriding it."""
-    if cfg.name not in TEMPLATES and cfg.name != "custom":
-        raise DataError(f"data.template.name: got {cfg.name!r}; choose one of {', '.join(TEMPLATES)}, custom")
-    base = dict(TEMPLATES.get(cfg.name, {}))
-    base.update({k: getattr(cfg, k) for k in TEMPLATES["alpaca"] if getattr(cfg, k) is not None})
-    missing = [k for k in TEMPLATES["alpaca"] if k not in base]
+    """The template's strings: the built-in `cfg.name` (alpaca when unset) with the keys set in cfg overriding it,
+    each checked. Escapes typed as two characters are what they mean on a command line (`\\n` a newline, `\\t` a
+    tab, `\\\\` a backslash). A prompt may end in `{output}`, as templates are often written whole: the prompt is
+    the text before it, and text after it is the end of the response (assistant_end)."""
+    name = cfg.name or "alpaca"
+    if name not in TEMPLATES and name != "custom":
+        raise DataError(f"data.template.name: got {name!r}; choose one of {', '.join(TEMPLATES)}, custom")
+    given = {k: _ESCAPE.sub(lambda m: {"n": "\n", "t": "\t", "\\": "\\"}[m.group(1)], getattr(cfg, k))
+             for k in TEMPLATES["alpaca"] if getattr(cfg, k) is not None}
+    parts = {**TEMPLATES.get(name, {}), **given}
+    missing = [k for k in TEMPLATES["alpaca"] if k not in parts]
     if missing:
         raise DataError(f"data.template: name=custom needs every part; missing {', '.join(missing)}")
-    return base
+    for key in ("prompt_input", "prompt_no_input"):
+        prompt, marker, end = parts[key].partition("{output}")
+        if marker and end and end != parts["assistant_end"] and "assistant_end" in given:
+            raise DataError(f"data.template.{key}: {end!r} follows {{output}} but assistant_end is "
+                            f"{parts['assistant_end']!r}; give the end of a response once")
+        parts[key], parts["assistant_end"] = prompt, (end if marker and end else parts["assistant_end"])
+    for key, fields in FIELDS.items():
+        try:
+            used = {f for _, f, _, _ in string.Formatter().parse(parts[key]) if f is not None}
+        except ValueError as e:
+            raise DataError(f"data.template.{key}: {parts[key]!r} is not a template ({e}); write {{{{ and }}}} "
+                            f"for a literal brace") from None
+        strange = sorted(used - set(fields))
+        if strange:
+            raise DataError(f"data.template.{key}: {{{strange[0]}}} is not filled in; it fills "
+                            f"{', '.join('{' + f + '}' for f in fields)}" + (
+                                " (and {output} at its end)" if key.startswith("prompt") else ""))
+    return parts
 
 
 def render(sample: dict, t: Dict[str, str]) -> List[Part]:
@@ -103,11 +137,18 @@ def render_pair(pair: dict, t: Dict[str, str]) -> List[List[Part]]:
     return [sample(pair["chosen"]), sample(pair["rejected"])]
 
 
-def template_of(config) -> Dict[str, str]:
+def template_of(config, name: Optional[str] = None) -> Dict[str, str]:
     """The template a run's instruction samples were rendered with: its config's data.template (a checkpoint's
-    config.yaml; alpaca's without one)."""
-    saved = OmegaConf.select(config, "data.template") or {}
-    return template_parts(OmegaConf.merge(OmegaConf.structured(TemplateConfig), saved))
+    config.yaml; alpaca's without one), or the built-in `name` instead, which is said on stderr when it differs."""
+    saved = OmegaConf.merge(OmegaConf.structured(TemplateConfig), OmegaConf.select(config, "data.template") or {})
+    if name is None:
+        return template_parts(saved)
+    chosen = template_parts(OmegaConf.merge(OmegaConf.structured(TemplateConfig), {"name": name}))
+    if chosen != template_parts(saved):
+        own = (saved.name or "alpaca") + (" with parts of its own" if any(
+            saved[k] is not None for k in TEMPLATES["alpaca"]) else "")
+        print(f"[template] {name}, not the checkpoint's own ({own})", file=sys.stderr)
+    return chosen
 
 
 def prompt_parts(record: dict, t: Dict[str, str]) -> List[Part]:
