@@ -187,3 +187,22 @@ def test_feedback_records_give_the_tokens_of_the_same_pairs_written_as_preferenc
     (meta, arrays), (_, expected) = built["feedback"], built["preference"]
     assert meta["sources"]["s"]["removed"] == {"ties": 1} and meta["sources"]["s"]["train"]["docs"] == 12
     assert arrays.keys() == expected.keys() and all(np.array_equal(arrays[k], expected[k]) for k in arrays)
+
+
+def test_a_tokenizer_too_small_for_the_texts_characters_names_the_vocab_size_that_fits(tmp_path):
+    """Chinese text needs a piece per character within the coverage: the refusal's size trains."""
+    import re
+
+    from base.schema import TokenizerConfig
+    from data.tokenizer import train_tokenizer
+
+    chars = [chr(0x4E00 + i) for i in range(700)]  # 700 distinct CJK characters, each common enough to be covered
+    docs = {"zh": ["".join(chars[(i * 7 + j) % 700] for j in range(40)) for i in range(2000)]}
+    cfg = OmegaConf.merge(OmegaConf.structured(TokenizerConfig), {"vocab_size": 512, "character_coverage": 1.0})
+    with pytest.raises(DataError, match=r"data.tokenizer: the text's characters need (\d+) pieces at "
+                                        r"character_coverage=1.0 .* more than model.vocab_size=512; set "
+                                        r"model.vocab_size=1024") as err:
+        train_tokenizer(docs, cfg, tmp_path / "small.model")
+    needed = int(re.search(r"need ([\d,]+) pieces", str(err.value)).group(1).replace(",", ""))
+    assert needed == 700 + 1 + 256 + 4  # the characters, sentencepiece's word mark, the bytes, pad/unk/bos/eos
+    assert train_tokenizer(docs, OmegaConf.merge(cfg, {"vocab_size": 1024}), tmp_path / "fits.model").vocab_size == 1024
