@@ -186,6 +186,8 @@ def compose_config(ckpt: str, overrides: Sequence[str]) -> DictConfig:
             head.append(f"trainer.{key}={saved.trainer[key]}")
     with initialize_config_dir(config_dir=os.path.join(REPO_ROOT, "conf"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=head + list(overrides))
+    if "data.sources" in given and not {"data", "data.name"} & given:  # sources typed: not the preset's name
+        cfg.data.name = "command-line sources " + ", ".join(s.name for s in cfg.data.sources)
     cfg.data.tokenizer.path = checkpoint_tokenizer(cfg.data, ckpt)
     validate(cfg)
     return cfg

@@ -533,6 +533,9 @@ def test_an_sft_checkpoint_is_evaluated_on_the_documents_of_the_run_it_descends_
     base = OmegaConf.load(os.path.join(base_checkpoint, "config.yaml"))
     assert cfg.data.name == base.data.name and [s.name for s in cfg.data.sources] == [s.name for s in base.data.sources]
     assert cfg.objective.name == "clm"
+    (tmp_path / "a.txt").write_text("some text\n")
+    typed = compose_config(str(step), [f"data.sources=[{{name: mine, kind: text, paths: [{tmp_path / 'a.txt'}]}}]"])
+    assert typed.data.name == "command-line sources mine"  # what the report labels them, not the preset's name
     saved.stage.init_from = str(tmp_path / "gone")
     OmegaConf.save(saved, step / "config.yaml")
     with pytest.raises(ConfigError, match="is not there to say which documents it knows; give them, e.g. data="):
