@@ -195,8 +195,8 @@ def encode_prompts(records, tokenizer, context: int, max_new_tokens: int, templa
 
 
 class Stream:
-    """Prints row 0's text as it grows, holding back what could still become a stop string or a partial
-    UTF-8 character."""
+    """Prints row 0's text as it grows, holding back what could still become a stop string (`decode_row` leaves
+    out a partial UTF-8 character: Tokenizer.whole_chars)."""
 
     def __init__(self, decode_row, stops):
         self.decode_row, self.shown = decode_row, 0
@@ -205,7 +205,7 @@ class Stream:
     def __call__(self, step, new, finished):
         if finished[0]:
             return
-        text = self.decode_row(new[0]).rstrip("\ufffd")
+        text = self.decode_row(new[0])
         self.emit(text[:max(len(text) - self.hold, 0)])
 
     def emit(self, text):
@@ -264,7 +264,7 @@ def run(args, gen, tokenizer, records, prompts) -> None:
     out = open(args.out, "w", encoding="utf-8") if args.out else (None if single else sys.stdout)
     options = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                    repetition_penalty=args.repetition_penalty, eos_id=eos_id, stop=args.stop, seed=args.seed,
-                   decode=tokenizer.decode, prompt_len=width)
+                   decode=lambda ids: tokenizer.decode(tokenizer.whole_chars(ids)), prompt_len=width)
     start, new_tokens, decode_s, decode_steps = time.perf_counter(), 0, 0.0, 0
     try:
         for first in range(0, len(prompts), batch_size):
@@ -273,7 +273,7 @@ def run(args, gen, tokenizer, records, prompts) -> None:
             stream = None
             if single:
                 prefix = tokenizer.decode(prompts[0])
-                stream = Stream(lambda ids: tokenizer.decode(prompts[0] + ids)[len(prefix):], args.stop)
+                stream = Stream(lambda ids: options["decode"](prompts[0] + ids)[len(prefix):], args.stop)
                 sys.stdout.write(records[0]["prompt"])
                 sys.stdout.flush()
             result = gen.generate([prompts[r] for r in rows + filler], args.max_new_tokens,

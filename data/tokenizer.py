@@ -62,6 +62,21 @@ class Tokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         return self.sp.decode(np.asarray(ids, dtype=np.int64).tolist())
 
+    def whole_chars(self, ids: Sequence[int]) -> List[int]:
+        """`ids` without the byte-fallback pieces at its end that begin a UTF-8 character they do not finish
+        (generation cut at a length, or still running: a CJK character is three such pieces); decoded, they would
+        print U+FFFD."""
+        ids = list(ids)
+        for back in range(1, min(4, len(ids)) + 1):
+            piece = ids[-back]
+            if not self.sp.is_byte(piece):
+                break
+            byte = int(self.sp.id_to_piece(piece)[1:-1], 16)  # "<0xE6>"
+            if byte >= 0xC0:  # a lead byte: its character needs 2, 3 or 4 bytes
+                needs = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+                return ids[:-back] if back < needs else ids
+        return ids
+
     @property
     def token_dtype(self) -> np.dtype:
         """The smallest unsigned dtype that holds every id."""
