@@ -288,7 +288,7 @@ def build_samples(cfg: DataConfig, out: Path) -> dict:
                       "val": [r for r, k in zip(records, keys) if k in val_keys]}
         dropped = sum(r.ties_dropped for r in read)
         counts[source.name] = {"format": read[0].format.name, "docs_read": sum(map(len, splits.values())) + dropped,
-                               "removed": {"ties": dropped} if dropped else {},
+                               "removed": {"ties": dropped} if pairs else {},
                                "docs_kept": sum(map(len, splits.values()))}
         if dropped:
             print(f"[data] {source.name}: {dropped:,} records that prefer neither response left out "
