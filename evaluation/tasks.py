@@ -85,17 +85,18 @@ def _check_item(item, where: str) -> str:
     return "multiple_choice"
 
 
-def alpaca_item(sample: dict) -> dict:
+def alpaca_item(sample: dict, template: Optional[Dict[str, str]] = None) -> dict:
     """An Alpaca sample (instruction, input, output; e.g. data=instructions' held-out val.jsonl) as a generation
-    item: the SFT prompt of the default template, the output as the answer, generation stopping at eos."""
+    item: the SFT prompt of `template` (the checkpoint's; alpaca's by default), the output as the answer,
+    generation stopping at eos."""
     from data.samples import TEMPLATES
 
-    template = TEMPLATES["alpaca"]["prompt_input" if sample.get("input") else "prompt_no_input"]
-    return {"prompt": template.format(instruction=sample["instruction"], input=sample.get("input", "")),
+    prompt = (template or TEMPLATES["alpaca"])["prompt_input" if sample.get("input") else "prompt_no_input"]
+    return {"prompt": prompt.format(instruction=sample["instruction"], input=sample.get("input", "")),
             "answer": sample["output"]}
 
 
-def load_task(path: os.PathLike, name: Optional[str] = None) -> Task:
+def load_task(path: os.PathLike, name: Optional[str] = None, template: Optional[Dict[str, str]] = None) -> Task:
     """Read and check a task file (all items of one format; Alpaca samples are generation items)."""
     path = Path(path)
     if not path.is_file():
@@ -111,7 +112,7 @@ def load_task(path: os.PathLike, name: Optional[str] = None) -> Task:
             except json.JSONDecodeError as err:
                 raise TaskError(f"{where}: not JSON ({err.msg} at column {err.colno})") from None
             if isinstance(item, dict) and "instruction" in item and "output" in item:  # Alpaca (data=instructions)
-                item = alpaca_item(item)
+                item = alpaca_item(item, template)
             kind = _check_item(item, where)
             if kinds and kind not in kinds:
                 raise TaskError(f"{where}: a {kind.replace('_', '-')} item in a file of "
@@ -123,14 +124,16 @@ def load_task(path: os.PathLike, name: Optional[str] = None) -> Task:
     return Task(name or path.stem, str(path), kinds.pop(), items)
 
 
-def load_tasks(names: Optional[List[str]], tasks_dir: Optional[str], max_items: int) -> List[Task]:
-    """The named task files (None: every *.jsonl of the tasks dir), loaded and checked before anything runs."""
+def load_tasks(names: Optional[List[str]], tasks_dir: Optional[str], max_items: int,
+               template: Optional[Dict[str, str]] = None) -> List[Task]:
+    """The named task files (None: every *.jsonl of the tasks dir), loaded and checked before anything runs; Alpaca
+    samples among them are prompted in `template` (the checkpoint's)."""
     directory = Path(tasks_dir) if tasks_dir else default_tasks_dir()
     if names is None:
         names = sorted(p.stem for p in directory.glob("*.jsonl")) if directory.is_dir() else []
         if not names:
             print(f"[eval] no task files in {directory}: no tasks (build them with `python -m builders.tasks build`)")
-    tasks = [load_task(task_path(name, directory), name=Path(name).stem) for name in names]
+    tasks = [load_task(task_path(name, directory), name=Path(name).stem, template=template) for name in names]
     for task in tasks:
         if max_items:
             task.items = task.items[:max_items]

@@ -478,6 +478,10 @@ def test_alpaca_samples_are_generation_items_with_the_sft_prompt(tmp_path):
     task = T.load_task(path)
     assert task.kind == "generation" and task.items[0]["answer"] == "n 1: a small feline"
     assert task.items[0]["prompt"].endswith("### Input:\nDictionary: WordNet 3.0\n\n### Response:\n")
+    from data.samples import TEMPLATES  # prompted as the checkpoint was tuned: the article's template
+
+    assert T.load_task(path, template=TEMPLATES["alpaca_zh"]).items[0]["prompt"] == \
+        "### 指令: Define the word \"cat\".\n### 输入: Dictionary: WordNet 3.0\n### 输出: "
 
 
 def test_passkey_rows_hide_the_key_at_the_depth_and_score_by_likelihood(tok):
