@@ -18,10 +18,13 @@ Tasks (name (corpus source): one real example):
 
 The split is held out by entry (the command, the poem's title and author, the document's title): a SHA-256 of
 (task, entry) below `--val-fraction` puts every sample of that entry in val.jsonl. Feedback records, in the shape
-of the article's reward-model data ({prompt, response1, response2, preference}), pair each sample's answer with
-the answer of the next entry of its task in the same split (a wrong but fluent answer); which of response1 and
-response2 holds the corpus answer is a seeded coin, and `preference` names it. They are held out as their samples
-are. Writes train.jsonl, val.jsonl (alpaca samples), feedback_train.jsonl, feedback_val.jsonl and stats.json to
+of the article's reward-model data ({prompt, response1, response2, preference}), pair each sample's answer (the
+preferred one) with a worse one made by a rule, drawn with the seed (`rule` says which):
+- `neighbour`: the answer of the next entry of its task in the same split (fluent, but to another question);
+- `truncate`: the answer's first half (characters), which stops short;
+- `loop`: the answer's first clause (up to the first '，', '。' or line end) repeated to the answer's length.
+Which of response1 and response2 holds the corpus answer is a seeded coin, and `preference` names it. They are
+held out as their samples are. Writes train.jsonl, val.jsonl (alpaca samples), feedback_train.jsonl, feedback_val.jsonl and stats.json to
 `--out` (default `${MINDLAB_DATA_DIR:-~/.cache/mindlab/data}/chat_zh`), atomically. Pure Python.
 """
 from __future__ import annotations
@@ -48,7 +51,7 @@ SHARDS = {"manpages_zh": "zh/manpages_zh.jsonl.gz", "tang_song_poems": "zh/tang_
 BOOKS = {"debian_handbook_zh_cn": "Debian 管理员手册", "debian_reference_zh_cn": "Debian 参考手册"}
 CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")
 NAME_HEADING = re.compile(r"^(NAME|名称|名字|命令名)")
-MAX_OUTPUT_CHARS = 600
+MAX_OUTPUT_CHARS = 300  # a longer poem or paragraph would outgrow data.seq_len (512) in rare characters
 LEAD_CHARS = 30
 
 Sample = Tuple[str, str, str]  # (entry, instruction, output)
@@ -128,6 +131,21 @@ def kernel_doc_lead_zh(docs: Iterable[dict]) -> Iterator[Sample]:
             yield found[0], f"Linux 内核文档《{found[0]}》的第一段是什么？", lead
 
 
+RULES = ("neighbour", "truncate", "loop")
+
+
+def worse(rule: str, answer: str, others: Sequence[str]) -> Optional[str]:
+    """A worse answer than `answer` by `rule` (see the module docstring); `others`: the task's other answers, from
+    the next one on. None when the rule has nothing to offer (a one-character answer, no other answer)."""
+    if rule == "neighbour":
+        return next((o for o in others if o != answer), None)
+    if rule == "truncate":
+        return answer[:len(answer) // 2] if len(answer) >= 4 else None
+    clause = re.split(r"(?<=[，。\n])", answer, maxsplit=1)[0]
+    looped = (clause * (len(answer) // max(len(clause), 1) + 1))[:max(len(answer), 2 * len(clause))]
+    return looped if looped != answer else None
+
+
 TASKS = {"manpage_name_zh": manpage_name_zh, "poem_zh": poem_zh, "chapter_lead_zh": chapter_lead_zh,
          "kernel_doc_lead_zh": kernel_doc_lead_zh}
 
@@ -152,15 +170,15 @@ def build(documents: Iterable[dict], seed: int = 0, val_fraction: float = 0.1) -
             out[split] += samples
             coin = random.Random(f"{seed}/{task}/{split}")
             for i, sample in enumerate(samples):
-                other = next((s["output"] for s in samples[i + 1:] + samples[:i] if s["output"] != sample["output"]),
-                             None)
-                if other is None:
+                rule = coin.choice(RULES)
+                other = worse(rule, sample["output"], [s["output"] for s in samples[i + 1:] + samples[:i]])
+                if other is None or other == sample["output"]:
                     continue
                 first = coin.random() < 0.5
                 out[f"feedback_{split}"].append({
                     "prompt": sample["instruction"], "response1": sample["output"] if first else other,
                     "response2": other if first else sample["output"], "preference": 1 if first else 2,
-                    "task": task, "entry": sample["entry"]})
+                    "task": task, "entry": sample["entry"], "rule": rule})
         stats["tasks"][task] = {"candidates": candidates, **{k: len(v) for k, v in by_split.items()}}
     for name, records in out.items():
         random.Random(f"{seed}/shuffle/{name}").shuffle(records)

@@ -25,6 +25,9 @@ def test_each_rule_on_a_hand_example():
     doc = ".. SPDX\n\n=====\nMSI驱动指南\n=====\n\n:作者: x\n\n本指南介绍了消息标记中断（MSI）的基本知识，如何\n改变你的驱动程序以使用 MSI\nor MSI-X 的方法。"
     title, end = Z.kernel_title(doc)
     assert title == "MSI驱动指南"
+    assert Z.worse("truncate", "卸载文件系统", []) == "卸载文"
+    assert Z.worse("loop", "清时有味是无能，闲爱孤云静爱僧。", []) == "清时有味是无能，清时有味是无能，"
+    assert Z.worse("neighbour", "a", ["a", "b"]) == "b" and Z.worse("truncate", "短", []) is None
     assert Z._lead(doc[end:].split("\n\n")) == "本指南介绍了消息标记中断（MSI）的基本知识，如何改变你的驱动程序以使用 MSI or MSI-X 的方法。"
 
 
@@ -46,8 +49,10 @@ def test_the_corpus_set_is_held_out_by_entry_and_its_feedback_prefers_the_corpus
         answers = {s["instruction"]: s["output"] for s in records[split]}
         for r in records[f"feedback_{split}"]:
             chosen, other = r[f"response{r['preference']}"], r[f"response{3 - r['preference']}"]
-            assert chosen == answers[r["prompt"]] and other != chosen and other in answers.values()
+            assert chosen == answers[r["prompt"]] and other != chosen
+            assert other == Z.worse(r["rule"], chosen, [a for a in answers.values() if a == other])
         assert {r["preference"] for r in records[f"feedback_{split}"]} == {1, 2}
+        assert {r["rule"] for r in records[f"feedback_{split}"]} == set(Z.RULES)
     from data.samples import read_samples
 
     Z.write(tmp_path / "chat_zh", records, stats)
