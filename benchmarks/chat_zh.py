@@ -81,8 +81,16 @@ def main() -> None:
     print()
     print("| step | objective/scores | objective/kl |")
     print("|---:|---:|---:|")
-    for m in ppo[::max(len(ppo) // 8, 1)] + ppo[-1:]:
+    shown = ppo[::max(len(ppo) // 8, 1)]
+    for m in shown + ppo[len(ppo) - 1:] if ppo and ppo[-1] is not shown[-1] else shown:
         print(f"| {m['step']} | {m['objective/scores']:.4f} | {m['objective/kl']:.4f} |")
+    rose, closer = ppo[-1]["objective/scores"] > ppo[0]["objective/scores"], \
+        answers["ppo"]["rouge_l"] >= answers["sft"]["rouge_l"]
+    print()
+    print("The reward model's score " + ("rose" if rose else "did not rise") + " over PPO while the held-out answers "
+          + ("stayed as close to the references or closer (no sign of the reward being gamed)" if closer else
+             "moved further from the references (ROUGE-L fell): the policy gains reward the references do not "
+             "support, reward hacking, or noise at this size") + ".")
     print()
     print("| pretraining documents (held out) | bits per byte | unigram bits per byte |")
     print("|---|---:|---:|")

@@ -40,7 +40,9 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 from base.errors import ArgumentParser, entry_point, number
 from base.outputs import check_output_dir, output_dir
 from base.paths import corpora_dir, data_dir
+from base.text import CJK as CJK_RANGES
 from builders.instructions import existing_shards, read_documents, split_of
+
 
 TOOL = "builders.chat_zh"
 OWN = ("train.jsonl", "val.jsonl", "feedback_train.jsonl", "feedback_val.jsonl", "stats.json")
@@ -49,7 +51,7 @@ SHARDS = {"manpages_zh": "zh/manpages_zh.jsonl.gz", "tang_song_poems": "zh/tang_
           "debian_reference_zh_cn": "zh/debian_reference_zh_cn.jsonl.gz",
           "linux_docs_zh_cn": "zh/linux_docs_zh_cn.jsonl.gz"}
 BOOKS = {"debian_handbook_zh_cn": "Debian 管理员手册", "debian_reference_zh_cn": "Debian 参考手册"}
-CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")
+CJK = re.compile(f"[{CJK_RANGES}]")
 NAME_HEADING = re.compile(r"^(NAME|名称|名字|命令名)")
 MAX_OUTPUT_CHARS = 300  # a longer poem or paragraph would outgrow data.seq_len (512) in rare characters
 LEAD_CHARS = 30

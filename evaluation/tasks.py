@@ -24,6 +24,7 @@ LoglikelihoodScorer), generation through the family's generator (models/generati
 """
 import json
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from base.errors import UserError
 from base.paths import default_tasks_dir, task_path
+from base.text import CJK
 
 Item = dict
 TASK_METRICS = ("acc", "acc_norm", "exact_match", "rouge_l")  # what training logs of each task
@@ -187,10 +189,14 @@ def lcs_length(a: Sequence[str], b: Sequence[str]) -> int:
     return previous[-1]
 
 
+_ROUGE_TOKEN = re.compile(rf"[{CJK}]|[^\s{CJK}]+")  # a CJK character alone (those scripts have no spaces)
+
+
 def rouge_l(prediction: str, reference: str) -> float:
-    """ROUGE-L F-measure (beta = 1) over whitespace tokens: LCS / len(prediction) is the precision, LCS /
+    """ROUGE-L F-measure (beta = 1) over whitespace tokens, each CJK character a token of its own (Chinese is
+    written without spaces, so its ROUGE is by character): LCS / len(prediction) is the precision, LCS /
     len(reference) the recall, F = 2PR / (P + R); 0 when either is empty or nothing is shared."""
-    pred, ref = prediction.split(), reference.split()
+    pred, ref = _ROUGE_TOKEN.findall(prediction), _ROUGE_TOKEN.findall(reference)
     lcs = lcs_length(pred, ref)
     if lcs == 0:
         return 0.0

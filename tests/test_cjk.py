@@ -111,3 +111,13 @@ def test_cleaning_and_dedup_keep_the_chinese_corpus():
     per_source = {name: sum(1 for k in kept if docs[k][0] == name and k not in near) / len(texts)
                   for name, texts in sources.items()}
     assert min(per_source.values()) > 0.99
+
+
+def test_rouge_l_takes_each_chinese_character_as_a_word():
+    """By hand: 春眠不觉晓 against 春眠不觉晓，处处闻啼鸟 (11 tokens, the comma one of them): LCS 5, precision 1,
+    recall 5/11, F = 2 * 5/11 / (1 + 5/11) = 0.625; English stays by whitespace words."""
+    from evaluation.tasks import rouge_l
+
+    assert rouge_l("春眠不觉晓", POEM[:11]) == pytest.approx(0.625)
+    assert rouge_l("Linux 内核模块", MIXED) == pytest.approx(2 * (3 / 5) * 1 / (3 / 5 + 1))  # Linux 内 核 模 块
+    assert rouge_l("the cat sat", "the cat") == pytest.approx(0.8)
