@@ -11,8 +11,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from base.errors import ConfigError, require as _require
 from base.paths import task_path
-from base.registry import FAMILIES, OBJECTIVES
-from base.schema import OPTIMIZERS, SAMPLE_KINDS, Config, global_batch_size, is_sharded
+from base.registry import FAMILIES, FORMATS, OBJECTIVES
+from base.schema import OPTIMIZERS, Config, global_batch_size, is_sharded
 
 __all__ = ["ConfigError", "validate"]
 CHOICES = {
@@ -232,9 +232,11 @@ def _check_data(cfg: DictConfig) -> None:
     missing = [n for n in names if n not in d.weights]
     _require(not d.weights or not missing, "data.weights", f"no weight for {', '.join(missing)}; give every source "
              "a weight, or none to sample them in proportion to their rows")
-    documents = [s.name for s in d.sources if s.val_paths and s.kind not in SAMPLE_KINDS]
+    documents = [s.name for s in d.sources if s.val_paths and s.kind not in FORMATS]
     _require(not documents, "data.sources", f"val_paths is for instruction samples; source {', '.join(documents)} "
              "holds documents, whose validation split is data.val_fraction")
+    for i, s in enumerate(d.sources):
+        _require(s.ties in ("refuse", "drop"), f"data.sources.{i}.ties", f"got {s.ties!r}; choose refuse or drop")
     _require(0 <= d.val_fraction < 1, "data.val_fraction", f"must be in [0, 1), got {d.val_fraction}")
     _require(d.num_workers >= 0, "data.num_workers", f"must be >= 0 (0: in this process), got {d.num_workers}")
     _require(d.shard_rows >= 1, "data.shard_rows", f"must be >= 1, got {d.shard_rows}")

@@ -222,7 +222,8 @@ def stage_commands(p: Planned, workdir: Path, variant: str) -> List[List[str]]:
 # the builder's command
 DATASETS = {"instructions": ["-m", "builders.instructions"],
             "preferences": ["-m", "builders.preferences"],
-            "tasks": ["-m", "builders.tasks", "build"]}
+            "tasks": ["-m", "builders.tasks", "build"],
+            "chat_zh": ["-m", "builders.chat_zh"]}
 
 
 def build_datasets(names: List[str], stream=sys.stdout) -> None:
