@@ -123,13 +123,16 @@ class ResponseLoss(nn.Cell):
 
     def __init__(self, model: nn.Cell):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
-        self.model = model
+        self.model, self.has_aux = model, model.HAS_AUX
         self.cross_entropy = WeightedCrossEntropy()
 
     def construct(self, input_ids, labels, position_ids, segment_ids):
-        logits = self.model(input_ids[:, :-1], position_ids[:, :-1], segment_ids[:, :-1])
+        if self.has_aux:  # a router's auxiliary loss (models/common/causal_lm.py)
+            logits, aux = self.model.logits_and_aux(input_ids[:, :-1], position_ids[:, :-1], segment_ids[:, :-1])
+        else:
+            logits, aux = self.model(input_ids[:, :-1], position_ids[:, :-1], segment_ids[:, :-1]), 0.0
         targets = labels[:, 1:].reshape(-1)
         logits = logits.reshape(-1, logits.shape[-1]).astype(ms.float32)
         loss, mask, n = masked_mean_nll(self.cross_entropy, logits, targets, IGNORE_INDEX)
         accuracy = ((logits.argmax(-1) == targets).astype(ms.float32) * mask).sum() / n
-        return loss, accuracy
+        return (loss + aux if self.has_aux else loss), accuracy

@@ -89,7 +89,7 @@ def trained_fraction(cfg: Any) -> float:
     (linear_shapes); 1 otherwise."""
     fam = FAMILIES[cfg.model.family]
     count = getattr(PEFT[cfg.peft.name], "adapter_parameters", None)
-    if count is None or not hasattr(fam, "linear_shapes"):
+    if count is None or fam.linear_shapes is None:
         return 1.0
     adapters = count(fam.linear_shapes(cfg.model), cfg.peft)
     return adapters / (fam.parameter_count(cfg.model)["total"] + adapters)

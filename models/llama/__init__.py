@@ -12,7 +12,8 @@ from typing import Set
 
 from base.errors import ConfigError, require
 from base.schema import use_flash_attention
-from models.llama import hf, rope
+from models.common import rope
+from models.llama import hf
 from models.llama.accounting import flops_per_token, layer_activation_factors, linear_shapes, \
     matmul_parameter_count, parameter_count, stage_parameters
 from models.llama.config import LlamaConfig as Config
@@ -211,7 +212,7 @@ def describe(m, count) -> list:
 
 def generator(model):
     """The model's generator (generation.py: a KV cache in two compiled graphs), made once and kept on it."""
-    from models.llama.generation import generator as llama_generator
+    from models.common.generation import generator as llama_generator
 
     return llama_generator(model)
 

@@ -12,7 +12,7 @@ from typing import Dict, Optional
 import numpy as np
 
 from base.errors import UserError
-from models.llama import rope
+from models.common import rope
 
 ARCHITECTURES = ("LlamaForCausalLM",)  # config.json architectures this adapter imports
 HF_NAMES = {  # mindlab / MindFormers -> Hugging Face; {i} is the layer index
