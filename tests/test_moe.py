@@ -1,0 +1,156 @@
+"""The mixture-of-experts family against transformers 4.57.1 on the same weights: MixtralForCausalLM (top-2,
+renormalised) and Qwen2MoeForCausalLM (fine-grained top-4 not renormalised, a sigmoid-gated shared expert): logits,
+every layer's router logits, the load-balancing loss, greedy tokens with the KV cache; the HF round trip; the
+capacity factor's dropped tokens against a hand count; the config's refusals."""
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from mindspore import Tensor
+
+from base.errors import ConfigError
+from models import family
+
+SHAPE = dict(name="moe_test", vocab_size=96, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+             max_position_embeddings=64, init_std=0.2)
+MIXTRAL = dict(SHAPE, num_experts=4, top_k=2, expert_intermediate_size=24, aux_loss_coef=0.02)
+QWEN = dict(SHAPE, num_experts=6, top_k=4, expert_intermediate_size=16, norm_topk_prob=False,
+            shared_expert_intermediate_size=40, shared_expert_gate=True, aux_loss_coef=0.001)
+
+
+def config(**keys):
+    return OmegaConf.merge(OmegaConf.structured(family("moe").Config), keys)
+
+
+def built(keys, seed=0):
+    cfg = config(**keys)
+    return cfg, family("moe").build(cfg, 16, "fp32", False, seed)
+
+
+def weights_of(model) -> dict:
+    return {p.name: p.asnumpy() for p in model.get_parameters()}
+
+
+def hf_model(cfg, weights):
+    import torch
+    import transformers
+
+    fam = family("moe")
+    hf_cfg = fam.hf.hf_config(cfg)
+    cls = getattr(transformers, hf_cfg["architectures"][0])
+    config_cls = cls.config_class
+    model = cls(config_cls(**{k: v for k, v in hf_cfg.items() if k not in ("architectures", "model_type")},
+                           attn_implementation="eager")).eval()
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in fam.hf.to_hf(weights).items()}, strict=True)
+    return model
+
+
+@pytest.fixture(scope="module", params=["mixtral", "qwen2_moe"])
+def pair(request):
+    keys = MIXTRAL if request.param == "mixtral" else QWEN
+    cfg, model = built(keys)
+    return request.param, cfg, model, hf_model(cfg, weights_of(model))
+
+
+def test_logits_router_logits_and_balance_loss_equal_transformers(pair):
+    import torch
+
+    name, cfg, model, hf = pair
+    tokens = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, 12)).astype(np.int32)
+    with torch.no_grad():
+        out = hf(torch.from_numpy(tokens.astype(np.int64)), output_router_logits=True)
+    np.testing.assert_allclose(model(Tensor(tokens)).asnumpy(), out.logits.numpy(), atol=2e-5, rtol=1e-4)
+    routers = model.router_logits(Tensor(tokens)).asnumpy()
+    np.testing.assert_allclose(routers, np.stack([r.numpy() for r in out.router_logits]), atol=2e-5, rtol=1e-4)
+    # the auxiliary loss: transformers' load_balancing_loss_func over all layers, times router_aux_loss_coef
+    hidden, aux = model.model.with_aux(Tensor(tokens))
+    want = cfg.aux_loss_coef * float(out.aux_loss)
+    assert float(aux.asnumpy()) == pytest.approx(want, rel=1e-4)
+    stats = family("moe").step_metrics(model)
+    assert stats["router_balance"] == pytest.approx(float(out.aux_loss), rel=1e-4)
+    assert stats["dropped_share"] == 0.0 and stats["expert_load_max"] >= 1.0
+
+
+def test_greedy_tokens_with_the_kv_cache_equal_transformers(pair):
+    import torch
+
+    name, cfg, model, hf = pair
+    prompts = [[5, 17, 33, 2, 9], [40, 41, 7]]
+    ours = family("moe").generator(model).generate(prompts, 10, eos_id=None)
+    width = max(map(len, prompts))
+    ids, mask = torch.zeros((2, width), dtype=torch.long), torch.zeros((2, width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):], mask[i, width - len(p):] = torch.tensor(p), 1
+    with torch.no_grad():
+        theirs = hf.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=10, pad_token_id=0,
+                             eos_token_id=None)
+    for i in range(2):
+        assert ours.samples[i].tokens == theirs[i, width:].tolist()
+
+
+def test_hf_export_import_round_trip(pair):
+    name, cfg, model, _ = pair
+    fam = family("moe")
+    weights = {k: v for k, v in weights_of(model).items() if k != "model.router_stats"}
+    hf_cfg = fam.hf.hf_config(cfg)
+    back = fam.hf.from_hf(fam.hf.to_hf(weights), hf_cfg)
+    assert sorted(back) == sorted(weights)
+    for k in weights:
+        np.testing.assert_array_equal(back[k], weights[k])
+    again = config(name="back", **fam.hf.config_from_hf(hf_cfg, "config.json"))
+    for key in ("num_experts", "top_k", "expert_intermediate_size", "norm_topk_prob", "shared_expert_intermediate_size",
+                "shared_expert_gate", "num_kv_heads"):
+        assert again[key] == cfg[key], key
+
+
+def test_capacity_factor_drops_what_a_hand_count_says():
+    """capacity 1.0 at 24 tokens, top 2 of 4: each expert holds ceil(24 x 2 / 4) = 12 assignments, first choices
+    queued before second ones; what exceeds is dropped (counted by hand from the router's choices)."""
+    keys = dict(MIXTRAL, capacity_factor=1.0)
+    cfg, model = built(keys, seed=3)
+    tokens = np.random.default_rng(2).integers(0, cfg.vocab_size, (2, 12)).astype(np.int32)
+    routers = model.router_logits(Tensor(tokens)).asnumpy()  # dropless routing: the same choices per layer ...
+    model.model.with_aux(Tensor(tokens))
+    stats = family("moe").step_metrics(model)
+    # ... for layer 0 only (layer 1's input depends on layer 0's drops): check layer 0 with a one-layer model
+    one = dict(keys, num_layers=1)
+    cfg1, model1 = built(one, seed=3)
+    routers = model1.router_logits(Tensor(tokens)).asnumpy()[0]
+    chosen = np.argsort(-routers, axis=-1, kind="stable")[:, :2]  # [T, 2]
+    queue = np.zeros(4, int)
+    dropped = 0
+    for rank in range(2):
+        for t in range(chosen.shape[0]):
+            e = chosen[t, rank]
+            dropped += queue[e] >= 12
+            queue[e] += 1
+    model1.model.with_aux(Tensor(tokens))
+    got = family("moe").step_metrics(model1)
+    assert got["dropped_share"] == pytest.approx(dropped / (24 * 2))
+    assert got["expert_load_max"] == pytest.approx(queue.max() / queue.mean())
+    assert 0 <= stats["dropped_share"] < 1
+
+
+@pytest.mark.parametrize("keys, key", [
+    (dict(top_k=5), "model.top_k"),
+    (dict(capacity_factor=0.0), "model.capacity_factor"),
+    (dict(shared_expert_gate=True), "model.shared_expert_gate"),
+])
+def test_bad_moe_configs_are_refused_naming_the_key(keys, key):
+    cfg = OmegaConf.create({"model": config(**dict(MIXTRAL, **keys)), "parallel": {"tp": 1, "pp": 1, "name": "single"},
+                            "dry_run": False})
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        family("moe").check(cfg)
+
+
+def test_active_parameters_of_the_presets():
+    """Mixtral 8x7B: 46.7B parameters, 12.9B active (Jiang et al. 2024); Qwen1.5-MoE-A2.7B 14.3B and 2.7B (its
+    model card, with q/k/v biases this family has not: 0.6M)."""
+    from conftest import load_preset
+
+    fam = family("moe")
+    mixtral = fam.parameter_count(load_preset("model", "mixtral_8x7b"))
+    assert mixtral["total"] == 46_702_792_704 and round(mixtral["active"] / 1e9, 1) == 12.9
+    qwen = fam.parameter_count(load_preset("model", "qwen_moe_a2.7b"))
+    assert round(qwen["total"] / 1e9, 1) == 14.3 and round(qwen["active"] / 1e9, 1) == 2.7
+    assert fam.parameter_count(load_preset("model", "mixtral_8x22b"))["total"] > 100e9
