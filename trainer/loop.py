@@ -12,7 +12,7 @@ from base import checkpoint
 from base.errors import ConfigError
 from base.schema import global_batch_size, is_sharded, peak_tflops, pipeline_micro_batches
 from data import build_data
-from models import build_model
+from models import build_model, family
 from objectives import objective as objective_plugin
 from planner.layout import Layout
 from trainer.callbacks import Checkpointing, Evaluation, Sinks, TrainMetrics
@@ -109,7 +109,10 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
         if rt.is_main:
             checkpoint.prune(ckpt_root, t.keep_last, t.keep_every)
 
-    progress = ConsoleProgress(t.max_steps, start, enabled=rt.is_main, keys=getattr(objective, "console", ()),
+    read_model = family(cfg.model.family).step_metrics  # the family's numbers: a router's load, dropped tokens
+    model_metrics = lambda: {} if read_model is None else read_model(model)
+    progress = ConsoleProgress(t.max_steps, start, enabled=rt.is_main,
+                               keys=(*getattr(objective, "console", ()), *model_metrics()),
                                bar=cfg.logger.progress_bar)
     sinks = Sinks((_file_sinks(cfg, run_dir, state["run_id"], start) if rt.is_main else []) + [progress])
     if rt.is_main:  # once everything is built: a start that fails (bad data, checkpoint) keeps the previous one
@@ -119,6 +122,7 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     tokens_by_source = lambda: {s: n * dp * cfg.data.seq_len for s, n in data.train.samples_by_source().items()}
     extra = lambda: {"skipped_steps": skipped, **({"loss_scale": scaler.scale} if scaler else {}),
                      **getattr(objective, "logged", {}),  # an objective's host-side numbers (PPO's rollout)
+                     **model_metrics(),
                      **({} if cfg.device.target == "CPU" else {"peak_device_memory_gb": _peak_device_memory_gb()})}
     train_metrics = TrainMetrics(sinks, t.log_every, t.max_steps, speed, tokens_per_step, tokens_by_source, extra)
     evaluation = Evaluation(sinks, t.eval_every, t.max_steps, module, val, *downstream)
