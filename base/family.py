@@ -31,6 +31,7 @@ class FamilyConfig:
     vocab_size: int = MISSING  # the tokenizer's size (data, generation, the loss)
     hidden_size: int = MISSING  # the activations' width (the planner's activation and communication terms)
     num_layers: int = MISSING  # pipeline stages divide it (validation, the planner)
+    num_heads: int = MISSING  # attention heads (the planner's [S, S] softmax term per head)
     max_position_embeddings: int = 2048  # the longest row served unless the family's context_window says more
     init_std: float = 0.02  # the normal init of the weights
     recompute: str = "none"  # none | full | selective (the family's recompute_cells; the planner's time and memory)
@@ -45,7 +46,8 @@ REQUIRED = {
     "describe": "describe(m, count) -> dry-run lines (planner/dry_run.py)",
     "recompute_cells": "recompute_cells(model, mode) -> the cells model.recompute redoes (models/__init__.py)",
     "attention_kind": "attention_kind(cfg, device_target, compute_dtype, sharded) -> flash | fused | plain",
-    "parameter_count": "parameter_count(m) -> {..., 'total', 'lm_head'} (dry run, RM, PPO, the reference model)",
+    "parameter_count": "parameter_count(m) -> {..., 'total'} (the dry run, the reference model), and 'lm_head' for "
+                       "a CAUSAL family (what a reward model drops: objectives/rm.py, ppo.py)",
     "matmul_parameter_count": "matmul_parameter_count(m) -> the matmul weights one token runs through: the ACTIVE "
                               "parameters of a mixture of experts (6N of the FLOPs; the planner's time model)",
     "flops_per_token": "flops_per_token(m, seq_len) -> training FLOPs per token (MFU, the planner)",

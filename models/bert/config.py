@@ -13,7 +13,6 @@ from base.family import FamilyConfig
 @dataclass
 class BertConfig(FamilyConfig):
     family: str = "bert"  # model family tag: selects models/bert/ when building the model
-    num_heads: int = MISSING  # attention heads; head_dim = hidden_size // num_heads
     intermediate_size: int = MISSING  # width of the GELU MLP in each encoder layer (4h in BERT-base)
     max_position_embeddings: int = 512  # rows of the learned absolute position embedding (max sequence length)
     type_vocab_size: int = 2  # token-type (segment A/B) embedding rows

@@ -14,7 +14,6 @@ from models.common.rope import RopeScalingConfig
 class LlamaConfig(FamilyConfig):
     family: str = "llama"  # models/llama/: decoder-only, causal
     impl: str = "native"  # native (models/llama/model.py) | mindformers (MindFormers 1.9 LlamaForCausalLM)
-    num_heads: int = MISSING
     num_kv_heads: int = MISSING  # == num_heads: multi-head attention; fewer: grouped-query attention
     intermediate_size: int = MISSING  # SwiGLU width
     rope_theta: float = 10000.0

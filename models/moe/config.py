@@ -16,7 +16,6 @@ from models.common.rope import RopeScalingConfig
 @dataclass
 class MoeConfig(FamilyConfig):
     family: str = "moe"  # models/moe/: decoder-only, causal
-    num_heads: int = MISSING
     num_kv_heads: int = MISSING  # == num_heads: multi-head attention; fewer: grouped-query attention
     rope_theta: float = 10000.0
     rope_scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)  # type none only (check())
