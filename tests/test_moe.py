@@ -154,3 +154,20 @@ def test_active_parameters_of_the_presets():
     qwen = fam.parameter_count(load_preset("model", "qwen_moe_a2.7b"))
     assert round(qwen["total"] / 1e9, 1) == 14.3 and round(qwen["active"] / 1e9, 1) == 2.7
     assert fam.parameter_count(load_preset("model", "mixtral_8x22b"))["total"] > 100e9
+
+
+def test_a_dense_checkpoint_given_to_a_moe_model_is_one_line_naming_the_file(tmp_path):
+    """A Llama checkpoint as stage.init_from of model=moe_tiny: base/checkpoint.py's refusal, naming the file, a
+    dense weight the MoE has not and the fix."""
+    import mindspore as ms
+
+    from base import checkpoint
+    from base.errors import CheckpointError
+    from conftest import load_preset
+
+    dense = family("llama").build(load_preset("model", "tiny"), 16, "fp32", False, 0)
+    ms.save_checkpoint(dense, str(tmp_path / "model.safetensors"), format="safetensors")
+    _, moe = built(dict(MIXTRAL, vocab_size=4096, hidden_size=128, num_heads=4, num_kv_heads=2))
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: holds \d+ weights this model does not have "
+                                              r"\(e\.g\. model\.layers\.0\.feed_forward\.w1\.weight\).*set model="):
+        checkpoint.load_weights(str(tmp_path / "model.safetensors"), moe)

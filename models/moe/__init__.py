@@ -53,7 +53,8 @@ def check(cfg) -> None:
                 "expert_intermediate_size"):
         require(m[key] > 0, f"model.{key}", f"must be positive, got {m[key]}")
     require(m.top_k <= m.num_experts, "model.top_k",
-            f"top_k={m.top_k} exceeds num_experts={m.num_experts}: a token picks at most every expert once")
+            f"top_k={m.top_k} exceeds num_experts={m.num_experts} (a token's experts are distinct); set "
+            f"model.top_k <= {m.num_experts}")
     require(m.capacity_factor is None or m.capacity_factor > 0, "model.capacity_factor",
             f"must be > 0 (each expert's room, in units of an even share of the routed tokens) or null for "
             f"dropless, got {m.capacity_factor}")
