@@ -5,15 +5,7 @@ Used by the dry run (planner/dry_run.py), the memory plan (planner/memory.py) an
 """
 from typing import Any, Dict, List, Tuple
 
-
-def _head_dim(m: Any) -> int:
-    return m.hidden_size // m.num_heads
-
-
-def _attention_weights(m: Any) -> int:
-    """wq and wo are h x h; wk and wv are h x (kv_heads * head_dim), smaller under grouped-query attention."""
-    h, kv_dim = m.hidden_size, m.num_kv_heads * _head_dim(m)
-    return 2 * h * h + 2 * h * kv_dim
+from models.common.accounting import _attention_weights, _head_dim
 
 
 def _ffn_weights(m: Any) -> int:

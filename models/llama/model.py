@@ -44,6 +44,7 @@ from models.common.attention import (AttentionBlock, Attention, CoreAttention, F
                                      apply_rope, rope_tables, rotate_half)
 from models.common.causal_lm import CausalLM
 from models.common.layers import DTYPES, Embedding, FeedForward, Linear, RMSNorm  # noqa: F401
+from models.common.trunk import DecoderTrunk
 from models.llama.config import LlamaConfig
 
 
@@ -85,7 +86,7 @@ class DecoderLayer(nn.Cell):
         return x + self.feed_forward(self.ffn_norm(x)).astype(x.dtype)
 
 
-class LlamaModel(nn.Cell):
+class LlamaModel(DecoderTrunk):
     def __init__(self, cfg: LlamaConfig, rng, compute_dtype, flash: bool = False):
         super().__init__()
         self.tok_embeddings = Embedding(cfg.vocab_size, cfg.hidden_size, cfg.init_std, rng)
@@ -111,34 +112,6 @@ class LlamaModel(nn.Cell):
         x = self.tok_embeddings(tokens)
         for layer in self.layers:
             x = layer(x, cos, sin, mask)
-        return self.norm_out(x)
-
-    def attention_inputs(self, tokens, positions, segments):
-        """(cos, sin, mask) for every layer's attention: the RoPE tables [S, D] (or [B, 1, S, D] at `positions`)
-        and, with `segments`, the additive bias [B, 1, S, S] that keeps each token inside its sample (else None)."""
-        seq = tokens.shape[1]
-        if positions is None:
-            cos, sin = self.cos[:seq], self.sin[:seq]
-        else:  # [B, 1, S, D]: broadcast over the heads
-            cos, sin = self.cos[positions].expand_dims(1), self.sin[positions].expand_dims(1)
-        if segments is None:
-            return cos, sin, None
-        same = segments.expand_dims(2) == segments.expand_dims(1)  # [B, S, S]
-        allowed = ops.logical_and(same, self.future[:seq, :seq] == 0).astype(ms.float32)
-        return cos, sin, ((1.0 - allowed) * -1e9).expand_dims(1)  # [B, 1, S, S], added to the scores
-
-    def cached(self, tokens, positions, bias, k_caches=None, v_caches=None, slot=None):
-        """Inference: tokens/positions [B, S] (positions start at 0 at each row's first real token), the
-        attention bias and per-layer caches (tuples of Parameters, written in place, or None) -> hidden
-        [B, S, hidden]."""
-        cos, sin = self.cos[positions].expand_dims(1), self.sin[positions].expand_dims(1)  # [B, 1, S, D]
-        x = self.tok_embeddings(tokens)
-        i = 0
-        for layer in self.layers:
-            k = None if k_caches is None else k_caches[i]
-            v = None if v_caches is None else v_caches[i]
-            x = layer.cached(x, cos, sin, bias, k, v, slot)
-            i += 1
         return self.norm_out(x)
 
 

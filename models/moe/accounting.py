@@ -7,14 +7,7 @@ router, attention, the head): the active parameters, the 6N of the training FLOP
 """
 from typing import Any, Dict, List, Tuple
 
-
-def _head_dim(m: Any) -> int:
-    return m.hidden_size // m.num_heads
-
-
-def _attention_weights(m: Any) -> int:
-    h, kv_dim = m.hidden_size, m.num_kv_heads * _head_dim(m)
-    return 2 * h * h + 2 * h * kv_dim
+from models.common.accounting import _attention_weights, _head_dim
 
 
 def _expert_weights(m: Any) -> int:

@@ -37,6 +37,7 @@ from models.common import rope
 from models.common.attention import Attention, rope_tables
 from models.common.causal_lm import CausalLM
 from models.common.layers import DTYPES, Embedding, FeedForward, Linear, RMSNorm, _init
+from models.common.trunk import DecoderTrunk
 from models.moe.config import MoeConfig
 
 STATS = ("router_balance", "router_z", "expert_load_max", "dropped_share")  # model.router_stats, in order
@@ -137,7 +138,7 @@ class MoeDecoderLayer(nn.Cell):
         return x + self.feed_forward(self.ffn_norm(x), True)[0].astype(x.dtype)
 
 
-class MoeModel(nn.Cell):
+class MoeModel(DecoderTrunk):
     """The trunk: tokens -> final hidden states; `with_aux` adds the routers' auxiliary loss."""
 
     def __init__(self, cfg: MoeConfig, rng, compute_dtype, flash: bool = False):
@@ -176,31 +177,6 @@ class MoeModel(nn.Cell):
         stats = ops.stack((balance, z, load.max() / load.mean(), dropped / (routed * self.top_k)))
         hidden = ops.depend(self.norm_out(x), ops.assign(self.router_stats, ops.stop_gradient(stats)))
         return hidden, self.aux_coef * balance + self.z_coef * z
-
-    def attention_inputs(self, tokens, positions, segments):
-        """(cos, sin, mask) for every layer's attention, as the Llama trunk's."""
-        seq = tokens.shape[1]
-        if positions is None:
-            cos, sin = self.cos[:seq], self.sin[:seq]
-        else:
-            cos, sin = self.cos[positions].expand_dims(1), self.sin[positions].expand_dims(1)
-        if segments is None:
-            return cos, sin, None
-        same = segments.expand_dims(2) == segments.expand_dims(1)
-        allowed = ops.logical_and(same, self.future[:seq, :seq] == 0).astype(ms.float32)
-        return cos, sin, ((1.0 - allowed) * -1e9).expand_dims(1)
-
-    def cached(self, tokens, positions, bias, k_caches=None, v_caches=None, slot=None):
-        """Inference (models/common/generation.py), dropless: hidden [B, S, h]."""
-        cos, sin = self.cos[positions].expand_dims(1), self.sin[positions].expand_dims(1)
-        x = self.tok_embeddings(tokens)
-        i = 0
-        for layer in self.layers:
-            k = None if k_caches is None else k_caches[i]
-            v = None if v_caches is None else v_caches[i]
-            x = layer.cached(x, cos, sin, bias, k, v, slot)
-            i += 1
-        return self.norm_out(x)
 
 
 class MoeForCausalLM(CausalLM):
