@@ -9,6 +9,7 @@ from typing import Callable, Dict, Iterator, Optional
 
 from base.errors import ConfigError
 from base.family import Family
+from base.objective import ObjectivePlugin
 
 
 class Registry:
@@ -43,5 +44,5 @@ class Registry:
 
 
 FAMILIES = Registry("model.family", "models/<family>/", Family)  # the family packages (contract: base/family.py)
-OBJECTIVES = Registry("objective.name", "objectives/<name>.py")  # the objective modules (objectives/__init__.py)
+OBJECTIVES = Registry("objective.name", "objectives/<name>.py", ObjectivePlugin)  # contract: base/objective.py
 PEFT = Registry("peft.name", "adapters/")  # the typed config of each PEFT method

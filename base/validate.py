@@ -248,7 +248,7 @@ def _check_eval_tasks(cfg: DictConfig) -> None:
     t = cfg.trainer
     _require(t.eval_task_items >= 0, "trainer.eval_task_items", f"must be >= 0 (0: every item), got {t.eval_task_items}")
     if t.eval_tasks:
-        _require(hasattr(OBJECTIVES[cfg.objective.name].Objective, "token_nll"), "trainer.eval_tasks",
+        _require(OBJECTIVES[cfg.objective.name].Objective.token_nll is not None, "trainer.eval_tasks",
                  f"tasks score a causal LM's log-likelihoods through the objective's per-token NLL (token_nll), "
                  f"and objective={cfg.objective.name} has none (set trainer.eval_tasks=[]; `python -m evaluate CKPT "
                  f"tasks=[...]` scores a fine-tuned causal checkpoint)")

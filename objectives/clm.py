@@ -17,6 +17,7 @@ from mindspore import nn, ops
 from omegaconf import MISSING
 
 from base.errors import require
+from base.objective import ObjectiveBase
 from data.packing import DOCUMENT_PACKED, PACKED
 from objectives._cross_entropy import WeightedCrossEntropy, masked_mean_nll
 
@@ -43,7 +44,7 @@ def row_spec(cfg: Config):
     return DOCUMENT_PACKED if cfg.packing == "documents" else PACKED
 
 
-class Objective:
+class Objective(ObjectiveBase):
     inputs = ("input_ids", "labels")
     metrics = ()
     console = ()  # the loss, its perplexity and bits per byte say it all

@@ -43,6 +43,7 @@ from mindspore import Tensor, nn, ops
 from omegaconf import MISSING
 
 from base.errors import require
+from base.objective import ObjectiveBase
 from base.schema import PREFERENCE_KINDS
 from objectives import _reference, check_fine_tuning
 from objectives._preference import COLUMNS, DATA_HINT, pair_row_spec, require_data_parallel
@@ -93,7 +94,7 @@ def memory(cfg):
 SIDES = COLUMNS[:4]  # chosen_ids, chosen_labels, rejected_ids, rejected_labels: what the loss reads of a row
 
 
-class Objective:
+class Objective(ObjectiveBase):
     inputs = SIDES
     metrics = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
                "logps/rejected", "kl")

@@ -52,6 +52,7 @@ from omegaconf import MISSING, OmegaConf
 
 from base import checkpoint
 from base.errors import ConfigError, require
+from base.objective import ObjectiveBase
 from base.schema import INSTRUCTION_KINDS
 from data.errors import DataError
 from data.rows import RowSpec, Split
@@ -298,7 +299,7 @@ class PPOLoss(nn.Cell):
                 ((v2 > v1).astype(ms.float32) * mask).sum() / n, entropy)
 
 
-class Objective:
+class Objective(ObjectiveBase):
     inputs = ("tokens", "mask", "old_logp", "advantages", "returns", "old_values")
     metrics = ("policy/approxkl", "policy/clipfrac", "loss/policy", "loss/value", "val/clipfrac", "entropy")
     console = ("objective/scores", "objective/kl")  # the rollout's reward-model score and KL (`logged`)

@@ -35,6 +35,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from omegaconf import MISSING
 
 from base.errors import require
+from base.objective import ObjectiveBase
 from base.schema import PREFERENCE_KINDS
 from objectives import check_fine_tuning
 from objectives._preference import DATA_HINT, last_labelled, pair_row_spec, require_data_parallel
@@ -71,7 +72,7 @@ def memory(cfg):
     return ObjectiveMemory(sequences=2, logits=0, params_delta=cfg.model.hidden_size - lm_head)
 
 
-class Objective:
+class Objective(ObjectiveBase):
     inputs = ("chosen_ids", "chosen_end", "rejected_ids", "rejected_end", "margin")
     metrics = ("accuracy", "margin", "mean_reward", "reward_sq", "min_reward", "max_reward")
     console = ("accuracy", "margin")

@@ -21,6 +21,7 @@ from mindspore import nn
 from omegaconf import MISSING
 
 from base.errors import require
+from base.objective import ObjectiveBase
 from base.schema import INSTRUCTION_KINDS
 from data.errors import DataError
 from data.rows import RowSpec, Split, best_fit
@@ -93,7 +94,7 @@ def sft_rows(packing: bool, truncate: bool, split: Split, seq_len: int, tokenize
         yield out
 
 
-class Objective:
+class Objective(ObjectiveBase):
     inputs = ("input_ids", "labels", "position_ids", "segment_ids")
     metrics = ("mean_token_accuracy",)
     console = ("mean_token_accuracy",)

@@ -114,7 +114,7 @@ class Search:
     @functools.lru_cache(maxsize=None)
     def _needs(self, micro_batch_size: int) -> ObjectiveMemory:
         plugin = OBJECTIVES[self.cfg.objective.name]
-        if not hasattr(plugin, "memory"):
+        if plugin.memory is None:
             return ObjectiveMemory()
         return plugin.memory(OmegaConf.merge(self.cfg, {"trainer": {"micro_batch_size": micro_batch_size}}))
 

@@ -80,7 +80,7 @@ def _attention(cfg: Any) -> str:
 
 def _needs(cfg: Any) -> ObjectiveMemory:
     plugin = OBJECTIVES[cfg.objective.name]
-    return plugin.memory(cfg) if hasattr(plugin, "memory") else ObjectiveMemory()
+    return plugin.memory(cfg) if plugin.memory is not None else ObjectiveMemory()
 
 
 def trained_fraction(cfg: Any) -> float:

@@ -102,6 +102,22 @@ def test_a_family_missing_members_is_refused_in_one_line_naming_them():
     assert Family("bigram", SimpleNamespace(__name__="x", **MEMBERS)).generator is None  # optional: None
 
 
+def test_an_objective_missing_members_is_refused_in_one_line_naming_them():
+    from base.objective import ObjectiveBase, ObjectivePlugin
+
+    class Half(ObjectiveBase):
+        def batch(self, rows, sample):
+            return ()
+
+    module = SimpleNamespace(__name__="objectives.half", Config=BigramConfig, check=lambda cfg: None, Objective=Half)
+    with pytest.raises(ContractError) as err:
+        ObjectivePlugin("half", module)
+    assert str(err.value) == ("objective 'half' (objectives.half) lacks row_spec, Objective.loss_tokens, "
+                              "Objective.loss_cell: an objective provides what base/objective.py REQUIRED lists "
+                              "(objectives/__init__.py)")
+    assert Half.token_nll is None and Half.console == ()  # the optional hooks, absent
+
+
 def test_every_registered_family_keeps_the_contract_on_its_presets():
     """parameter_count's total (and lm_head for a causal family), active matmul weights no more than the total (what the planner's time
     model, RM, PPO and the reference model read), for every preset of every registered family."""

@@ -171,3 +171,74 @@ def test_a_dense_checkpoint_given_to_a_moe_model_is_one_line_naming_the_file(tmp
     with pytest.raises(CheckpointError, match=r"model\.safetensors: holds \d+ weights this model does not have "
                                               r"\(e\.g\. model\.layers\.0\.feed_forward\.w1\.weight\).*set model="):
         checkpoint.load_weights(str(tmp_path / "model.safetensors"), moe)
+
+
+@pytest.fixture
+def moe_and_ids(pynative):
+    """model=moe_tiny's shape, small, and rows of 13 tokens, in PyNative (a loss cell run twice)."""
+    _, model = built(dict(MIXTRAL, z_loss_coef=0.01), seed=5)
+    ids = np.random.default_rng(4).integers(4, MIXTRAL["vocab_size"], (4, 13)).astype(np.int32)
+    return model, ids
+
+
+def _with_and_without_aux(cell, *inputs):
+    """(the loss cell's loss, the same without the auxiliary loss): the objective adds it where HAS_AUX."""
+    with_aux = float(cell(*map(Tensor, inputs))[0].asnumpy())
+    cell.has_aux = False
+    without = float(cell(*map(Tensor, inputs))[0].asnumpy())
+    return with_aux, without
+
+
+def aux_of(model, ids) -> float:
+    return float(model.model.with_aux(Tensor(ids))[1].asnumpy())
+
+
+def test_clm_and_sft_losses_add_the_routers_auxiliary_loss(moe_and_ids):
+    from objectives.clm import CausalLMLoss
+    from objectives.sft import ResponseLoss
+
+    model, ids = moe_and_ids
+    loss, plain = _with_and_without_aux(CausalLMLoss(model), ids, ids)
+    assert loss - plain == pytest.approx(aux_of(model, ids[:, :-1]), rel=1e-4) and aux_of(model, ids) > 0
+    labels = ids.copy()
+    labels[:, :6] = -100  # the prompt
+    positions = np.tile(np.arange(13, dtype=np.int32), (4, 1))
+    loss, plain = _with_and_without_aux(ResponseLoss(model), ids, labels, positions, np.zeros_like(ids))
+    expected = float(model.model.with_aux(Tensor(ids[:, :-1]), Tensor(positions[:, :-1]),
+                                          Tensor(np.zeros_like(ids)[:, :-1]))[1].asnumpy())
+    assert loss - plain == pytest.approx(expected, rel=1e-4)
+
+
+def test_dpo_rm_and_ppo_losses_add_the_routers_auxiliary_loss(moe_and_ids):
+    from objectives.dpo import Config as DpoConfig, PrecomputedPreferenceLoss
+    from objectives.ppo import Config as PpoConfig, PPOLoss, PolicyWithValue
+    from objectives.rm import PairwiseLoss, RewardModel
+
+    model, ids = moe_and_ids
+    chosen, rejected = ids[:2], ids[2:]
+    dpo = PrecomputedPreferenceLoss(model, DpoConfig(name="dpo"))
+    loss, plain = _with_and_without_aux(dpo, chosen, chosen, rejected, rejected, np.zeros(2, np.float32),
+                                        np.zeros(2, np.float32))
+    assert loss - plain == pytest.approx(aux_of(model, ids[:, :-1]), rel=1e-4)
+    ends = np.array([12, 12], np.int32)
+    rm = PairwiseLoss(RewardModel(model, seed=0), 0.0)
+    loss, plain = _with_and_without_aux(rm, chosen, ends, rejected, ends, np.zeros(2, np.float32))
+    assert loss - plain == pytest.approx(aux_of(model, ids), rel=1e-4)
+    ppo = PPOLoss(PolicyWithValue(model), PpoConfig(name="ppo"))
+    zeros = np.zeros((4, 12), np.float32)
+    loss, plain = _with_and_without_aux(ppo, ids, zeros + 1, zeros, zeros, zeros, zeros)
+    assert loss - plain == pytest.approx(aux_of(model, ids[:, :-1]), rel=1e-4)
+
+
+def test_lora_adapts_the_attention_projections_of_a_moe_model_by_default():
+    """peft=lora's default target_modules on the moe family: the attention projections (the routed experts are
+    stacked Parameters, the router and shared expert are not named); everything else frozen."""
+    from adapters.lora import LoraConfig, apply_lora
+
+    _, model = built(QWEN)
+    before = model(Tensor(np.array([[3, 4, 5]], np.int32))).asnumpy()
+    apply_lora(model, LoraConfig(), seed=0)
+    trained = sorted(p.name for p in model.trainable_params())
+    assert trained == sorted(f"model.layers.{i}.attention.{w}.lora_{ab}.weight" for i in range(2)
+                             for w in ("wq", "wk", "wv", "wo") for ab in "AB")
+    np.testing.assert_allclose(model(Tensor(np.array([[3, 4, 5]], np.int32))).asnumpy(), before, atol=1e-6)
