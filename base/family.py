@@ -63,6 +63,8 @@ OPTIONAL = {
     "apply_kernels": "apply_kernels(model, cfg, compute_dtype, device_target, sharded): device / CPU-kernel twins",
     "linear_shapes": "linear_shapes(m) -> {path: (in, out)} of its linear cells (the dry run's LoRA count)",
     "export_mindformers": "export_mindformers(cfg, weights, out_dir, location): convert.py --to mindformers",
+    "experts": "experts(m) -> (num_experts, top_k) of a mixture of experts: parallel.ep splits them (validation, "
+               "the planner's memory and all-to-all time, the advisor's search)",
     "step_metrics": "step_metrics(model) -> {name: value} the console and metrics.jsonl show after each step "
                     "(a router's load and dropped tokens)",
 }

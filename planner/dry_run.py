@@ -202,7 +202,7 @@ def advisor_report(cfg: Any, devices: int, overrides: Optional[Sequence[str]] = 
         format_plan(best.plan, d),
         format_time(best.time, d, cfg.precision.compute_dtype),
         "layout\n" + textwrap.indent(Layout(best.candidate.dp, best.candidate.tp, best.candidate.pp,
-                                             cfg.model.num_layers).describe(), "  "),
+                                             cfg.model.num_layers, best.candidate.ep).describe(), "  "),
         format_launch(user, best.candidate, d, devices // d.devices_per_node if devices > d.devices_per_node else 1,
                       cfg.precision.compute_dtype),
     ])

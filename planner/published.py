@@ -120,7 +120,7 @@ def predict(run: Run, efficiency: float = None):
     d = device(run.device)
     if efficiency is not None:
         d.compute_efficiency = efficiency
-    layout = SimpleNamespace(dp=run.dp, tp=run.tp, pp=run.pp, sequence_parallel=run.sequence_parallel,
+    layout = SimpleNamespace(dp=run.dp, tp=run.tp, pp=run.pp, ep=1, sequence_parallel=run.sequence_parallel,
                              optimizer_shard=run.optimizer_shard, micro_batches=run.micro_batches)
     return step_time(model(run), layout, d, run.seq_len, run.micro_batch_size, run.micro_batches, "bf16", run.recompute)
 

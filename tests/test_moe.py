@@ -242,3 +242,72 @@ def test_lora_adapts_the_attention_projections_of_a_moe_model_by_default():
     assert trained == sorted(f"model.layers.{i}.attention.{w}.lora_{ab}.weight" for i in range(2)
                              for w in ("wq", "wk", "wv", "wo") for ab in "AB")
     np.testing.assert_allclose(model(Tensor(np.array([[3, 4, 5]], np.int32))).asnumpy(), before, atol=1e-6)
+
+
+# --- expert parallelism: validation, layout, memory, time, the advisor ------------------------------------------
+
+def _validated(overrides):
+    from base.validate import validate
+    from conftest import compose_cfg
+
+    validate(compose_cfg(*overrides))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["parallel.ep=3", "parallel.dp=6"], "ep=3 does not divide the 8 experts (model.num_experts); choose ep among 1, 2"),
+    (["parallel.ep=4", "parallel.dp=2"], "ep=4 does not divide dp=2"),
+    (["model=mixtral_8x7b", "parallel.ep=0"], "must be >= 1"),
+])
+def test_expert_parallel_is_validated_as_mindformers_expert_parallel(overrides, message):
+    base = ["model=mixtral_8x7b", "device=ascend910b", "parallel=single", "dry_run=true"]
+    with pytest.raises(ConfigError, match="parallel.ep: " + message.replace("(", r"\(").replace(")", r"\)")):
+        _validated(base + overrides)
+    with pytest.raises(ConfigError, match=r"parallel.ep: model.family=llama has no experts to split"):
+        _validated(["model=7b", "device=ascend910b", "parallel=single", "parallel.dp=2", "parallel.ep=2",
+                    "dry_run=true"])
+
+
+def test_expert_groups_are_ep_consecutive_dp_ranks():
+    from planner.layout import Layout
+
+    layout = Layout(dp=4, tp=2, pp=1, num_layers=2, ep=2)
+    assert layout.ep_groups() == [[0, 2], [1, 3], [4, 6], [5, 7]]  # rank = dp_rank * tp + tp_rank
+    assert "ep groups (4 x 2 ranks): [0 2] [1 3] [4 6] [5 7]" in layout.describe(max_groups=8)
+
+
+def test_memory_counts_the_experts_of_a_device_and_time_adds_the_all_to_alls():
+    """Mixtral 8x7B at pp 4: a stage's 8 layers hold 8 x 8 experts of 3 x 4096 x 14336 weights; ep 2 halves them
+    (by hand); the all-to-all: 2 passes x (dispatch + combine) x 8 layers x micro-batches, each moving top_k = 2
+    copies of the micro-batch's [b, s, h] bf16 activations, half of them to the other rank of the group."""
+    from types import SimpleNamespace
+
+    from conftest import load_preset
+    from planner.timing import step_time
+
+    m, fam = load_preset("model", "mixtral_8x7b"), family("moe")
+    layout = dict(dp=8, tp=1, pp=4, sequence_parallel=False, optimizer_shard=True, micro_batches=16)
+    one, two = (fam.stage_parameters(m, SimpleNamespace(ep=ep, **layout)) for ep in (1, 2))
+    assert one[1] - two[1] == 8 * 8 * 3 * 4096 * 14336 // 2
+    from conftest import compose_cfg
+
+    device = compose_cfg("device=ascend910b").device
+    times = {ep: step_time(m, SimpleNamespace(ep=ep, **layout), device, 4096, 1, 16, "bf16", "none")
+             for ep in (1, 2)}
+    assert not [c for c in times[1].comms if c.kind == "ep"]
+    (a2a,) = [c for c in times[2].comms if c.kind == "ep"]
+    assert a2a.collective == "all-to-all x 512" and a2a.link == "intra-node"
+    assert a2a.bytes == 512 * 2 * 0.5 * 4096 * 4096 * 2
+    # on the critical path: each micro-batch's share lengthens the pipeline's slot (the bubble: pp - 1 slots)
+    assert times[2].bubble - times[1].bubble == pytest.approx(3 * a2a.seconds / 16, rel=1e-9)
+
+
+def test_the_advisor_searches_expert_parallelism():
+    from conftest import compose_cfg
+    from planner.advisor import Search
+
+    search = Search(compose_cfg("model=mixtral_8x7b", "device=ascend910b", "nodes=4", "dry_run=true"))
+    assert search.expert_splits(8) == [1, 2, 4, 8] and search.expert_splits(6) == [1, 2]
+    eps = {c.ep for c in search.candidates(32, 1024)}
+    assert eps == {1, 2, 4, 8}
+    dense = Search(compose_cfg("model=7b", "device=ascend910b", "dry_run=true"))
+    assert dense.expert_splits(8) == [1]

@@ -20,7 +20,7 @@ from models.moe.config import MoeConfig as Config
 
 __all__ = ["Config", "attention_kind", "build", "check", "describe", "flops_per_token", "generator", "hf",
            "layer_activation_factors", "linear_shapes", "matmul_parameter_count", "parameter_count",
-           "recompute_cells", "stage_parameters", "step_metrics"]
+           "recompute_cells", "stage_parameters", "step_metrics", "experts"]
 CAUSAL = True
 
 
@@ -92,6 +92,11 @@ def describe(m, count) -> list:
             f"  layers      {count(c['layers'])} = {m.num_layers} x {count(c['per_layer'])} "
             f"(experts {count(c['experts_per_layer'])})",
             f"  lm head     {'tied to the embedding' if m.tie_embeddings else count(c['lm_head'])}"]
+
+
+def experts(m) -> tuple:
+    """(num_experts, top_k): parallel.ep splits the experts (base/validate.py, planner/)."""
+    return m.num_experts, m.top_k
 
 
 def generator(model):

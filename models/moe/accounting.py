@@ -74,9 +74,10 @@ def flops_per_token(m: Any, seq_len: int) -> float:
 
 def stage_parameters(m: Any, p: Any) -> List[int]:
     """Parameters one device of each pipeline stage holds: the stage's layers with every matmul weight split over
-    tp (norms replicated), the embedding on the first stage, the head and final norm on the last."""
-    counts, norms = parameter_count(m), 2 * m.hidden_size
-    layer = (counts["per_layer"] - norms) // p.tp + norms
+    tp and the routed experts over ep x tp (MindFormers' expert weights: (ep, 1, mp)); norms replicated; the
+    embedding on the first stage, the head and final norm on the last."""
+    counts, norms, experts = parameter_count(m), 2 * m.hidden_size, parameter_count(m)["experts_per_layer"]
+    layer = (counts["per_layer"] - norms - experts) // p.tp + experts // (p.ep * p.tp) + norms
     params = [m.num_layers // p.pp * layer] * p.pp
     params[0] += counts["embedding"] // p.tp
     if not m.tie_embeddings or p.pp > 1:
