@@ -82,6 +82,15 @@ HF_OPTIONAL = {
 }
 
 
+def bind(holder, name: str, module, required, optional) -> None:
+    """`holder` takes the module's members by their contract names, the optional ones None where absent."""
+    holder.name, holder.module, holder.__name__ = name, module, module.__name__
+    for key in required:
+        setattr(holder, key, getattr(module, key))
+    for key in optional:
+        setattr(holder, key, getattr(module, key, None))
+
+
 class Family:
     """A registered family: the package's members by their contract names, the optional ones None where absent.
     `module` is the package (its `plan` submodule holds a tensor/pipeline plan, models/__init__.py plan_of)."""
@@ -97,11 +106,7 @@ class Family:
         if missing:
             raise ContractError(f"model family {name!r} ({module.__name__}) lacks {', '.join(missing)}: a family "
                                 "provides what base/family.py REQUIRED lists (docs/extending.md)")
-        self.name, self.module, self.__name__ = name, module, module.__name__
-        for key in REQUIRED:
-            setattr(self, key, getattr(module, key))
-        for key in OPTIONAL:
-            setattr(self, key, getattr(module, key, None))
+        bind(self, name, module, REQUIRED, OPTIONAL)
         self.hf = HfAdapter(hf)
 
     def __repr__(self) -> str:

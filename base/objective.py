@@ -5,7 +5,7 @@ members are None where absent, and the module's `Objective` class subclasses `Ob
 are None until the objective defines them. So the layers that use an objective ask `objective.token_nll is not
 None`, never the object by name. objectives/__init__.py says what each member does.
 """
-from base.family import ContractError
+from base.family import ContractError, bind
 
 REQUIRED = ("Config", "check", "row_spec", "Objective")
 OPTIONAL = ("memory", "PROVIDES", "NEEDS")
@@ -38,8 +38,4 @@ class ObjectivePlugin:
         if missing:
             raise ContractError(f"objective {name!r} ({module.__name__}) lacks {', '.join(missing)}: an objective "
                                 "provides what base/objective.py REQUIRED lists (objectives/__init__.py)")
-        self.name, self.module, self.__name__ = name, module, module.__name__
-        for key in REQUIRED:
-            setattr(self, key, getattr(module, key))
-        for key in OPTIONAL:
-            setattr(self, key, getattr(module, key, None))
+        bind(self, name, module, REQUIRED, OPTIONAL)

@@ -124,7 +124,7 @@ def test_capacity_factor_drops_what_a_hand_count_says():
             e = chosen[t, rank]
             dropped += queue[e] >= 12
             queue[e] += 1
-    model1.model.with_aux(Tensor(tokens))
+    model1(Tensor(tokens))  # construct: the compiled graph
     got = family("moe").step_metrics(model1)
     assert got["dropped_share"] == pytest.approx(dropped / (24 * 2))
     assert got["expert_load_max"] == pytest.approx(queue.max() / queue.mean())

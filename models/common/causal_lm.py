@@ -16,8 +16,12 @@ A loss cell adds the auxiliary loss where `HAS_AUX` (a Python constant, so a den
 objectives/clm.py, sft.py, dpo.py, rm.py and ppo.py do. What the model reports besides (a router's load, its
 dropped tokens) is the family's `step_metrics` (base/family.py).
 """
+import numpy as np
+
 import mindspore as ms
-from mindspore import nn
+from mindspore import nn, ops
+
+from models.common.layers import DTYPES, Linear
 
 
 class CausalLM(nn.Cell):
@@ -25,6 +29,24 @@ class CausalLM(nn.Cell):
     the usual LM head (an `lm_head` Linear, or the tied embedding)."""
 
     HAS_AUX = False
+
+    def assemble(self, cfg, trunk, compute_dtype: str, flash: bool, seed: int) -> None:
+        """The trunk `model` (trunk(cfg, rng, dtype, flash)) then the head (an `lm_head` Linear, or with
+        cfg.tie_embeddings `head_matmul` over the trunk's embedding), from one numpy stream: identical weights on
+        every rank, independent of the backend."""
+        self.hidden_size = cfg.hidden_size
+        rng = np.random.default_rng(seed)
+        dtype = DTYPES[compute_dtype]
+        self.model = trunk(cfg, rng, dtype, flash)
+        self.tie_embeddings = cfg.tie_embeddings
+        if not cfg.tie_embeddings:
+            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, cfg.init_std, rng, dtype)
+        else:
+            self.head_matmul = ops.MatMul(transpose_b=True)
+        self.compute_dtype = dtype
+
+    def layers(self):
+        return self.model.layers
 
     def construct(self, tokens, positions=None, segments=None):
         return self.head(self.model(tokens, positions, segments))

@@ -120,19 +120,7 @@ class LlamaForCausalLM(CausalLM):
 
     def __init__(self, cfg: LlamaConfig, compute_dtype: str = "fp32", flash: bool = False, seed: int = 0):
         super().__init__()
-        self.hidden_size = cfg.hidden_size
-        rng = np.random.default_rng(seed)  # numpy init: identical weights on every rank, independent of backend
-        dtype = DTYPES[compute_dtype]
-        self.model = LlamaModel(cfg, rng, dtype, flash)
-        self.tie_embeddings = cfg.tie_embeddings
-        if not cfg.tie_embeddings:
-            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, cfg.init_std, rng, dtype)
-        else:
-            self.head_matmul = ops.MatMul(transpose_b=True)
-        self.compute_dtype = dtype
-
-    def layers(self):
-        return self.model.layers
+        self.assemble(cfg, LlamaModel, compute_dtype, flash, seed)
 
     def construct(self, tokens, positions=None, segments=None):
         return self.head(self.model(tokens, positions, segments))

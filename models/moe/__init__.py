@@ -13,6 +13,7 @@ validation refuses tp/pp for it. Importing this package is cheap (no MindSpore).
 """
 from base.errors import require
 from base.schema import use_flash_attention
+from models.common.checks import check_attention_shape
 from models.moe import hf
 from models.moe.accounting import flops_per_token, layer_activation_factors, linear_shapes, \
     matmul_parameter_count, parameter_count, stage_parameters
@@ -67,12 +68,7 @@ def check(cfg) -> None:
     require(m.rope_scaling.type == "none", "model.rope_scaling.type",
             f"{m.rope_scaling.type}: long-context RoPE scaling is the llama family's; set model.rope_scaling.type=none")
     require(m.attention_chunk >= 0, "model.attention_chunk", f"must be >= 0 (0: off), got {m.attention_chunk}")
-    require(m.hidden_size % m.num_heads == 0, "model.num_heads",
-            f"hidden_size={m.hidden_size} is not divisible by num_heads={m.num_heads}")
-    require((m.hidden_size // m.num_heads) % 2 == 0, "model.num_heads",
-            f"head_dim={m.hidden_size // m.num_heads} must be even for RoPE")
-    require(m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads",
-            f"num_heads={m.num_heads} is not a multiple of num_kv_heads={m.num_kv_heads}")
+    check_attention_shape(m)
     require(p.tp == 1 and p.pp == 1 or cfg.dry_run, "parallel", f"parallel={p.name}: the moe family has no "
             "tensor/pipeline plan to run yet (the dry run plans one); use data parallelism (parallel=dp2)")
 

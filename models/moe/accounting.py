@@ -7,7 +7,7 @@ router, attention, the head): the active parameters, the 6N of the training FLOP
 """
 from typing import Any, Dict, List, Tuple
 
-from models.common.accounting import _attention_weights, _head_dim
+from models.common.accounting import _attention_weights, _head_dim, stage_parameters_of
 
 
 def _expert_weights(m: Any) -> int:
@@ -76,14 +76,10 @@ def stage_parameters(m: Any, p: Any) -> List[int]:
     """Parameters one device of each pipeline stage holds: the stage's layers with every matmul weight split over
     tp and the routed experts over ep x tp (MindFormers' expert weights: (ep, 1, mp)); norms replicated; the
     embedding on the first stage, the head and final norm on the last."""
-    counts, norms, experts = parameter_count(m), 2 * m.hidden_size, parameter_count(m)["experts_per_layer"]
+    counts, norms = parameter_count(m), 2 * m.hidden_size
+    experts = counts["experts_per_layer"]
     layer = (counts["per_layer"] - norms - experts) // p.tp + experts // (p.ep * p.tp) + norms
-    params = [m.num_layers // p.pp * layer] * p.pp
-    params[0] += counts["embedding"] // p.tp
-    if not m.tie_embeddings or p.pp > 1:
-        params[-1] += m.vocab_size * m.hidden_size // p.tp
-    params[-1] += counts["final_norm"]
-    return params
+    return stage_parameters_of(m, p, counts, layer)
 
 
 def layer_activation_factors(m: Any) -> Tuple[float, float]:

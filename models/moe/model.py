@@ -26,8 +26,6 @@ The trunk's `with_aux` returns aux_loss_coef * balance + z_loss_coef * z (models
 the step's router statistics (balance, z, the busiest expert's load over the mean, the dropped share) in the
 non-trainable `model.router_stats` for the console (models/moe/__init__.py step_metrics).
 """
-import math
-
 import numpy as np
 
 import mindspore as ms
@@ -36,18 +34,11 @@ from mindspore import Parameter, Tensor, nn, ops
 from models.common import rope
 from models.common.attention import Attention, rope_tables
 from models.common.causal_lm import CausalLM
-from models.common.layers import DTYPES, Embedding, FeedForward, Linear, RMSNorm, _init
+from models.common.layers import Embedding, FeedForward, Linear, RMSNorm, _init
 from models.common.trunk import DecoderTrunk
 from models.moe.config import MoeConfig
 
 STATS = ("router_balance", "router_z", "expert_load_max", "dropped_share")  # model.router_stats, in order
-
-
-def capacity(cfg: MoeConfig, tokens: int) -> int:
-    """Rows each expert holds for `tokens` tokens: all of them dropless, else ceil(c x tokens x k / E)."""
-    if cfg.capacity_factor is None:
-        return tokens
-    return min(tokens, max(1, math.ceil(cfg.capacity_factor * tokens * cfg.top_k / cfg.num_experts)))
 
 
 class Experts(nn.Cell):
@@ -73,8 +64,8 @@ class MoeFeedForward(nn.Cell):
 
     def __init__(self, cfg: MoeConfig, rng, compute_dtype):
         super().__init__()
-        self.cfg = cfg
         self.num_experts, self.top_k, self.norm_topk = cfg.num_experts, cfg.top_k, cfg.norm_topk_prob
+        self.capacity_factor = 0.0 if cfg.capacity_factor is None else float(cfg.capacity_factor)  # 0: dropless
         self.router = Linear(cfg.hidden_size, cfg.num_experts, cfg.init_std, rng, ms.float32)  # fp32 logits
         self.experts = Experts(cfg, rng, compute_dtype)
         self.shared = cfg.shared_expert_intermediate_size > 0
@@ -97,7 +88,9 @@ class MoeFeedForward(nn.Cell):
         if self.norm_topk:
             weights = weights / weights.sum(-1, keepdims=True)
         e = self.num_experts
-        rows = tokens if dropless else capacity(self.cfg, tokens)
+        rows = tokens  # each expert's room: every token (dropless), or ceil(c x tokens x k / E)
+        if not dropless and self.capacity_factor > 0:
+            rows = min(tokens, max(1, int(-(-(self.capacity_factor * tokens * self.top_k) // e))))
         choice = chosen.transpose(1, 0).reshape(-1)  # [k T]: every token's first choice, then the second...
         onehot = ops.one_hot(choice, e, Tensor(1.0, ms.float32), Tensor(0.0, ms.float32))  # [k T, E]
         position = ((ops.cumsum(onehot, 0) - 1.0) * onehot).sum(-1).astype(ms.int32)  # place in its expert's queue
@@ -186,19 +179,7 @@ class MoeForCausalLM(CausalLM):
 
     def __init__(self, cfg: MoeConfig, compute_dtype: str = "fp32", flash: bool = False, seed: int = 0):
         super().__init__()
-        self.hidden_size = cfg.hidden_size
-        rng = np.random.default_rng(seed)
-        dtype = DTYPES[compute_dtype]
-        self.model = MoeModel(cfg, rng, dtype, flash)
-        self.tie_embeddings = cfg.tie_embeddings
-        if not cfg.tie_embeddings:
-            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, cfg.init_std, rng, dtype)
-        else:
-            self.head_matmul = ops.MatMul(transpose_b=True)
-        self.compute_dtype = dtype
-
-    def layers(self):
-        return self.model.layers
+        self.assemble(cfg, MoeModel, compute_dtype, flash, seed)
 
     def cached(self, tokens, positions, bias, k_caches=None, v_caches=None, slot=None):
         """Inference step: fp32 logits [B, vocab] of the last column (models/common/generation.py)."""
