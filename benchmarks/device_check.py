@@ -206,7 +206,7 @@ def generate_worker(checkpoint: str, target: str, precision: str, new_tokens: in
     from base.checkpoint import resolve
     from data.tokenizer import Tokenizer
     from generate import build
-    from models.llama.generation import Generator
+    from models.common.generation import Generator
 
     plugins.register()
     checkpoint = resolve(checkpoint)  # the run directory: its `latest` step
