@@ -9,6 +9,7 @@ presets start from `base_model_<family>`), `objective` (each objective's Config 
 the preset `objective=<name>`: no YAML) and `peft` (adapters/). register() finds them in base/registry.py, where
 the plug-ins put themselves; this module imports none of them.
 """
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
@@ -30,6 +31,14 @@ class ParallelConfig:
     micro_batches: int = 1  # pp > 1: micro-batches of trainer.micro_batch_size fed through the pipeline per step
     optimizer_shard: bool = False  # ZeRO-1 style: optimizer states sharded over dp
     sequence_parallel: bool = False  # norms/dropout sharded over tp along the sequence
+    # context parallel: each sequence split over cp devices (planner/context_parallel.py): ring passes K/V blocks
+    # around the cp group (load-balanced causal chunks), ulysses all-to-alls the sequence shards into head shards,
+    # hybrid runs ulysses inside a node and the ring across nodes
+    cp: int = 1
+    cp_algo: str = "ring"  # ring | ulysses | hybrid
+    vp: int = 1  # virtual pipeline stages per device (interleaved 1F1B): the bubble / vp
+    zero3: bool = False  # with optimizer_shard: gradients sharded over dp too, weights all-gathered per micro-batch
+    tp_overlap: bool = False  # tensor-parallel collectives overlapped with the matmuls (fine-grained interleave)
 
 
 INSTRUCTION_KINDS = ("alpaca", "chat", "prompt_completion")  # source kinds holding instruction samples (SFT)
@@ -191,7 +200,11 @@ class DeviceConfig:
     # link bandwidth per device, one direction, GB/s (10^9 bytes): between devices of a node and across nodes;
     # 0: unknown, the dry run then predicts no communication time
     intra_node_gb_per_s: float = 0.0
-    inter_node_gb_per_s: float = 0.0
+    inter_node_gb_per_s: float = 0.0  # of one NIC (a rail)
+    # NICs per node (0: one per device). A group crossing nodes with r of its ranks on each node uses
+    # nics_per_node x r / devices_per_node rails at once (NCCL/HCCL build one ring per rail; the node's other
+    # groups, running at the same time, share the rest)
+    nics_per_node: int = 0
 
 
 @dataclass
@@ -266,9 +279,25 @@ class Config:
 
 
 def is_sharded(parallel) -> bool:
-    """Whether the layout needs MindSpore's semi-auto parallel (distributed/semi_auto.py): tp, pp, or
+    """Whether the layout needs MindSpore's semi-auto parallel (distributed/semi_auto.py): tp, pp, cp, or
     optimizer sharding over dp. Plain data parallelism runs without it (distributed/data_parallel.py)."""
-    return parallel.tp > 1 or parallel.pp > 1 or (parallel.optimizer_shard and parallel.dp > 1)
+    return parallel.tp > 1 or parallel.pp > 1 or parallel.cp > 1 or (parallel.optimizer_shard and parallel.dp > 1)
+
+
+def world_size(parallel) -> int:
+    """Devices of a layout: dp x tp x cp x pp."""
+    return parallel.dp * parallel.tp * parallel.cp * parallel.pp
+
+
+def ulysses_degree(cp: int, cp_algo: str, tp: int, devices_per_node: int) -> int:
+    """How many of the cp ranks Ulysses spreads the heads over: all of them (ulysses), none (ring), or under
+    hybrid those of the cp group inside one node (ranks are tp fastest, then cp: planner/layout.py); the ring
+    runs over the rest."""
+    if cp_algo == "ring":
+        return 1
+    if cp_algo == "ulysses":
+        return cp
+    return max(1, math.gcd(cp, devices_per_node // tp if tp <= devices_per_node else 1))
 
 
 def use_flash_attention(model_cfg, device_target: str) -> bool:

@@ -67,6 +67,11 @@ class Run:
     micro_batches: int
     recompute: str
     published: float  # tokens/s per device
+    cp: int = 1
+    cp_algo: str = "ring"
+    vp: int = 1
+    zero3: bool = False
+    tp_overlap: bool = False
 
 
 def megatron(name: str, heads: int, hidden: int, layers: int, tp: int, pp: int, gpus: int, batch: int,
@@ -121,7 +126,8 @@ def predict(run: Run, efficiency: float = None):
     if efficiency is not None:
         d.compute_efficiency = efficiency
     layout = SimpleNamespace(dp=run.dp, tp=run.tp, pp=run.pp, sequence_parallel=run.sequence_parallel,
-                             optimizer_shard=run.optimizer_shard, micro_batches=run.micro_batches)
+                             optimizer_shard=run.optimizer_shard, micro_batches=run.micro_batches, cp=run.cp,
+                             cp_algo=run.cp_algo, vp=run.vp, zero3=run.zero3, tp_overlap=run.tp_overlap)
     return step_time(model(run), layout, d, run.seq_len, run.micro_batch_size, run.micro_batches, "bf16", run.recompute)
 
 

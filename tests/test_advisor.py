@@ -112,7 +112,8 @@ def test_every_candidate_keeps_the_rules_and_the_batch(seventy_b):
         assert c.sequence_parallel == (c.tp > 1)
         assert c.pp == 1 or c.micro_batches >= c.pp
         assert c.pp > 1 or c.micro_batches == 1 or (c.tp == 1 and not c.optimizer_shard)  # accumulation: plain dp
-        assert not c.optimizer_shard or c.dp > 1
+        assert not c.optimizer_shard or c.dp * c.cp > 1
+        assert not c.zero3 or c.optimizer_shard
 
 
 def test_the_ranked_layouts_fit_fastest_first(seventy_b):
@@ -141,8 +142,7 @@ def test_the_advisor_prints_the_best_and_commands_that_run_it():
     cfg = compose_cfg(*run, "node_rank=3", "master_addr=head", "dry_run=true")
     validate(cfg)
     best = Search(cfg).option(candidate_of(cfg))
-    layout = re.search(r"the fastest: (dp\d+) (tp\d+) (pp\d+)", text).groups()
-    assert "".join(layout) == cfg.parallel.name
+    assert f"the fastest: {candidate_of(cfg).describe()}," in text
     assert f"{best.time.tokens_per_s_per_device:,.0f} tokens/s per device" in text
     assert f"{needed_bytes(best.plan) / 2 ** 30:.2f} of 58.00 usable" in text
     assert "pipeline_stage: " + str(cfg.parallel.pp) in text and "data_parallel: " + str(cfg.parallel.dp) in text
@@ -172,13 +172,15 @@ def test_a_family_without_a_tensor_plan_is_searched_as_data_parallel_only():
 def test_mindformers_13b_layout_is_within_one_percent_of_the_best_at_its_batch():
     """MindFormers' two-node Llama 2 13B recipe (docs/model_cards/llama2.md: data_parallel 2, model_parallel 4,
     pipeline_stage 2, micro_batch_num 16, batch 1: 32 sequences a step): at that batch the advisor ranks it within 1%
-    of its fastest; at its default 4M tokens (1,024 sequences) deeper pipelines win (docs/planning.md)."""
+    of its fastest layout of the same kinds (the options the recipe leaves off are faster still); at its default 4M tokens (1,024 sequences) the best one's bubble is under 1% (docs/planning.md)."""
     cfg = compose_cfg("model=13b", "device=ascend910b", "nodes=2", "data.seq_len=4096", "dry_run=true")
     search = Search(cfg)
-    ranked = search.ranked(16, 32)
+    plain = [o for o in search.options(16, 32)  # the recipe's kinds of options: no cp, interleave, ZeRO-3, overlap
+             if o.fits and (o.candidate.cp, o.candidate.vp, o.candidate.zero3, o.candidate.tp_overlap) == (1, 1, False, False)]
     theirs = search.option(Candidate(2, 4, 2, True, True, "none", 1, 16))
-    assert theirs.fits and theirs.time.step <= 1.01 * ranked[0].time.step
-    assert search.ranked(16, 1024)[0].candidate.pp >= 4
+    assert theirs.fits and theirs.time.step <= 1.01 * plain[0].time.step
+    best = search.ranked(16, 1024)[0].time
+    assert best.bubble_fraction < 0.01  # hundreds of micro-batches: the bubble vanishes
 
 
 # --- what does not fit ----------------------------------------------------------------------------------------
