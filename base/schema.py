@@ -341,6 +341,12 @@ def checkpoint_tokenizer(init_from: Optional[str]) -> Optional[str]:
     return os.path.join(directory, "tokenizer.model")
 
 
+def extension_factor(seq_len: int, pretrained: int, least: float) -> float:
+    """stage=long_context's RoPE factor: `least` (the recipe's YaRN x8), or the ratio of data.seq_len to the
+    pretrained length when that is larger, so any sequence length the stage is asked for fits its window."""
+    return float(max(least, seq_len / pretrained))
+
+
 def register() -> None:
     """Put the schema in Hydra's ConfigStore and define `${repo:}` (this checkout's root) for paths. The plug-ins'
     own schemas come from base/registry.py: an entry point imports the plug-in packages first (plugins.py)."""
@@ -349,6 +355,7 @@ def register() -> None:
     OmegaConf.register_new_resolver("repo", lambda: REPO_ROOT, replace=True)
     OmegaConf.register_new_resolver("tokenizer_of", checkpoint_tokenizer, replace=True)
     OmegaConf.register_new_resolver("loss_scale_for", loss_scale_for, replace=True)
+    OmegaConf.register_new_resolver("extension_factor", extension_factor, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
     for group, node in [("parallel", ParallelConfig), ("data", DataConfig), ("stage", StageConfig),

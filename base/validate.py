@@ -317,9 +317,11 @@ def _check_target(cfg: DictConfig) -> None:
     p, d, target = cfg.parallel, cfg.device, cfg.device.target
     devices = devices_of(p)
     if target == "CPU" and (p.tp > 1 or p.pp > 1 or p.cp > 1):
-        raise ConfigError("parallel", f"parallel={p.name} (dp={p.dp} x tp={p.tp} x cp={p.cp} x pp={p.pp}) needs "
+        cp = f" x cp={p.cp}" if p.cp > 1 else ""
+        raise ConfigError("parallel", f"parallel={p.name} (dp={p.dp} x tp={p.tp}{cp} x pp={p.pp}) needs "
                           f"{devices} Ascend/GPU devices, found CPU (device={d.name}): MindSpore runs tensor, context "
-                          "and pipeline parallelism only on Ascend/GPU. On such nodes set device=ascend910b|h100|a100.")
+                          "and pipeline parallelism only on Ascend/GPU: plan it for its device with "
+                          "device=ascend910b|h100|a100 dry_run=true")
     _require(target != "CPU" or not is_sharded(p), "parallel.optimizer_shard", "optimizer sharding runs in "
              "MindSpore's semi-auto parallel mode, which needs Ascend/GPU; set parallel.optimizer_shard=false on CPU")
     _require(cfg.precision.compute_dtype != "bf16" or target != "CPU", "precision",

@@ -148,18 +148,18 @@ class Search:
     def __init__(self, cfg: Any):
         self.cfg, self.m, self.device = cfg, plain(cfg.model), plain(cfg.device)
         self.dtype, self.seq_len = cfg.precision.compute_dtype, cfg.data.seq_len
-        self.refused: Dict[str, int] = {}
+        self.refused: Dict[str, List] = {}  # the refusing key -> [its first message, grid points refused]
         # one copy of the config whose layout each grid point sets in turn (merging a config per point is slow)
         self._trial = OmegaConf.merge(cfg, {"nodes": None, "dry_run": True,
                                             "trainer": {"grad_accum": 1, "global_batch_size": None}})
 
-    def refusal(self, point: "Point") -> Optional[str]:
+    def refusal(self, point: "Point") -> Optional[ConfigError]:
         """Why base/validate.py refuses this grid point (None: allowed). The rules see dp only as dp > 1 (optimizer
         sharding needs it, an objective may refuse it), so one check stands for every dp."""
         return self._refusal(point._replace(dp=min(point.dp, 2)))
 
     @functools.lru_cache(maxsize=None)
-    def _refusal(self, point: "Point") -> Optional[str]:
+    def _refusal(self, point: "Point") -> Optional[ConfigError]:
         from base.validate import validate_layout  # base/ is below the planner: a function-level import
 
         p = self._trial.parallel
@@ -169,7 +169,7 @@ class Search:
         try:
             validate_layout(self._trial)
         except ConfigError as err:
-            return str(err)
+            return err
         return None
 
     @functools.lru_cache(maxsize=None)
@@ -193,8 +193,8 @@ class Search:
         return Option(c, plan, time, fits(plan, self.device))
 
     def grid(self, devices: int) -> List["Point"]:
-        """The grid points of `devices` that validation allows; what it refused is kept in self.refused (the
-        message -> how many points) for the report's one line."""
+        """The grid points of `devices` that validation allows; what it refused is kept in self.refused (by the key
+        that refused: its first message and how many points) for the report's one line."""
         points, self.refused = [], {}
         per_node, layers = self.device.devices_per_node, self.m.num_layers
         for tp in _powers(min(devices, per_node)):
@@ -208,7 +208,7 @@ class Search:
                         if why is None:
                             points.append(point)
                         else:
-                            self.refused[why] = self.refused.get(why, 0) + 1
+                            self.refused.setdefault(why.key, [str(why), 0])[1] += 1
         return points
 
     def _variants(self, dp: int, tp: int, cp: int, pp: int) -> List["Point"]:

@@ -97,6 +97,7 @@ class MemoryPlan:
     dp: int  # ranks the sharded states are split over (dp x cp)
     optimizer_shard: bool
     zero3: bool  # gradients sharded too
+    dp_only: int  # dp alone
     recompute: str
     activations: float  # with `recompute`, all micro-batches in flight
     activations_by_recompute: Dict[str, float]  # the same for each of RECOMPUTE_MODES
@@ -147,7 +148,7 @@ def _stage_plan(p: Any, stage: int, params: int, activations: Dict[str, float], 
     return MemoryPlan(
         stage=stage, num_stages=p.pp, params=params, weights=weights, grads=grads,
         optimizer_states=optimizer, optimizer_states_unsharded=optimizer_unsharded,
-        optimizer_states_sharded=optimizer_sharded, dp=shards, optimizer_shard=p.optimizer_shard, zero3=p.zero3,
+        optimizer_states_sharded=optimizer_sharded, dp=shards, optimizer_shard=p.optimizer_shard, zero3=p.zero3, dp_only=p.dp,
         recompute=recompute, activations=activations[recompute], activations_by_recompute=activations,
         logits=logits, extra=extra,
         total=weights + grads + optimizer + activations[recompute] + logits + sum(n for _, n, _ in extra),
@@ -202,7 +203,8 @@ def format_plan(plan: MemoryPlan, device: Any) -> str:
         return f"{n / scale:.2f}"
 
     shard = "sharded" if plan.optimizer_shard else "replicated"
-    optimizer_note = (f"{shard} over dp={plan.dp} (unsharded {size(plan.optimizer_states_unsharded)}, "
+    over = f"dp={plan.dp}" if plan.dp == plan.dp_only else f"dp x cp = {plan.dp}"
+    optimizer_note = (f"{shard} over {over} (unsharded {size(plan.optimizer_states_unsharded)}, "
                       f"sharded {size(plan.optimizer_states_sharded)})")
     by_mode = ", ".join(f"{mode} {size(plan.activations_by_recompute[mode])}" for mode in RECOMPUTE_MODES)
     fraction = needed_bytes(plan) / usable_bytes(device)
@@ -210,8 +212,8 @@ def format_plan(plan: MemoryPlan, device: Any) -> str:
     verdict = (f"+{FRAGMENTATION:.0%} fragmentation = {size(needed_bytes(plan))} of {size(usable_bytes(device))} usable"
                f"{reserved} ({fraction:.0%}): {'fits' if fraction <= 1 else 'DOES NOT FIT'}")
     rows = [
-        ("weights (fp32)", plan.weights, f"sharded over dp={plan.dp}" if plan.optimizer_shard else ""),
-        ("grads (fp32)", plan.grads, f"sharded over {plan.dp} (zero3)" if plan.zero3 else
+        ("weights (fp32)", plan.weights, f"sharded over {over}" if plan.optimizer_shard else ""),
+        ("grads (fp32)", plan.grads, f"sharded over {over} (zero3)" if plan.zero3 else
          "" if plan.trained == 1 else f"{plan.trained:.2%} of the parameters train (the adapters; the base is frozen)"),
         ("AdamW m, v (fp32)", plan.optimizer_states, optimizer_note),
         ("activations", plan.activations, f"recompute={plan.recompute} ({by_mode})"),
