@@ -205,6 +205,7 @@ class DeviceConfig:
     # nics_per_node x r / devices_per_node rails at once (NCCL/HCCL build one ring per rail; the node's other
     # groups, running at the same time, share the rest)
     nics_per_node: int = 0
+    hbm_gb_per_s: float = 0.0  # device memory bandwidth, GB/s: attention without flash is bound by it (0: unknown)
 
 
 @dataclass

@@ -138,7 +138,8 @@ def _check_device(cfg: DictConfig) -> None:
     _require(0 <= d.reserved_gb < d.memory_gb, "device.reserved_gb",
              f"must be in [0, device.memory_gb={d.memory_gb}), got {d.reserved_gb}")
     _require(d.devices_per_node >= 1, "device.devices_per_node", f"must be >= 1, got {d.devices_per_node}")
-    for key in ("intra_node_gb_per_s", "inter_node_gb_per_s"):
+    _require(d.nics_per_node >= 0, "device.nics_per_node", f"must be >= 0 (0: one per device), got {d.nics_per_node}")
+    for key in ("intra_node_gb_per_s", "inter_node_gb_per_s", "hbm_gb_per_s"):
         _require(d[key] >= 0, f"device.{key}", f"must be >= 0 (0: unknown), got {d[key]}")
 
 
@@ -320,8 +321,8 @@ def _check_target(cfg: DictConfig) -> None:
         cp = f" x cp={p.cp}" if p.cp > 1 else ""
         raise ConfigError("parallel", f"parallel={p.name} (dp={p.dp} x tp={p.tp}{cp} x pp={p.pp}) needs "
                           f"{devices} Ascend/GPU devices, found CPU (device={d.name}): MindSpore runs tensor, context "
-                          "and pipeline parallelism only on Ascend/GPU: plan it for its device with "
-                          "device=ascend910b|h100|a100 dry_run=true")
+                          "and pipeline parallelism only on Ascend/GPU. On such nodes set device=ascend910b|h100|a100; "
+                          "here add that device= and dry_run=true to see its layout and memory plan")
     _require(target != "CPU" or not is_sharded(p), "parallel.optimizer_shard", "optimizer sharding runs in "
              "MindSpore's semi-auto parallel mode, which needs Ascend/GPU; set parallel.optimizer_shard=false on CPU")
     _require(cfg.precision.compute_dtype != "bf16" or target != "CPU", "precision",

@@ -188,8 +188,9 @@ class Search:
         needs = self._needs(c.micro_batch_size)
         plan = memory_plan(self.m, c, self.seq_len, c.micro_batch_size, self.dtype, c.recompute,
                            self._flash(c.tp * c.cp * c.pp > 1), needs)
+        flash = self._flash(c.tp * c.cp * c.pp > 1)
         time = step_time(self.m, c, self.device, self.seq_len, c.micro_batch_size, c.micro_batches, self.dtype,
-                         c.recompute, needs.sequences)
+                         c.recompute, needs.sequences, plain_attention=not flash)
         return Option(c, plan, time, fits(plan, self.device))
 
     def grid(self, devices: int) -> List["Point"]:

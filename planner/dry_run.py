@@ -135,7 +135,7 @@ def layout_report(cfg: Any, overrides: Optional[Sequence[str]] = None) -> str:
     pipeline = f" x {pipeline_micro_batches(cfg)} pipeline micro-batches" if p.pp > 1 else ""
     time = step_time(m, p, cfg.device, cfg.data.seq_len, cfg.trainer.micro_batch_size,
                      pipeline_micro_batches(cfg) * cfg.trainer.grad_accum, cfg.precision.compute_dtype, m.recompute,
-                     _needs(cfg).sequences)
+                     _needs(cfg).sequences, plain_attention=_attention(cfg) == "plain")
     sections = [
         header(cfg, layout.world_size) + "\n"
         f"dry run: model {_model_name(m, overrides)} x parallel {p.name} on {layout.world_size} x {cfg.device.name}\n"

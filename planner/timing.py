@@ -12,7 +12,9 @@ gradient accumulation without pp):
                 schedule's virtual stages (Narayanan et al. 2021, sections 2.2.1-2.2.2)
 
 Hardware FLOPs are the family's model FLOPs per token (6N + attention), plus what recompute repeats: full
-recompute a whole forward (+1/3), selective the attention core's forward. MFU counts model FLOPs only.
+recompute a whole forward (+1/3), selective the attention core's forward. MFU counts model FLOPs only. Attention
+without a flash kernel also moves its [a, s, s] scores through the device's memory (score_traffic), which at 2K
+tokens and a small hidden size costs as much as a quarter of the matmuls' time.
 
 Collectives are rings: an all-reduce of S bytes over n ranks moves 2(n-1)/n x S per device, an all-gather or a
 reduce-scatter (n-1)/n x S, at the bandwidth of the slowest link the group spans: inside a node when its ranks
@@ -107,10 +109,11 @@ def hardware_flops_per_token(m: Any, seq_len: int, recompute: str) -> float:
 
 
 def step_time(m: Any, p: Any, device: Any, seq_len: int, micro_batch_size: int, micro_batches: int,
-              compute_dtype: str, recompute: str, sequences: float = 1.0) -> StepTime:
+              compute_dtype: str, recompute: str, sequences: float = 1.0, plain_attention: bool = False) -> StepTime:
     """The step of layout `p` (dp, tp, cp, pp, vp and the flags of base/schema.py's ParallelConfig) feeding
     `micro_batches` micro-batches of `micro_batch_size` samples through each data-parallel replica; `sequences`:
-    sequences the trained model runs per sample (2 for a preference pair)."""
+    sequences the trained model runs per sample (2 for a preference pair); `plain_attention`: the attention
+    materialises its scores (no flash kernel), whose memory traffic is added (score_traffic)."""
     peak = device.peak_tflops[compute_dtype] * 1e12
     tokens = micro_batch_size * sequences * seq_len  # one micro-batch of one replica
     flops = hardware_flops_per_token(m, seq_len, recompute)
@@ -118,6 +121,8 @@ def step_time(m: Any, p: Any, device: Any, seq_len: int, micro_batch_size: int, 
     rate = peak * device.compute_efficiency
     shard = p.tp * p.cp * p.pp
     compute = flops * tokens / shard / rate
+    if plain_attention:
+        compute += score_traffic(m, p, device, seq_len, micro_batch_size * sequences, recompute, compute_dtype)
     dense = 6 * fam.matmul_parameter_count(m) * tokens / shard / rate  # the matmuls' part (tp overlap hides under it)
     attention_core = (fam.flops_per_token(m, seq_len) - 6 * fam.matmul_parameter_count(m)) * tokens / shard / rate
     activation = tokens / p.cp * m.hidden_size * DTYPE_BYTES[compute_dtype]  # this rank's [b, s/cp, h]
@@ -176,6 +181,24 @@ def step_time(m: Any, p: Any, device: Any, seq_len: int, micro_batch_size: int, 
         peak_tflops=device.peak_tflops[compute_dtype],
         links_known=bool(device.intra_node_gb_per_s and (device.inter_node_gb_per_s or
                                                          devices <= device.devices_per_node)))
+
+
+SCORE_PASSES = 11  # reads and writes of the [a, s, s] scores in a forward and backward (see score_traffic)
+
+
+def score_traffic(m: Any, p: Any, device: Any, seq_len: int, samples: float, recompute: str,
+                  compute_dtype: str) -> float:
+    """Seconds one device of a stage spends moving plain attention's scores through its memory, per micro-batch:
+    the [a/tp, s, s/cp] scores of each layer are written by QK^T, read and written by the softmax and read by PV in
+    the forward (4 passes), and in the backward read for dV, dP written, read with P by the softmax's gradient,
+    dS written and read for dQ and dK (7): SCORE_PASSES, 4 more when full recompute repeats the forward. Memory
+    bound: elementwise at device.hbm_gb_per_s (0: unknown, not counted). Flash attention keeps the scores on
+    chip, and the matmul FLOPs stay in the compute term either way."""
+    if not device.hbm_gb_per_s:
+        return 0.0
+    passes = SCORE_PASSES + (4 if recompute == "full" else 0)
+    scores = m.num_heads / p.tp * seq_len * seq_len / p.cp * samples * (m.num_layers // p.pp)
+    return passes * scores * DTYPE_BYTES[compute_dtype] / (device.hbm_gb_per_s * 1e9)
 
 
 def _context_parallel(m: Any, p: Any, grid: Layout, device: Any, tokens: float, layers: int, passes: int,
