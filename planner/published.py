@@ -117,7 +117,8 @@ LLAMA3_405B = dict(LLAMA3, hidden_size=16384, num_layers=126, num_heads=128, int
 
 
 def flops(shape: dict, seq_len: int) -> float:
-    """The planner's model FLOPs per token of a shape (the family's flops_per_token)."""
+    """The planner's model FLOPs per token of a shape (the family's flops_per_token; importing this module needs
+    the plug-ins registered)."""
     return FAMILIES["llama"].flops_per_token(model_of(shape), seq_len)
 
 
