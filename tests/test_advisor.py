@@ -209,3 +209,15 @@ def test_too_few_devices_says_how_many_any_layout_needs():
                          "needs at least 32 (nodes=4)")
     search = Search(cfg)
     assert not search.ranked(24, 8) and search.ranked(32, 8)
+
+
+def test_the_report_says_what_the_rules_removed_and_names_the_overridden_model():
+    """An ffn width no tp > 1 divides leaves tp 1 only: the report says so in one line, and the header names the model
+    with its override."""
+    argv = ["model=7b", "model.intermediate_size=11007", "device=ascend910b", "nodes=2", "data.seq_len=4096",
+            "dry_run=true"]
+    lines = dry_run_report(compose_cfg(*argv), argv).splitlines()
+    removed = [line for line in lines if line.startswith("  the rules removed: ")]
+    assert len(removed) == 1 and "e.g. parallel.tp: tp=2 does not divide model.intermediate_size=11007" in removed[0]
+    assert lines[1].startswith("layouts for model 7b with model.intermediate_size=11007 on 16 x ascend910b")
+    assert any(line.startswith("model 7b with model.intermediate_size=11007: ") for line in lines)
