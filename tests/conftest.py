@@ -31,8 +31,27 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    config.addinivalue_line("markers", "corpora(*parts): reads ../shared/corpora/<parts> (see corpus())")
     if config.getoption("--plain-ops"):
         os.environ["MINDLAB_KERNELS"] = "plain"  # read by kernels.library at each model, loss and optimizer build
+
+
+def corpus(*parts: str) -> str:
+    """The path of ../shared/corpora/<parts> (MINDLAB_CORPORA moves the corpora). Where it is absent the calling test
+    is skipped with that reason, and fails under CI (CI=true), which lays shared/ beside the clone: a green CI run
+    never hides a test that did not run."""
+    path = os.path.join(CORPORA, *parts)
+    if not os.path.exists(path):
+        message = f"{path} is absent (MINDLAB_CORPORA names the shared corpora)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message + "; under CI=true a test that needs the corpora fails", pytrace=False)
+        pytest.skip(message)
+    return path
+
+
+def pytest_runtest_setup(item):
+    for mark in item.iter_markers("corpora"):  # @pytest.mark.corpora("tiny"): corpus("tiny") before the test
+        corpus(*mark.args)
 
 
 def compose_cfg(*overrides):

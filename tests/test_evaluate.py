@@ -21,7 +21,7 @@ from base.errors import ConfigError
 from base.paths import task_path
 from builders import instructions as I
 from builders import tasks as BT
-from conftest import CORPORA, load_preset
+from conftest import CORPORA, corpus, load_preset
 from data.tokenizer import Tokenizer
 from evaluation import bpb as B
 from evaluation import tasks as T
@@ -247,8 +247,7 @@ def test_task_names_map_to_files(tmp_path):
 
 @pytest.fixture(scope="module")
 def built():
-    if not TINY:
-        pytest.skip(f"no tiny corpora under {CORPORA}")
+    corpus("tiny")
     docs = list(I.read_documents(TINY))
     return BT.build(docs, n_items=500, seed=0), {d["id"]: d for d in docs}
 
