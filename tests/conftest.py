@@ -31,12 +31,12 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "corpora(*parts): reads ../shared/corpora/<parts> (see corpus())")
+    config.addinivalue_line("markers", "corpora(*parts): reads ../shared/corpora/<parts> (see corpus_path())")
     if config.getoption("--plain-ops"):
         os.environ["MINDLAB_KERNELS"] = "plain"  # read by kernels.library at each model, loss and optimizer build
 
 
-def corpus(*parts: str) -> str:
+def corpus_path(*parts: str) -> str:
     """The path of ../shared/corpora/<parts> (MINDLAB_CORPORA moves the corpora). Where it is absent the calling test
     is skipped with that reason, and fails under CI (CI=true), which lays shared/ beside the clone: a green CI run
     never hides a test that did not run."""
@@ -50,8 +50,8 @@ def corpus(*parts: str) -> str:
 
 
 def pytest_runtest_setup(item):
-    for mark in item.iter_markers("corpora"):  # @pytest.mark.corpora("tiny"): corpus("tiny") before the test
-        corpus(*mark.args)
+    for mark in item.iter_markers("corpora"):  # @pytest.mark.corpora("tiny"): corpus_path("tiny") before the test
+        corpus_path(*mark.args)
 
 
 def compose_cfg(*overrides):

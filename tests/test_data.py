@@ -27,7 +27,7 @@ from data.parallel import WorkerPool
 from data.sources import no_documents, read_unit, source_files, work_units
 from data.tokenizer import sample_lines
 
-from conftest import corpus
+from conftest import corpus_path
 
 REPO = Path(__file__).resolve().parents[1]
 VOCAB = 384
@@ -414,7 +414,7 @@ def test_leftover_tmp_dirs_are_removed(corpus):
 @pytest.mark.slow
 def test_corpora_tiny_prepares_in_worker_processes_then_is_a_no_op(tmp_path, monkeypatch):
     monkeypatch.delenv("MINDLAB_CORPORA", raising=False)
-    corpus("tiny")
+    corpus_path("tiny")
     preset = OmegaConf.load(REPO / "conf/data/corpora_tiny.yaml")
     preset.pop("defaults")
     cfg = OmegaConf.merge(OmegaConf.structured(DataConfig), preset, {
@@ -448,7 +448,7 @@ def test_concurrent_prepares_build_once(corpus):
 
 @pytest.mark.slow
 def test_prepare_command_line(tmp_path):
-    corpus("tiny")
+    corpus_path("tiny")
     run = lambda *args: subprocess.run([sys.executable, "prepare.py", "data=corpora_tiny", "data.num_workers=0",
                                         f"data.cache_dir={tmp_path}", *args], cwd=REPO, capture_output=True, text=True)
     done = run()

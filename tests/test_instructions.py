@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from builders import instructions as I
-from conftest import CORPORA, ROOT, corpus
+from conftest import CORPORA, ROOT, corpus_path
 
 TINY = sorted(glob.glob(os.path.join(CORPORA, "tiny", "*.jsonl")))
 pytestmark = pytest.mark.corpora("tiny")
@@ -79,7 +79,7 @@ def test_task_specifics(docs, by_id):
 
 
 def test_manpage_options_on_real_pages():
-    shard = Path(corpus(I.SHARDS["manpages_en"]))
+    shard = Path(corpus_path(I.SHARDS["manpages_en"]))
     pages = [d for d in I.read_documents([shard]) if "\nOPTIONS\n" in d["text"]]
     samples = I.manpage_option(pages)
     by_id = {d["id"]: d for d in pages}
