@@ -70,7 +70,7 @@ ENTRIES = {
     "reshard": ("distributed.reshard", "python -m distributed.reshard"),
     "report": ("sweeps.report", "python -m sweeps.report"),
     "generate": ("generate", "python -m generate"),
-    "evaluate": ("evaluate", "python -m evaluate"),
+    "evaluate": ("evaluation.__main__", "python -m evaluation"),
     "instructions": ("builders.instructions", "python -m builders.instructions"),
     "tasks": ("builders.tasks", "python -m builders.tasks"),
     "preferences": ("builders.preferences", "python -m builders.preferences"),
