@@ -242,7 +242,7 @@ class TrainerConfig:
     eval_batches: int = 8
     eval_at_start: bool = True  # evaluate once before the first step (logged as step 0) when not resuming
     # task files (`python -m builders.tasks build` writes them; a name or a .jsonl path) scored at every evaluation:
-    # acc/acc_norm by log-likelihood, exact match/ROUGE-L by greedy generation (evaluate.py's scorers)
+    # acc/acc_norm by log-likelihood, exact match/ROUGE-L by greedy generation (python -m evaluation's scorers)
     eval_tasks: List[str] = field(default_factory=list)
     eval_task_items: int = 200  # the first items of each task (0: all)
     save_every: int = 0  # 0: only at the end (and on SIGTERM/SIGINT)

@@ -215,7 +215,7 @@ def _check_parallel(cfg: DictConfig) -> None:
                  "tp/pp shard the native model; set model.impl=native")
         _require(not t.eval_tasks, "trainer.eval_tasks", "tasks are scored by the whole model on one device, which a "
                  "tp/pp/optimizer_shard run never builds; set trainer.eval_tasks=[] and score a merged checkpoint "
-                 "(python -m distributed.reshard merge, then python -m evaluate)")
+                 "(python -m distributed.reshard merge, then python -m evaluation)")
     _require(not p.optimizer_shard or p.dp * p.cp > 1, "parallel.optimizer_shard", "needs dp x cp > 1")
 
 
@@ -309,11 +309,11 @@ def _check_eval_tasks(cfg: DictConfig) -> None:
     if t.eval_tasks:
         _require(OBJECTIVES[cfg.objective.name].Objective.token_nll is not None, "trainer.eval_tasks",
                  f"tasks score a causal LM's log-likelihoods through the objective's per-token NLL (token_nll), "
-                 f"and objective={cfg.objective.name} has none (set trainer.eval_tasks=[]; `python -m evaluate CKPT "
+                 f"and objective={cfg.objective.name} has none (set trainer.eval_tasks=[]; `python -m evaluation CKPT "
                  f"tasks=[...]` scores a fine-tuned causal checkpoint)")
         _require(not is_sharded(cfg.parallel), "trainer.eval_tasks", "tasks run the model outside the sharded "
                  "step graph, which tp/pp/optimizer sharding does not allow; score the checkpoints with "
-                 "`python -m evaluate CKPT tasks=[...]` instead (set trainer.eval_tasks=[])")
+                 "`python -m evaluation CKPT tasks=[...]` instead (set trainer.eval_tasks=[])")
         for name in t.eval_tasks:
             _require(task_path(name).is_file(), "trainer.eval_tasks", f"{task_path(name)}: no such task file (build "
                      "the real tasks with `python -m builders.tasks build`, or give a .jsonl path)")

@@ -12,7 +12,7 @@ each stage did, on held-out data:
     scripts/venv.sh python -m benchmarks.chat_zh [--run-dir DIR] [--max-items 40]
 
 --run-dir reuses a finished run of the recipe (else it runs in a temporary directory). The held-out answers are
-greedy, from `python -m evaluate CKPT tasks=[<chat_zh>/val.jsonl]` on the SFT and the PPO checkpoints.
+greedy, from `python -m evaluation CKPT tasks=[<chat_zh>/val.jsonl]` on the SFT and the PPO checkpoints.
 """
 import argparse
 import json
@@ -37,9 +37,9 @@ def evals(stage: Path) -> list:
 
 
 def held_out_answers(ckpt: Path, val: Path, max_items: int, work: Path, name: str) -> dict:
-    """exact match and ROUGE-L of greedy answers to the held-out instructions (python -m evaluate's task)."""
+    """exact match and ROUGE-L of greedy answers to the held-out instructions (python -m evaluation's task)."""
     out = work / f"{name}.eval.json"
-    subprocess.run([sys.executable, "-m", "evaluate", str(ckpt), f"tasks=[{val}]", "eval.data=false",
+    subprocess.run([sys.executable, "-m", "evaluation", str(ckpt), f"tasks=[{val}]", "eval.data=false",
                     f"eval.max_items={max_items}", "--out", str(out)], check=True, stdout=subprocess.DEVNULL)
     return json.loads(out.read_text(encoding="utf-8"))["tasks"][val.stem]
 

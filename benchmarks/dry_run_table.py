@@ -60,10 +60,10 @@ def advise(device: str, model: str, length: str, nodes: int) -> list:
             f"{seconds:.1f}"]
 
 
-def advisor_table() -> str:
+def advisor_table(devices=DEVICES, models=MODELS, lengths=tuple(LENGTHS), nodes=NODES) -> str:
     head = ["device", "model", "seq", "nodes", "fastest layout that fits", "tokens/s/device", "MFU",
             "memory GiB (need / usable)", "bubble", "layouts fitting", "dry run s"]
-    rows = [advise(d, m, length, n) for d in DEVICES for m in MODELS for length in LENGTHS for n in NODES]
+    rows = [advise(d, m, length, n) for d in devices for m in models for length in lengths for n in nodes]
     return "\n".join("| " + " | ".join(line) + " |" for line in [head, ["---"] * len(head), *rows])
 
 
@@ -119,13 +119,17 @@ def main() -> None:
     data.seq_len=32768 model.recompute=full. Without it: the advisor table, printed and written to RESULTS.md."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--presets", action="store_true", help="the memory plan of every conf/parallel preset")
+    parser.add_argument("--devices", nargs="+", default=DEVICES, choices=DEVICES)
+    parser.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
+    parser.add_argument("--lengths", nargs="+", default=tuple(LENGTHS), choices=tuple(LENGTHS))
+    parser.add_argument("--nodes", nargs="+", type=int, default=NODES)
     args, extra = parser.parse_known_args()
     register()
     with initialize_config_dir(config_dir=os.path.join(REPO_ROOT, "conf"), version_base="1.3"):
         if args.presets:
             print(presets_table(extra))
             return
-        table = advisor_table()
+        table = advisor_table(args.devices, args.models, args.lengths, args.nodes)
     print(table)
     write_results(table)
 

@@ -1,4 +1,4 @@
-"""What `python -m evaluate CKPT [overrides]` runs with: train.py's composition of the overrides over the
+"""What `python -m evaluation CKPT [overrides]` runs with: train.py's composition of the overrides over the
 checkpoint's own config, and the `eval.<key>=value` / `tasks=[...]` arguments, which are not train.py keys.
 
   - `model` is the checkpoint's (CKPT/config.yaml), registered as the preset `model=_checkpoint`, so single

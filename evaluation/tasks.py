@@ -1,5 +1,5 @@
 r"""Evaluation tasks, lm-evaluation-harness style: the two task file formats, their checks, and their scores.
-`python -m evaluate CKPT tasks=[...]` and `trainer.eval_tasks` run them; `python -m builders.tasks build`
+`python -m evaluation CKPT tasks=[...]` and `trainer.eval_tasks` run them; `python -m builders.tasks build`
 derives real ones from ../shared/corpora.
 
 Formats: JSONL, one item per line (other keys, such as "entry" or "source", are kept and ignored):
@@ -279,7 +279,7 @@ def run_tasks(tasks: Sequence[Task], loglikelihood: Optional[Callable], generate
 def task_scorer(names: Sequence[str], max_items: int, objective, model, family_name: str, tokenizer,
                 batch_size: int, max_len: int, max_new_tokens: int = 64) -> Callable[[], dict]:
     """The task files `names` (loaded and checked now: a bad one fails before training starts) ->
-    score() -> {"<task>/<metric>": value}, with the scorers `python -m evaluate` uses (training's
+    score() -> {"<task>/<metric>": value}, with the scorers `python -m evaluation` uses (training's
     trainer.eval_tasks)."""
     tasks = load_tasks(list(names), None, max_items)
     loglikelihood, generate_fn, skip = scorers(objective, model, family_name, tokenizer, batch_size, max_len)

@@ -34,7 +34,7 @@ Logged per step (TRL's names): from the rollout that step trained on, `objective
 `objective/kl_coef`, `gen_len`, `eos_fraction`; from the update, `policy/approxkl`, `policy/clipfrac`,
 `loss/policy`, `loss/value`, `val/clipfrac`, `entropy`. The rollout buffer, the running score moments, the KL
 coefficient and the rollout count are saved with every checkpoint, so a resumed run equals an uninterrupted one.
-No held-out evaluation (`trainer.eval_every` is ignored): score a checkpoint with `python -m evaluate`.
+No held-out evaluation (`trainer.eval_every` is ignored): score a checkpoint with `python -m evaluation`.
 
     python train.py stage=ppo stage.init_from=runs/sft/checkpoints/latest \
         objective.reward_model=runs/rm/checkpoints/latest

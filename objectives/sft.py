@@ -114,7 +114,7 @@ class Objective(ObjectiveBase):
     def token_nll(self, model: nn.Cell) -> nn.Cell:
         """The loss is the mean NLL of the response tokens: training logs bits per byte from it and the bytes of
         those targets, and scores trainer.eval_tasks with this cell (one text per row; the packed validation rows'
-        segments are the loss cell's, which `python -m evaluate` avoids by scoring an SFT checkpoint as a
+        segments are the loss cell's, which `python -m evaluation` avoids by scoring an SFT checkpoint as a
         language model of documents, objective=clm)."""
         return TokenNLL(model)
 

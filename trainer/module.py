@@ -111,7 +111,7 @@ class LocalModule:
 
     def evaluate(self, batches: List[tuple]) -> Tuple[Dict[str, float], int]:
         """(the objective's loss and metrics over `batches`, each batch weighted by its loss tokens; those tokens):
-        evaluation/validation.py, which `python -m evaluate` runs too."""
+        evaluation/validation.py, which `python -m evaluation` runs too."""
         return batch_means(self.loss_net, self.objective, batches)
 
     def save(self, root: str, step: int, state: dict, cfg, tokenizer_file: str, is_main: bool) -> None:

@@ -1,10 +1,10 @@
 """Evaluate a checkpoint: per-source loss, perplexity and bits per byte next to a unigram baseline, loss by
 position in the context, passkey retrieval, and lm-evaluation-harness style tasks; fill-mask accuracy for BERT.
 
-    python -m evaluate CKPT                                    # the checkpoint's own data, every built task
-    python -m evaluate CKPT data=corpora_5dom tasks=[definitions_mc,cloze_code] --out results.json
-    python -m evaluate CKPT eval.batches=0 eval.context_lengths=[256,512,1024] eval.position_bucket=64
-    python -m evaluate CKPT data=corpora_5dom model.rope_scaling.type=linear model.rope_scaling.factor=4 \\
+    python -m evaluation CKPT                                    # the checkpoint's own data, every built task
+    python -m evaluation CKPT data=corpora_5dom tasks=[definitions_mc,cloze_code] --out results.json
+    python -m evaluation CKPT eval.batches=0 eval.context_lengths=[256,512,1024] eval.position_bucket=64
+    python -m evaluation CKPT data=corpora_5dom model.rope_scaling.type=linear model.rope_scaling.factor=4 \\
         eval.context_lengths=[1024] tasks=[]
 
 The arguments after CKPT are train.py's Hydra overrides, composed over the checkpoint's own config: its model
@@ -46,7 +46,7 @@ def _json_default(value):
 
 @entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = ArgumentParser(prog="python -m evaluate", description=__doc__.split("\n\n")[0],
+    parser = ArgumentParser(prog="python -m evaluation", description=__doc__.split("\n\n")[0],
                             epilog="eval.<key>=value (default, what it sets):\n" + eval_keys_help(),
                             formatter_class=RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", help="a checkpoint: a run directory, its checkpoints/ or latest, or a step "
