@@ -20,5 +20,5 @@ test-fast:  ## the suite without the tests marked slow (real training runs, laun
 test-plain:  ## the fast tier on MindSpore's ops only (MINDLAB_KERNELS=plain): what runs where the CPU kernels do not
 	scripts/venv.sh python -m pytest -q -n $(FAST_TEST_WORKERS) --dist loadfile -m "not slow" --plain-ops
 
-device-check:  ## on a new Ascend/GPU machine: tiny pretrain, SFT+LoRA, generation (and dp2xtp2xpp2 with 8 devices) against CPU fp32
-	scripts/venv.sh python -m benchmarks.device_check
+device-check:  ## on a new Ascend/GPU machine: tiny pretrain, SFT+LoRA, generation (and dp2xtp2xpp2 with 8 devices) against CPU fp32; with an NVIDIA driver, first the CUDA 11 / cuDNN 8 wheels MindSpore's GPU plugin links (scripts/gpu_runtime.py)
+	scripts/venv.sh python scripts/gpu_runtime.py python -m benchmarks.device_check

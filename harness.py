@@ -1,9 +1,9 @@
 """EleutherAI's lm-evaluation-harness (`lm_eval`) drives a mindlab checkpoint: `MindlabLM` is its model
-interface (loglikelihood, loglikelihood_rolling, generate_until) over the scorers `python -m evaluate` uses.
+interface (loglikelihood, loglikelihood_rolling, generate_until) over the scorers `python -m evaluation` uses.
 
     scripts/venv.sh python -m pip install lm_eval==0.4.9     # optional: not in requirements.txt (see below)
     python -m harness CKPT --tasks definitions_mc,cloze_code [--limit 100] [--batch-size 8] [--out results.json]
-    python -m harness SFT_CKPT data=default --tasks definitions_mc     # train.py overrides, as python -m evaluate
+    python -m harness SFT_CKPT data=default --tasks definitions_mc     # train.py overrides, as python -m evaluation
     python -m harness CKPT --tasks my_task --include-path MY_TASKS/     # any lm_eval task whose data is local
 
 A name that is a mindlab task file (`python -m builders.tasks build`, or a path ending in .jsonl) becomes an lm_eval
@@ -160,7 +160,7 @@ def run(checkpoint: str, tasks: List[str], include_path: Optional[str], limit: O
         import lm_eval
     except ImportError:
         raise UserError("lm_eval is not installed: scripts/venv.sh python -m pip install lm_eval==0.4.9 "
-                        "(optional; `python -m evaluate CKPT tasks=[...]` needs nothing more)") from None
+                        "(optional; `python -m evaluation CKPT tasks=[...]` needs nothing more)") from None
     from base.paths import task_path
     from evaluation.tasks import load_task
     from lm_eval.tasks import TaskManager
@@ -170,10 +170,10 @@ def run(checkpoint: str, tasks: List[str], include_path: Optional[str], limit: O
         for name in tasks:
             path = task_path(name)
             if path.is_file():
-                task = load_task(path, name=path.stem)  # checked: file:line errors as in python -m evaluate
+                task = load_task(path, name=path.stem)  # checked: file:line errors as in python -m evaluation
                 if task.kind != "multiple_choice":
                     raise ConfigError("--tasks", f"{path} holds {task.kind} items; only multiple-choice mindlab "
-                                      "tasks are written as lm_eval tasks (score the others with python -m evaluate)")
+                                      "tasks are written as lm_eval tasks (score the others with python -m evaluation)")
                 mindlab_task_yaml(f"mindlab_{path.stem}", str(path), own)
                 names.append(f"mindlab_{path.stem}")
             else:
@@ -192,7 +192,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                             formatter_class=RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", help="a checkpoint: a run directory, its checkpoints/ or latest, or a step "
                         "directory (.../checkpoints/step_NNNNNN)")
-    parser.add_argument("overrides", nargs="*", help="train.py overrides, as python -m evaluate takes them")
+    parser.add_argument("overrides", nargs="*", help="train.py overrides, as python -m evaluation takes them")
     parser.add_argument("--tasks", required=True, help="comma-separated: mindlab task names/files or lm_eval tasks")
     parser.add_argument("--include-path", default=None, help="a directory of your own lm_eval task YAMLs")
     parser.add_argument("--limit", type=number(int, 1), default=None, help="items per task (default: all)")

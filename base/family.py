@@ -41,7 +41,8 @@ class FamilyConfig:
 REQUIRED = {
     "Config": "its typed `model` group, a dataclass subclassing base.family.FamilyConfig (base/schema.py)",
     "CAUSAL": "true for a decoder (causal objectives, generation), false for an encoder",
-    "build": "build(cfg, seq_len, compute_dtype, use_flash, seed) -> the model cell (models/__init__.py)",
+    "build": "build(cfg, seq_len, compute_dtype, use_flash, seed, sharded) -> the model cell (models/__init__.py; "
+             "sharded: leave the weights to the sharded compile, models.deferred_initialisation)",
     "check": "check(cfg): its config rules, a ConfigError naming the key (base/validate.py)",
     "describe": "describe(m, count) -> dry-run lines (planner/dry_run.py)",
     "recompute_cells": "recompute_cells(model, mode) -> the cells model.recompute redoes (models/__init__.py)",

@@ -1,5 +1,5 @@
-"""The plug-in registries. Model families, objectives and PEFT methods add themselves here when their package is
-imported (models/__init__.py, objectives/__init__.py, adapters/__init__.py); the layers below them (the config
+"""The plug-in registries. Model families, objectives, PEFT methods and data formats add themselves here when their
+package is imported (models/__init__.py, objectives/__init__.py, adapters/__init__.py, data/__init__.py); the layers below them (the config
 schema and validation, the planner) look a plug-in up by the name the config gives and never import one. So a
 new family or objective is its own folder or file: nothing here or in base/ changes.
 
@@ -46,3 +46,5 @@ class Registry:
 FAMILIES = Registry("model.family", "models/<family>/", Family)  # the family packages (contract: base/family.py)
 OBJECTIVES = Registry("objective.name", "objectives/<name>.py", ObjectivePlugin)  # contract: base/objective.py
 PEFT = Registry("peft.name", "adapters/")  # the typed config of each PEFT method
+# the instruction and preference data formats, by the source kind that names them (data/formats.py), and `auto`
+FORMATS = Registry("data.sources[].kind", "data/formats.py")

@@ -15,7 +15,7 @@ ones than the 7B recipes the presets cite). Printed: each held-out evaluation of
 chance 0.5, loss) and of DPO (rewards/accuracies, margins, KL to the reference), PPO's RM score and KL per
 rollout, with tokens/s and peak RSS; and the rule-based check of each policy (SFT, after DPO, after PPO): greedy
 answers to the first --rule-items held-out instructions scored by exact match and ROUGE-L against the corpus
-answer (`python -m evaluate CKPT tasks=[<instructions>/val.jsonl]`).
+answer (`python -m evaluation CKPT tasks=[<instructions>/val.jsonl]`).
 """
 import argparse
 import json
@@ -37,10 +37,10 @@ def evals(run_dir: str) -> list:
 
 
 def rule_check(ckpt: str, items: int, workdir: str) -> dict:
-    """Exact match and ROUGE-L of `ckpt`'s greedy answers to the held-out instructions (evaluate.py)."""
+    """Exact match and ROUGE-L of `ckpt`'s greedy answers to the held-out instructions (python -m evaluation)."""
     data = os.environ.get("MINDLAB_DATA_DIR", os.path.expanduser("~/.cache/mindlab/data"))
     out = os.path.join(workdir, os.path.basename(os.path.dirname(os.path.dirname(ckpt))) + "_rules.json")
-    subprocess.run([sys.executable, "-m", "evaluate", ckpt, f"tasks=[{data}/instructions/val.jsonl]", "data=default",
+    subprocess.run([sys.executable, "-m", "evaluation", ckpt, f"tasks=[{data}/instructions/val.jsonl]", "data=default",
                     "eval.data=false", f"eval.max_items={items}", "--out", out], check=True, cwd=ROOT,
                    stdout=subprocess.DEVNULL)
     return json.load(open(out))["tasks"]["val"]

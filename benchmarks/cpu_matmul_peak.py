@@ -15,9 +15,11 @@ could pay.
 
     scripts/venv.sh python -m benchmarks.cpu_matmul_peak          # table
     scripts/venv.sh python -m benchmarks.cpu_matmul_peak --json   # {"mindspore": ..., "pytorch": ..., ...} FLOP/s
+    scripts/venv.sh python -m benchmarks.cpu_matmul_peak --sizes 512,1024     # other n (default 1024,2048,4096)
 """
 import boot  # noqa: F401
 
+import argparse
 import ctypes
 import json
 import os
@@ -102,10 +104,10 @@ def matmul_flops(sizes=SIZES, threads: int = 2) -> dict:
 
 
 def measured_peak(sizes=SIZES, threads: int = 2) -> dict:
-    """{library: best FLOP/s over `sizes`, "peak": the best of all, "by": its library}."""
+    """{library: best FLOP/s over `sizes`, "peak": the best of all, "by": its library, "sizes": `sizes`}."""
     best = {lib: max(by_n.values()) for lib, by_n in matmul_flops(sizes, threads).items()}
     by = max(best, key=best.get)
-    return {**best, "peak": best[by], "by": by}
+    return {**best, "peak": best[by], "by": by, "sizes": list(sizes)}
 
 
 # The two ceilings' C programs: `run` (one per thread, each writing its FLOP/s) and a main that sums them.
@@ -188,12 +190,9 @@ def ceiling(kind: str, threads: int) -> float:
                                         text=True).stdout) for _ in range(3))
 
 
-def main() -> None:
-    if "--json" in sys.argv:
-        print(json.dumps(measured_peak()))
-        return
-    table = matmul_flops()
-    for n in SIZES:
+def main(sizes) -> None:
+    table = matmul_flops(sizes)
+    for n in sizes:
         print(f"n={n}: " + ", ".join(f"{lib} {by_n[n] / 1e12:.3f} TFLOP/s" for lib, by_n in table.items()))
     best = max((f, lib) for lib, by_n in table.items() for f in by_n.values())
     print(f"measured peak: {best[0] / 1e12:.3f} TFLOP/s ({best[1]})")
@@ -209,5 +208,14 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    with recorded("benchmarks.cpu_matmul_peak", "This machine's fp32 GEMM peak"):
-        main()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", action="store_true", help="print measured_peak() as JSON alone (for another "
+                        "benchmark to parse; RESULTS.md is left as it is)")
+    parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="the n of the n x n GEMMs, comma-separated")
+    args = parser.parse_args()
+    n = tuple(int(v) for v in args.sizes.split(","))
+    if args.json:
+        print(json.dumps(measured_peak(n)))
+    else:
+        with recorded("benchmarks.cpu_matmul_peak", "This machine's fp32 GEMM peak"):
+            main(n)

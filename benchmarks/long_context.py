@@ -6,7 +6,7 @@ length, (b) zero-shot extension with each RoPE scaling, (c) after stage=long_con
 
 Steps (each a subprocess; needs ../shared/corpora for data=long_docs):
   1. train.py model=M model.max_position_embeddings=B data=long_docs data.seq_len=B (the base, B = --base-len)
-  2. evaluate.py on it with a window of B x --factor: rope none (extrapolation: max_position_embeddings raised,
+  2. python -m evaluation on it with a window of B x --factor: rope none (extrapolation: max_position_embeddings raised,
      nothing scaled), linear, ntk, dynamic, yarn, llama3 with that factor; loss on rows of B and of the window,
      passkey at B, 2B, 4B, ... the window
   3. train.py stage=long_context from the base for each of --extend-factors (yarn x F, data.seq_len = B x F, the
@@ -47,7 +47,7 @@ def evaluate(ckpt, overrides, base_len, window, out, log, a):
     {length: {depth: accuracy}} at base_len, 2 x base_len, ... window."""
     if not os.path.isfile(out):
         csv = ",".join(str(n) for n in doublings(base_len, window))
-        run([sys.executable, "-m", "evaluate", ckpt, "tasks=[]", f"eval.batches={a.eval_batches}",
+        run([sys.executable, "-m", "evaluation", ckpt, "tasks=[]", f"eval.batches={a.eval_batches}",
              f"eval.position_bucket={base_len}", f"eval.context_lengths=[{window}]", f"eval.passkey_lengths=[{csv}]",
              f"eval.passkey_trials={a.passkey_trials}", f"eval.passkey_depths=[{a.passkey_depths}]", "data=long_docs",
              f"data.seq_len={base_len}", "objective=clm", "trainer.micro_batch_size=2", *overrides, "--out", out], log)
@@ -106,7 +106,8 @@ def main() -> None:
     base_dir = os.path.join(a.work, "base")
     if not os.path.isdir(os.path.join(base_dir, "checkpoints")):
         run([sys.executable, "train.py", *common, "data=long_docs", f"data.seq_len={B}", "optim.lr=1e-3",
-             "optim.min_lr=1e-4", "optim.warmup_steps=30", f"trainer.micro_batch_size={a.base_micro_batch}",
+             "optim.min_lr=1e-4", f"optim.warmup_steps={min(30, a.base_steps // 10)}",
+             f"trainer.micro_batch_size={a.base_micro_batch}",
              f"trainer.max_steps={a.base_steps}", f"hydra.run.dir={base_dir}"], log)
     base = latest(base_dir)
     longest = B * a.factor

@@ -2,7 +2,7 @@
 
     scripts/venv.sh python -m benchmarks.scaling [--seq-lens 128,256,512,1024,2048] [--widths 256,384,512,768]
         [--steps 8] [--warmup 3] [--impls native,mindformers,torch_sdpa,torch_eager] [--peak-tflops X]
-        [--png benchmarks/scaling.png]
+        [--peak-sizes 1024,2048,4096] [--png benchmarks/scaling.png] [hydra overrides of every run ...]
 
 Each point is a benchmarks/speed_memory.py measurement (every implementation in its own process, same data,
 loss and optimizer). Sequence sweep: model=small (H384, 8 layers, 6 heads, vocab 8192) at a fixed 2048 tokens
@@ -33,11 +33,12 @@ def width_point(hidden: int) -> list:
             "data.seq_len=256", "trainer.micro_batch_size=8"]
 
 
-def sweep(name: str, values: list, point, impls: list, steps: int, warmup: int, peak: float, workdir: str) -> dict:
-    """{value: {impl: result}} over `values` of one axis."""
+def sweep(name: str, values: list, point, impls: list, steps: int, warmup: int, peak: float, workdir: str,
+          extra: list) -> dict:
+    """{value: {impl: result}} over `values` of one axis; `extra`: Hydra overrides of every run."""
     out = {}
     for value in values:
-        overrides = [*point(value), *COMMON, f"trainer.max_steps={steps}"]
+        overrides = [*point(value), *COMMON, f"trainer.max_steps={steps}", *extra]
         out[value] = run_shape(overrides, impls, warmup, peak, workdir, f"-{name}{value}")
     return out
 
@@ -89,20 +90,23 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--impls", default=",".join(IMPLS))
     p.add_argument("--peak-tflops", type=float, default=None, help="skip the GEMM measurement, use this peak")
+    p.add_argument("--peak-sizes", default="1024,2048,4096", help="the n x n GEMMs the peak is measured on")
     p.add_argument("--png", default=os.path.join(ROOT, "benchmarks", "scaling.png"))
-    args = p.parse_args()
+    args, extra = p.parse_known_args()
     check_args(p, args.impls, args.steps, args.warmup)
     impls = args.impls.split(",")
-    peak = {"peak": args.peak_tflops * 1e12} if args.peak_tflops else measured_peak_flops()
+    peak = {"peak": args.peak_tflops * 1e12} if args.peak_tflops else measured_peak_flops(args.peak_sizes)
     print(peak_line(peak), flush=True)
     sweeps = {}
     with tempfile.TemporaryDirectory() as workdir:
         if args.seq_lens:
             sweeps["seq_len"] = sweep("seq_len", [int(v) for v in args.seq_lens.split(",")], seq_point, impls,
-                                      args.steps, args.warmup, peak["peak"], workdir)
+                                      args.steps, args.warmup, peak["peak"], workdir, extra)
         if args.widths:
             sweeps["hidden_size"] = sweep("hidden", [int(v) for v in args.widths.split(",")], width_point, impls,
-                                          args.steps, args.warmup, peak["peak"], workdir)
+                                          args.steps, args.warmup, peak["peak"], workdir, extra)
+    if extra:
+        print(f"\nevery run with {' '.join(extra)}")
     for axis, results in sweeps.items():
         print(f"\n{axis} sweep ({'2048 tokens/step, model=small' if axis == 'seq_len' else 'seq 256 x 8 rows'}; "
               f"tokens/s over steps {args.warmup + 1}-{args.steps}):")

@@ -4,7 +4,8 @@ loss and optimizer (benchmarks/torch_reference.py; `torch_sdpa`: scaled_dot_prod
 plain matmul-softmax-matmul attention, the math of ours).
 
     scripts/venv.sh python -m benchmarks.speed_memory [--shapes small,medium] [--steps 20] [--warmup 3]
-        [--impls native,mindformers,torch_sdpa,torch_eager] [--peak-tflops X] [--rounds N] [hydra overrides ...]
+        [--impls native,mindformers,torch_sdpa,torch_eager] [--peak-tflops X | --peak-sizes 1024,2048,4096]
+        [--rounds N] [hydra overrides ...]
 
 Every implementation trains in its own process, one after the other (so peak RSS is its own), logging every
 step. `native_warm` is native run a second time with `trainer.compile_cache=true`, loading the graphs its first
@@ -57,10 +58,10 @@ COMMON = ["trainer.log_every=1", "trainer.eval_every=0", "trainer.eval_batches=1
 IMPLS = ("native", "native_warm", "mindformers", "torch_sdpa", "torch_eager")
 
 
-def measured_peak_flops() -> dict:
-    """benchmarks/cpu_matmul_peak.py's measured_peak(), in a process of its own."""
-    out = subprocess.run([sys.executable, "-m", "benchmarks.cpu_matmul_peak", "--json"], cwd=ROOT, check=True,
-                         capture_output=True, text=True).stdout
+def measured_peak_flops(sizes: str = "1024,2048,4096") -> dict:
+    """benchmarks/cpu_matmul_peak.py's measured_peak() over the n x n GEMMs of `sizes`, in a process of its own."""
+    out = subprocess.run([sys.executable, "-m", "benchmarks.cpu_matmul_peak", "--json", "--sizes", sizes], cwd=ROOT,
+                         check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -178,6 +179,7 @@ def parse_args(argv):
     p.add_argument("--warmup", type=int, default=3, help="first steps left out of tokens/s (compile)")
     p.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated, of {', '.join(IMPLS)}")
     p.add_argument("--peak-tflops", type=float, default=None, help="skip the GEMM measurement, use this peak")
+    p.add_argument("--peak-sizes", default="1024,2048,4096", help="the n x n GEMMs the peak is measured on")
     p.add_argument("--rounds", type=int, default=1, help="run the implementations this many times, interleaved")
     p.add_argument("--no-results", action="store_true", help="do not write the tables into benchmarks/RESULTS.md")
     args, overrides = p.parse_known_args(argv)
@@ -188,14 +190,15 @@ def parse_args(argv):
 def peak_line(peak: dict) -> str:
     if "by" not in peak:
         return f"peak: {peak['peak'] / 1e12:.3f} TFLOP/s (given)"
-    return (f"measured peak (best n x n fp32 GEMM, n in 1024/2048/4096): {peak['peak'] / 1e12:.3f} TFLOP/s by "
+    return (f"measured peak (best n x n fp32 GEMM, n in {'/'.join(map(str, peak['sizes']))}): "
+            f"{peak['peak'] / 1e12:.3f} TFLOP/s by "
             f"{peak['by']} (mindspore {peak['mindspore'] / 1e12:.3f}, pytorch 2 threads {peak['pytorch'] / 1e12:.3f}, "
             f"numpy {peak['numpy'] / 1e12:.3f})")
 
 
 def main(argv=None) -> None:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
-    peak = {"peak": args.peak_tflops * 1e12} if args.peak_tflops else measured_peak_flops()
+    peak = {"peak": args.peak_tflops * 1e12} if args.peak_tflops else measured_peak_flops(args.peak_sizes)
     print(peak_line(peak), flush=True)
     report = [peak_line(peak)]
     with tempfile.TemporaryDirectory() as workdir:

@@ -3,7 +3,7 @@
 pipeline (data/ reads what they write, as any other source).
 
     python -m builders.instructions    instruction samples (data=instructions: SFT, PPO's prompts)
-    python -m builders.tasks build     evaluation tasks (python -m evaluate, trainer.eval_tasks)
+    python -m builders.tasks build     evaluation tasks (python -m evaluation, trainer.eval_tasks)
     python -m builders.preferences     preference pairs (data=preferences: reward model, DPO); with --on-policy
                                        CKPT, pairs of a checkpoint's own samples (data=preferences_on_policy)
 """

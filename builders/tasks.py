@@ -1,6 +1,6 @@
 r"""Evaluation tasks derived by rule from ../shared/corpora: `python -m builders.tasks build [--corpora DIR]
 [--out DIR] [--items 500] [--seed 0]`, written to `--out` (default `${MINDLAB_DATA_DIR:-~/.cache/mindlab/data}/tasks`)
-as `<name>.jsonl` + `stats.json`, in evaluation/tasks.py's formats (`python -m evaluate CKPT tasks=[...]` and
+as `<name>.jsonl` + `stats.json`, in evaluation/tasks.py's formats (`python -m evaluation CKPT tasks=[...]` and
 trainer.eval_tasks score them):
 
   definitions_mc  A WordNet or GCIDE definition (the first sense's gloss, as builders/instructions.py's

@@ -1,4 +1,4 @@
-"""Evaluation of a language model: what `python -m evaluate` reports for a checkpoint and what training logs
+"""Evaluation of a language model: what `python -m evaluation` reports for a checkpoint and what training logs
 at every evaluation (the trainer imports this package; it imports no trainer).
 
     validation.py  the objective's loss and metrics over validation batches, token-weighted (training's val_*)

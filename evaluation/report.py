@@ -1,4 +1,4 @@
-"""The tables `python -m evaluate` prints: per source, loss by position, passkey, tasks."""
+"""The tables `python -m evaluation` prints: per source, loss by position, passkey, tasks."""
 import math
 
 

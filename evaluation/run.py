@@ -9,7 +9,7 @@ from base.errors import ConfigError
 
 
 def run(ckpt: str, cfg: DictConfig, eval_cfg, tasks: list, log=print) -> dict:
-    """The results `python -m evaluate` writes as JSON: the checkpoint, data_eval (sources), passkey, tasks."""
+    """The results `python -m evaluation` writes as JSON: the checkpoint, data_eval (sources), passkey, tasks."""
     from base import checkpoint
     from base.registry import OBJECTIVES
     from data import Tokenizer

@@ -1,5 +1,5 @@
 """The objective's loss and metrics over held-out batches, each batch weighted by its loss tokens: what training
-logs as val_loss, val_<metric> (and per source), and what `python -m evaluate` reports as `loss`, by the same
+logs as val_loss, val_<metric> (and per source), and what `python -m evaluation` reports as `loss`, by the same
 code, so its loss column reproduces a run's val_loss."""
 import math
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -35,7 +35,10 @@ def val_metrics(per_source: Dict[str, Means], metrics: Sequence[str],
         out.update({f"val_{key}/{source}": m[key] for source, (m, _) in per_source.items()})
     if val_bytes:
         out["val_ppl"] = math.exp(min(out["val_loss"], 50.0))
-        nats = {source: m["loss"] * n for source, (m, n) in per_source.items()}  # the mean NLL x its tokens
-        out["val_bpb"] = sum(nats.values()) / math.log(2) / sum(val_bytes[s] for s in nats)
-        out.update({f"val_bpb/{s}": v / math.log(2) / val_bytes[s] for s, v in nats.items()})
+        # the mean NLL x its tokens, of the sources whose targets hold text (an eos alone, e.g. of a response cut
+        # off by truncation, is a token of no bytes: no bits per byte)
+        nats = {source: m["loss"] * n for source, (m, n) in per_source.items() if val_bytes[source]}
+        if nats:
+            out["val_bpb"] = sum(nats.values()) / math.log(2) / sum(val_bytes[s] for s in nats)
+            out.update({f"val_bpb/{s}": v / math.log(2) / val_bytes[s] for s, v in nats.items()})
     return out

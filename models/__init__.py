@@ -40,15 +40,28 @@ def build_model(cfg, seq_len: int, compute_dtype: str, device_target: str, seed:
     """The family's model, its CPU kernels swapped in where they apply (the family's `apply_kernels`, decided from
     these arguments: never from MindSpore's global context), then `cfg.recompute` applied: full recomputes each
     layer in the backward, selective only its attention core. `sharded`: the model runs under a semi-auto
-    tensor/pipeline layout (base.schema.is_sharded), whose plan sets its strategies on the plain ops."""
+    tensor/pipeline layout (base.schema.is_sharded), whose plan sets its strategies on the plain ops, and whose
+    weights the sharded compile initialises, each rank only its slices (deferred_initialisation)."""
     fam = family(cfg.family)
-    model = fam.build(cfg, seq_len, compute_dtype, use_flash_attention(cfg, device_target), seed)
+    with deferred_initialisation(sharded):
+        model = fam.build(cfg, seq_len, compute_dtype, use_flash_attention(cfg, device_target), seed, sharded)
     if fam.apply_kernels is not None:
         fam.apply_kernels(model, cfg, compute_dtype, device_target, sharded)
     if cfg.recompute != "none":
         for cell in fam.recompute_cells(model, cfg.recompute):
             cell.recompute()
     return model
+
+
+def deferred_initialisation(sharded: bool):
+    """A context in which the parameters made from MindSpore initializers (a sharded build's weights, an optimizer's
+    moments, a step's accumulation buffers) hold no data until the semi-auto compile initialises each rank's
+    slices (MindSpore's no_init_parameters, the pattern its AutoParallel documents); a no-op when not `sharded`."""
+    import contextlib
+
+    from mindspore.nn.utils import no_init_parameters
+
+    return no_init_parameters() if sharded else contextlib.nullcontext()
 
 
 def context_window(cfg) -> int:

@@ -44,7 +44,7 @@ from omegaconf import MISSING
 
 from base.errors import require
 from base.objective import ObjectiveBase
-from base.schema import PREFERENCE_KINDS
+from data.formats import kinds
 from objectives import _reference, check_fine_tuning
 from objectives._preference import COLUMNS, DATA_HINT, pair_row_spec, require_data_parallel
 from objectives.sft import IGNORE_INDEX
@@ -65,7 +65,7 @@ class Config:
 
 def check(cfg) -> None:
     o = cfg.objective
-    check_fine_tuning(cfg, "dpo", PREFERENCE_KINDS, DATA_HINT)
+    check_fine_tuning(cfg, "dpo", kinds(pairs=True), DATA_HINT)
     require(o.beta > 0, "objective.beta", f"must be > 0, got {o.beta}")
     require(o.loss in LOSSES, "objective.loss", f"got {o.loss!r}; choose one of {', '.join(LOSSES)}")
     require(0 <= o.label_smoothing < 0.5, "objective.label_smoothing", f"must be in [0, 0.5), got {o.label_smoothing}")

@@ -34,7 +34,7 @@ Logged per step (TRL's names): from the rollout that step trained on, `objective
 `objective/kl_coef`, `gen_len`, `eos_fraction`; from the update, `policy/approxkl`, `policy/clipfrac`,
 `loss/policy`, `loss/value`, `val/clipfrac`, `entropy`. The rollout buffer, the running score moments, the KL
 coefficient and the rollout count are saved with every checkpoint, so a resumed run equals an uninterrupted one.
-No held-out evaluation (`trainer.eval_every` is ignored): score a checkpoint with `python -m evaluate`.
+No held-out evaluation (`trainer.eval_every` is ignored): score a checkpoint with `python -m evaluation`.
 
     python train.py stage=ppo stage.init_from=runs/sft/checkpoints/latest \
         objective.reward_model=runs/rm/checkpoints/latest
@@ -53,8 +53,8 @@ from omegaconf import MISSING, OmegaConf
 from base import checkpoint
 from base.errors import ConfigError, require
 from base.objective import ObjectiveBase
-from base.schema import INSTRUCTION_KINDS
 from data.errors import DataError
+from data.formats import kinds
 from data.rows import RowSpec, Split
 from models.generation import generates
 from objectives import _reference, check_fine_tuning
@@ -95,7 +95,7 @@ NEEDS = {"reward_model": "objective.reward_model"}  # taken from an earlier rewa
 
 def check(cfg) -> None:
     o = cfg.objective
-    check_fine_tuning(cfg, "ppo", INSTRUCTION_KINDS, "use data=instructions (its prompts are sampled from)")
+    check_fine_tuning(cfg, "ppo", kinds(pairs=False), "use data=instructions (its prompts are sampled from)")
     require(o.reward_model, "objective.reward_model", "stage=ppo needs a reward model: set "
             "objective.reward_model=<checkpoint of a stage=rm run>")
     require(o.kl_estimator in ESTIMATORS, "objective.kl_estimator", f"got {o.kl_estimator!r}; choose one of "
@@ -166,7 +166,7 @@ def prompt_rows(max_prompt_len: int, split: Split, seq_len: int, tokenizer) -> I
     if split.loss_mask is None or split.margin is not None:
         raise DataError(f"{split.where}: holds {'documents' if split.loss_mask is None else 'preference pairs'}, "
                         f"not instruction samples; objective=ppo samples responses to the prompts of kinds "
-                        f"{', '.join(INSTRUCTION_KINDS)} (data=instructions)")
+                        f"{', '.join(kinds(pairs=False))} (data=instructions)")
     tokens, mask = np.asarray(split.tokens), np.asarray(split.loss_mask)
     kept = 0
     for a, b in zip(split.offsets[:-1], split.offsets[1:]):

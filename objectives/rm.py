@@ -36,7 +36,7 @@ from omegaconf import MISSING
 
 from base.errors import require
 from base.objective import ObjectiveBase
-from base.schema import PREFERENCE_KINDS
+from data.formats import kinds
 from objectives import check_fine_tuning
 from objectives._preference import DATA_HINT, last_labelled, pair_row_spec, require_data_parallel
 
@@ -52,7 +52,7 @@ PROVIDES = "reward_model"  # a later stage's reward model (recipe/: PPO's object
 
 
 def check(cfg) -> None:
-    check_fine_tuning(cfg, "rm", PREFERENCE_KINDS, DATA_HINT)
+    check_fine_tuning(cfg, "rm", kinds(pairs=True), DATA_HINT)
     require(cfg.objective.center_coefficient >= 0, "objective.center_coefficient",
             f"must be >= 0, got {cfg.objective.center_coefficient}")
     require_data_parallel(cfg, "rm", "its score head is not in the tensor/pipeline plan")

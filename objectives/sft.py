@@ -22,8 +22,8 @@ from omegaconf import MISSING
 
 from base.errors import require
 from base.objective import ObjectiveBase
-from base.schema import INSTRUCTION_KINDS
 from data.errors import DataError
+from data.formats import kinds
 from data.rows import RowSpec, Split, best_fit
 from objectives import check_fine_tuning
 from objectives._cross_entropy import WeightedCrossEntropy, masked_mean_nll
@@ -40,7 +40,7 @@ class Config:
 
 
 def check(cfg) -> None:
-    check_fine_tuning(cfg, "sft", INSTRUCTION_KINDS, "use data=instructions or your own alpaca/chat JSONL")
+    check_fine_tuning(cfg, "sft", kinds(pairs=False), "use data=instructions or your own alpaca/chat JSONL")
     require(not (cfg.objective.packing and cfg.model.flash_attention), "model.flash_attention",
             "packed samples need the segment mask of plain attention (the flash kernel's actual_seq_len path is not "
             "wired); set model.flash_attention=false, or objective.packing=false")
@@ -59,9 +59,9 @@ def sft_schema(seq_len: int) -> dict:
 
 def sft_rows(packing: bool, truncate: bool, split: Split, seq_len: int, tokenizer) -> Iterator[dict]:
     """The rows of one split (see the module docstring); prints how full the rows are."""
-    if split.loss_mask is None:
-        raise DataError(f"{split.where}: holds documents, not instruction samples; objective=sft trains on sources "
-                        f"of kind {', '.join(INSTRUCTION_KINDS)}")
+    if split.loss_mask is None or split.margin is not None:
+        raise DataError(f"{split.where}: holds {'documents' if split.loss_mask is None else 'preference pairs'}, not "
+                        f"instruction samples; objective=sft trains on sources of kind {', '.join(kinds(pairs=False))}")
     size = seq_len + 1
     spans = [(int(a), int(b)) for a, b in zip(split.offsets[:-1], split.offsets[1:])]
     for i, (a, b) in enumerate(spans):
@@ -114,7 +114,7 @@ class Objective(ObjectiveBase):
     def token_nll(self, model: nn.Cell) -> nn.Cell:
         """The loss is the mean NLL of the response tokens: training logs bits per byte from it and the bytes of
         those targets, and scores trainer.eval_tasks with this cell (one text per row; the packed validation rows'
-        segments are the loss cell's, which `python -m evaluate` avoids by scoring an SFT checkpoint as a
+        segments are the loss cell's, which `python -m evaluation` avoids by scoring an SFT checkpoint as a
         language model of documents, objective=clm)."""
         return TokenNLL(model)
 

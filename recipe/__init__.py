@@ -8,7 +8,7 @@
 A recipe (conf/recipe/<name>.yaml, spec.py) lists stages in order; a training stage is train.py run with its
 stage preset and keys, starting from the previous training stage's final checkpoint (a PPO stage's reward model
 is the last reward-model stage's); an evaluation stage scores the previous training stage's checkpoint with
-`python -m evaluate` and samples a few generations. runner.py runs them into one directory:
+`python -m evaluation` and samples a few generations. runner.py runs them into one directory:
 
     <run>/01-pretrain/  02-sft/  03-dpo/  04-evaluate/   each a link into <root>/stages/<stage>-<key>/
     <run>/recipe.json   the stages, their keys and where they are; report.html (report.py)

@@ -8,7 +8,7 @@ written), which includes the path of the stage it starts from and so that stage'
 <run>/<nn>-<name> links there: a stage that an earlier variant already finished is not run again.
 
 `run` runs what is not finished: a training stage is `python train.py <overrides> hydra.run.dir=<stage dir>`
-(a rerun resumes it from its latest checkpoint, trainer.resume=auto), an evaluation stage `python -m evaluate`
+(a rerun resumes it from its latest checkpoint, trainer.resume=auto), an evaluation stage `python -m evaluation`
 and `python -m generate` on the checkpoint it scores. A stage directory is locked while it runs (variants of a
 parallel sweep wait for each other's shared stage). A recipe directory run again with another config for one of
 its stages is refused, naming the stage: nothing computed is replaced.
@@ -209,7 +209,7 @@ def stage_commands(p: Planned, workdir: Path, variant: str) -> List[List[str]]:
         return [[python, str(REPO_ROOT / "train.py"), *p.args, *logger, f"hydra.run.dir={workdir}"]]
     ckpt = resolve(str(p.source.dir))
     tasks = [] if p.stage.tasks is None else [f"tasks={override_value(p.stage.tasks)}"]
-    commands = [[python, "-m", "evaluate", ckpt, *p.args, *tasks, "--out", str(workdir / "eval.json.tmp")]]
+    commands = [[python, "-m", "evaluation", ckpt, *p.args, *tasks, "--out", str(workdir / "eval.json.tmp")]]
     if p.stage.prompts:
         prompts = workdir / "prompts.jsonl"
         prompts.write_text("".join(json.dumps({"instruction": t}) + "\n" for t in p.stage.prompts), encoding="utf-8")
@@ -222,7 +222,8 @@ def stage_commands(p: Planned, workdir: Path, variant: str) -> List[List[str]]:
 # the builder's command
 DATASETS = {"instructions": ["-m", "builders.instructions"],
             "preferences": ["-m", "builders.preferences"],
-            "tasks": ["-m", "builders.tasks", "build"]}
+            "tasks": ["-m", "builders.tasks", "build"],
+            "chat_zh": ["-m", "builders.chat_zh"]}
 
 
 def build_datasets(names: List[str], stream=sys.stdout) -> None:
@@ -248,7 +249,7 @@ def dry_run_report(planned: List[Planned]) -> str:
     for p in planned:
         head = f"=== stage {p.stage.dirname} ({p.stage.kind}) -> {p.dir}"
         if p.config is None:
-            parts.append(f"{head}\n  python -m evaluate <{p.source.stage.name}'s checkpoint> {' '.join(p.args)}")
+            parts.append(f"{head}\n  python -m evaluation <{p.source.stage.name}'s checkpoint> {' '.join(p.args)}")
         else:
             parts.append(f"{head}\n  python train.py {' '.join(p.args)}\n\n" +
                          train_report(OmegaConf.merge(p.config, {"dry_run": True})))

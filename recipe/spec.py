@@ -18,7 +18,7 @@ instead); what
 its objective takes from an earlier stage (its NEEDS: PPO's reward model) comes from the last stage whose objective
 PROVIDES it, unless its key is set (`objective: {reward_model: <path>}`); `overrides: [...]` takes
 raw train.py overrides for anything the mapping cannot say. An evaluation stage scores the previous training
-stage's checkpoint (`of: <stage>` another one) with `python -m evaluate` (`data`, `tasks`, `eval: {key: value}`)
+stage's checkpoint (`of: <stage>` another one) with `python -m evaluation` (`data`, `tasks`, `eval: {key: value}`)
 and greedy generations for `prompts` (instructions, wrapped in the checkpoint's own template).
 """
 import json

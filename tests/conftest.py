@@ -31,8 +31,27 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    config.addinivalue_line("markers", "corpora(*parts): reads ../shared/corpora/<parts> (see corpus_path())")
     if config.getoption("--plain-ops"):
         os.environ["MINDLAB_KERNELS"] = "plain"  # read by kernels.library at each model, loss and optimizer build
+
+
+def corpus_path(*parts: str) -> str:
+    """The path of ../shared/corpora/<parts> (MINDLAB_CORPORA moves the corpora). Where it is absent the calling test
+    is skipped with that reason, and fails under CI (CI=true), which lays shared/ beside the clone: a green CI run
+    never hides a test that did not run."""
+    path = os.path.join(CORPORA, *parts)
+    if not os.path.exists(path):
+        message = f"{path} is absent (MINDLAB_CORPORA names the shared corpora)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message + "; under CI=true a test that needs the corpora fails", pytrace=False)
+        pytest.skip(message)
+    return path
+
+
+def pytest_runtest_setup(item):
+    for mark in item.iter_markers("corpora"):  # @pytest.mark.corpora("tiny"): corpus_path("tiny") before the test
+        corpus_path(*mark.args)
 
 
 def compose_cfg(*overrides):
@@ -51,7 +70,7 @@ ENTRIES = {
     "reshard": ("distributed.reshard", "python -m distributed.reshard"),
     "report": ("sweeps.report", "python -m sweeps.report"),
     "generate": ("generate", "python -m generate"),
-    "evaluate": ("evaluate", "python -m evaluate"),
+    "evaluate": ("evaluation.__main__", "python -m evaluation"),
     "instructions": ("builders.instructions", "python -m builders.instructions"),
     "tasks": ("builders.tasks", "python -m builders.tasks"),
     "preferences": ("builders.preferences", "python -m builders.preferences"),

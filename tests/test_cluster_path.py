@@ -1,8 +1,9 @@
-"""What a user types on Ascend/GPU nodes, checked here without one: it is either right as composed, or refused in
+"""What a user types on Ascend/GPU nodes, checked on any machine (a node is faked where the test needs one): it is either right as composed, or refused in
 one line before anything starts.
 
     precision vs flash attention     fp32 with flash attention is refused (the kernel takes fp16/bf16)
-    the device preset vs the machine `device=ascend910b` on a box without Ascend: one line, exit 2, no msrun
+    the device preset vs the machine `device=ascend910b` on a box without Ascend (h100 on an Ascend box): one
+                                     line, exit 2, no msrun; the device count against the machine's device files
     objectives outside the plan      rm, dpo, ppo under tp/pp refused at validation
     across nodes                     the node keys, one shared run directory, the msrun each node starts, the
                                      README's commands and the sbatch recipe as documented, `latest` after a barrier
@@ -83,21 +84,44 @@ def test_objectives_outside_the_plan_are_refused_under_sharding(stage, layout):
 # --- the device preset against this machine -------------------------------------------------------------------
 
 
+def absent_preset() -> tuple:
+    """(a device preset, its target) this machine has no device of: the refusal below is checked on any machine
+    (ascend910b on a CPU or GPU box, h100 on an Ascend one)."""
+    for preset, target in (("ascend910b", "Ascend"), ("h100", "GPU")):
+        if base.validate.devices_here(target) == 0:
+            return preset, target
+    pytest.skip("this machine has Ascend and GPU devices: no device preset it lacks")
+
+
 @pytest.mark.slow  # two train.py processes, ~5 s each
 @pytest.mark.parametrize("layout", [[], ["model=13b", "parallel=tp8pp2"]])
-def test_an_ascend_preset_on_this_machine_is_one_line_and_starts_nothing(tmp_path, layout):
+def test_a_preset_of_a_device_this_machine_lacks_is_one_line_and_starts_nothing(tmp_path, layout):
     """The acceptance command, as typed: exit 2, one line on stderr, no traceback, no msrun launch."""
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "device=ascend910b", *layout],
+    preset, target = absent_preset()
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), f"device={preset}", *layout],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip().splitlines() == ["config error: device: device=ascend910b: this machine has no Ascend "
+    assert proc.stderr.strip().splitlines() == [f"config error: device: device={preset}: this machine has no {target} "
                                                 "devices; plan with dry_run=true or use device=cpu"]
     assert "[launch]" not in proc.stdout and "msrun" not in proc.stdout
 
 
-def test_this_machine_reports_no_accelerator():
-    """What the refusal above reads (here: a CPU box with MindSpore's CPU package)."""
-    assert base.validate.devices_here("Ascend") == base.validate.devices_here("GPU") == 0
+def test_devices_here_counts_the_machines_devices():
+    """What the refusal above reads, against the device files the drivers make: /dev/davinciN for Ascend,
+    /dev/nvidiaN for NVIDIA GPUs, which MindSpore can use only where its GPU plugin finds the CUDA libraries it links
+    (make device-check installs them: scripts/gpu_runtime.py). On a CPU box: 0 and 0."""
+    import glob
+    import re
+
+    def count(pattern):
+        return len([d for d in glob.glob(pattern) if re.fullmatch(r".*\d+", d)])
+
+    assert base.validate.devices_here("Ascend") == count("/dev/davinci*")
+    plugin = os.path.join(os.path.dirname(__import__("mindspore").__file__), "lib", "plugin",
+                          "libmindspore_gpu.so.11.6")
+    loadable = os.path.exists(plugin) and "not found" not in subprocess.run(["ldd", plugin], capture_output=True,
+                                                                             text=True).stdout
+    assert base.validate.devices_here("GPU") == (count("/dev/nvidia*") if loadable else 0)
 
 
 def test_a_layout_larger_than_the_node_names_nodes(monkeypatch):
@@ -246,7 +270,7 @@ def test_latest_moves_after_every_rank_wrote_its_slices(monkeypatch, tmp_path):
 
     def rank(r):
         module = object.__new__(ShardedModule)
-        module.rank, module.run_dir, module.compiled = r, str(tmp_path), type("Compiled", (), {"network": None})
+        module.rank, module.run_dir, module.train_step = r, str(tmp_path), None
         module.save(str(tmp_path / "checkpoints"), 7, {}, None, "tokenizer.model", is_main=r == 0)
 
     threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]

@@ -27,6 +27,8 @@ from data.parallel import WorkerPool
 from data.sources import no_documents, read_unit, source_files, work_units
 from data.tokenizer import sample_lines
 
+from conftest import corpus_path
+
 REPO = Path(__file__).resolve().parents[1]
 VOCAB = 384
 WORDS = ("the of and to in a is that for it as with was on be by he at or from his but not are "
@@ -412,8 +414,7 @@ def test_leftover_tmp_dirs_are_removed(corpus):
 @pytest.mark.slow
 def test_corpora_tiny_prepares_in_worker_processes_then_is_a_no_op(tmp_path, monkeypatch):
     monkeypatch.delenv("MINDLAB_CORPORA", raising=False)
-    if not (REPO / "../shared/corpora/tiny").is_dir():
-        pytest.skip("../shared/corpora/tiny is absent")
+    corpus_path("tiny")
     preset = OmegaConf.load(REPO / "conf/data/corpora_tiny.yaml")
     preset.pop("defaults")
     cfg = OmegaConf.merge(OmegaConf.structured(DataConfig), preset, {
@@ -447,8 +448,7 @@ def test_concurrent_prepares_build_once(corpus):
 
 @pytest.mark.slow
 def test_prepare_command_line(tmp_path):
-    if not (REPO / "../shared/corpora/tiny").is_dir():
-        pytest.skip("../shared/corpora/tiny is absent")
+    corpus_path("tiny")
     run = lambda *args: subprocess.run([sys.executable, "prepare.py", "data=corpora_tiny", "data.num_workers=0",
                                         f"data.cache_dir={tmp_path}", *args], cwd=REPO, capture_output=True, text=True)
     done = run()

@@ -1,13 +1,14 @@
 """Data pipeline, consumption side: the blended order, MindRecord loading, dp sharding, resuming, build_data."""
 import json
 import os
+import re
 
 import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
 from base.validate import ConfigError, validate
-from conftest import compose_cfg
+from conftest import compose_cfg, corpus_path
 from data import BlendedBatches, DataError, build_data
 from data.cache import prepare
 from data.cache import cache_key
@@ -184,8 +185,13 @@ def test_build_data_bundle(prepared, tmp_path):
         expected = [tokens[i * SEQ:i * SEQ + SEQ + 1] for i in range(3 * len(bundle.val[name]))]
         assert np.array_equal(np.concatenate([b["input_ids"] for b in bundle.val[name]]), np.stack(expected))
         assert {"docs_read", "removed", "docs_kept", "train", "val"} <= set(bundle.meta["sources"][name])
-    with pytest.raises(DataError, match=r"source 'c' has \d+ validation rows.*fewer than one batch of 10"):
+    with pytest.raises(DataError, match=r"source 'c' has \d+ validation rows.*fewer than one batch of 10; set "
+                                        r"data.val_fraction=([\d.]+) .* or trainer.micro_batch_size=(\d+), or lower "
+                                        r"data.seq_len") as err:
         build_data(cfg, micro_batch_size=10)
+    fraction, rows = re.search(r"val_fraction=([\d.]+) .*micro_batch_size=(\d+)", str(err.value)).groups()
+    for fixed, batch in ((OmegaConf.merge(cfg, {"val_fraction": float(fraction)}), 10), (cfg, int(rows))):
+        assert len(build_data(fixed, micro_batch_size=batch).val["c"]) >= 1  # either setting it names works
     assert build_data(OmegaConf.merge(cfg, {"val_fraction": 0.0}), micro_batch_size=2).val == {}
 
 
@@ -233,6 +239,6 @@ def test_presets_compose_and_the_mixes_share_one_cache(monkeypatch):
             assert sum(cfg.data.weights.values()) == pytest.approx(1.0)
             assert list(cfg.data.weights) == [s.name for s in cfg.data.sources]
     assert cfgs["mix_code_heavy"].data.weights.code == 0.5 and cfgs["mix_books_heavy"].data.weights.books_en == 0.5
-    if os.path.isdir(REPO / "../shared/corpora/code"):
-        keys = {cache_key(cfg.data) for name, cfg in cfgs.items() if name.startswith(("mix_", "corpora_5"))}
-        assert len(keys) == 1
+    corpus_path("code")  # the cache key reads the files' sizes and times
+    keys = {cache_key(cfg.data) for name, cfg in cfgs.items() if name.startswith(("mix_", "corpora_5"))}
+    assert len(keys) == 1

@@ -1,19 +1,26 @@
-"""benchmarks/device_check.py on CPU: its one line where there is no accelerator, its commands (composed and
-validated as an 8-device Ascend node would validate them), and its report and verdict over fake device results.
-The checks themselves run only on an accelerator."""
+"""benchmarks/device_check.py on any machine: its one line where there is no accelerator, its commands (composed
+and validated as an 8-device Ascend node would validate them), and its report and verdict over fake device results;
+and scripts/gpu_runtime.py, which `make device-check` runs it through: the CUDA 11 / cuDNN 8 wheels and the library
+path MindSpore's GPU plugin needs, checked against what the plugin links. The checks themselves run only on an
+accelerator."""
+import importlib.util
 import json
 import os
+import subprocess
 import sys
+import sysconfig
 
+import mindspore
 import pytest
 
 import base.validate
 from base.validate import validate
 from benchmarks import device_check as dc
-from conftest import compose_cfg
+from conftest import ROOT, compose_cfg
 
 
-def test_without_an_accelerator_it_says_so_in_one_line(capsys):
+def test_without_an_accelerator_it_says_so_in_one_line(capsys, monkeypatch):
+    monkeypatch.setattr(base.validate, "devices_here", lambda target: 0)  # any machine, as one without a device
     assert dc.main([]) == 1
     out, err = capsys.readouterr()
     assert out == "" and err.strip().splitlines() == [
@@ -120,3 +127,93 @@ def test_an_unknown_device_preset_is_one_line(monkeypatch, tmp_path, capsys):
     assert dc.main(["--device", "h200", "--workdir", str(tmp_path)]) == 2
     assert "--device: no preset 'h200' in conf/device/; choose one of a100, ascend910b, cpu, h100" in \
         capsys.readouterr().err
+
+
+def test_generation_is_checked_against_the_same_checkpoint_and_fails_when_it_disagrees(monkeypatch, tmp_path, capsys):
+    """Both greedy runs read the device's own pretrained checkpoint (a CPU checkpoint's tokens would differ for any
+    device whose training differs); agreement under --min-agreement fails the check."""
+    machine = FakeMachine(off=0.01)
+    code, lines = _check_on(machine, monkeypatch, tmp_path, capsys, "--min-agreement", "0.8")
+    assert code == 1
+    generate = next(line for line in lines if line.startswith("generate"))
+    assert generate.endswith("greedy tokens agree with CPU fp32: 12 of 16, fewer than 80%")
+    workers = [c for c in machine.commands if "--generate-worker" in c]
+    assert {c[c.index("--generate-worker") + 1] for c in workers} == {str(tmp_path / "pretrain-ascend910b")}
+    assert {c[c.index("--target") + 1] for c in workers} == {"Ascend", "CPU"}
+
+
+def test_the_layout_check_starts_both_runs_from_the_same_weights(monkeypatch, tmp_path, capsys):
+    """A sharded build initialises its weights on the device at random: the dp2xtp2xpp2 run and its CPU reference
+    both start from the CPU pretraining's checkpoint, so their losses can agree."""
+    machine = FakeMachine(off=0.01)
+    assert _check_on(machine, monkeypatch, tmp_path, capsys)[0] == 0
+    layout_runs = [c for c in machine.commands if any(part.startswith("hydra.run.dir=") and "dp2xtp2xpp2" in part
+                                                      for part in c)]
+    assert len(layout_runs) == 2
+    assert all(f"stage.init_from={tmp_path / 'pretrain-cpu'}" in c for c in layout_runs)
+
+
+# --- scripts/gpu_runtime.py: what make device-check installs on a GPU host --------------------------------------
+
+spec = importlib.util.spec_from_file_location("gpu_runtime", os.path.join(ROOT, "scripts", "gpu_runtime.py"))
+gpu_runtime = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gpu_runtime)
+PLUGIN = os.path.join(os.path.dirname(mindspore.__file__), "lib", "plugin", "libmindspore_gpu.so.11.6")
+
+
+def test_the_wheels_provide_every_library_the_gpu_plugin_links_but_the_drivers():
+    """ldd of MindSpore's GPU plugin: every library it links that this machine lacks is one the pinned wheels bring,
+    or the driver's libcuda.so.1 (on a GPU host after make device-check, with LD_LIBRARY_PATH set: the driver's
+    alone, or none)."""
+    if not os.path.exists(PLUGIN):
+        pytest.skip(f"{PLUGIN} is absent: this MindSpore package has no GPU plugin")
+    lines = subprocess.run(["ldd", PLUGIN], capture_output=True, text=True, check=True).stdout.splitlines()
+    linked = {line.split()[0] for line in lines if "=>" in line}
+    missing = {line.split()[0] for line in lines if "not found" in line}
+    assert set(gpu_runtime.LIBRARIES) | {gpu_runtime.DRIVER} <= linked
+    assert missing <= set(gpu_runtime.LIBRARIES) | {gpu_runtime.DRIVER}
+    assert {wheel for wheel, _ in gpu_runtime.LIBRARIES.values()} == set(gpu_runtime.pinned())
+    assert gpu_runtime.pinned()["nvidia-cudnn-cu11"].startswith("8.")  # libcudnn.so.8: 9.x ships libcudnn.so.9
+
+
+def test_the_library_path_is_each_wheels_lib_dir_in_the_venv_before_the_existing_path():
+    site = sysconfig.get_paths()["purelib"]
+    env = gpu_runtime.environment({"LD_LIBRARY_PATH": "/opt/mine"})
+    dirs = env["LD_LIBRARY_PATH"].split(os.pathsep)
+    assert dirs[-1] == "/opt/mine" and dirs[:-1] == [os.path.join(site, "nvidia", folder, "lib") for folder in
+                                                       ("cublas", "cudnn", "cuda_runtime", "cusolver", "cufft",
+                                                        "curand", "cusparse", "cuda_nvrtc")]
+    assert gpu_runtime.environment({})["LD_LIBRARY_PATH"] == os.pathsep.join(dirs[:-1])
+
+
+def test_with_a_driver_it_installs_once_then_runs_the_command_on_the_library_path(monkeypatch, tmp_path):
+    monkeypatch.setattr(gpu_runtime, "has_driver", lambda: True)
+    monkeypatch.setattr(gpu_runtime.sys, "prefix", str(tmp_path))
+    pip, ran = [], []
+    monkeypatch.setattr(gpu_runtime.subprocess, "run", lambda cmd, check: pip.append(cmd))
+    monkeypatch.setattr(gpu_runtime.os, "execvpe", lambda file, args, env: ran.append((file, args, env)))
+    for _ in range(2):
+        gpu_runtime.main(["python", "-m", "benchmarks.device_check"])
+    assert pip == [[sys.executable, "-m", "pip", "install", "-q", "-r", gpu_runtime.REQUIREMENTS]]  # once
+    assert [(f, a) for f, a, _ in ran] == [("python", ["python", "-m", "benchmarks.device_check"])] * 2
+    assert ran[0][2]["LD_LIBRARY_PATH"].startswith(gpu_runtime.library_path()[0] + os.pathsep)
+
+
+def test_without_a_driver_the_command_runs_as_it_is_and_gpu_is_refused_in_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(gpu_runtime, "has_driver", lambda: False)
+    monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
+    ran = []
+    monkeypatch.setattr(gpu_runtime, "install", lambda: pytest.fail("installed without a driver"))
+    monkeypatch.setattr(gpu_runtime.os, "execvpe", lambda file, args, env: ran.append(env))
+    gpu_runtime.main(["true"])
+    assert "LD_LIBRARY_PATH" not in ran[0]
+    assert gpu_runtime.main(["--gpu", "true"]) == 1 and len(ran) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "gpu runtime: no NVIDIA driver on this machine (libcuda.so.1 is not on the loader's path and "
+        "/proc/driver/nvidia is absent): install the driver first; the CUDA libraries come from the venv"]
+
+
+def test_make_device_check_runs_the_device_check_through_it():
+    makefile = open(os.path.join(ROOT, "Makefile"), encoding="utf-8").read()
+    recipe = makefile.split("\ndevice-check:", 1)[1].splitlines()[1].strip()
+    assert recipe == "scripts/venv.sh python scripts/gpu_runtime.py python -m benchmarks.device_check"

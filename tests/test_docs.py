@@ -5,7 +5,7 @@ calls, without training anything:
   python train.py / prepare.py ARGS   composed as train.py composes them (the first value of a sweep) and validated
                                       with dry_run=true: a renamed key, group or preset fails here
   python -m recipe ARGS               the recipe composed, its stages parsed and planned (each one validated)
-  python -m evaluate CKPT ARGS        its eval.* keys and train.py overrides checked as evaluate checks them
+  python -m evaluation CKPT ARGS      its eval.* keys and train.py overrides checked as evaluation checks them
   python -m <module> ARGS             the module exists, and each --flag it is given is one its --help lists
 Placeholders in commands (CKPT, OUT, <...>, $VARS) are fine where a path goes: nothing is read.
 
@@ -29,7 +29,7 @@ import pytest
 from conftest import ROOT
 
 ROOT = Path(ROOT)
-DOCS = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
+DOCS = [ROOT / "README.md", ROOT / "README.zh-CN.md"] + sorted((ROOT / "docs").glob("*.md"))
 PROGRAM = re.compile(r"^(?:scripts/venv\.sh )?(python3? (?:train\.py|prepare\.py|-m [\w.]+)\b.*)$")  # ("$ python ...":
 # a transcript, which may show a refusal on purpose, is not a command to check)
 
@@ -116,6 +116,8 @@ def check_recipe(args: List[str], tmp_path: Path) -> None:
 
 def help_text(module: str, args: List[str]) -> str:
     """The module's --help (its leading words kept: a subcommand's own help), or "" for a module without argparse."""
+    if importlib.util.find_spec(module).submodule_search_locations is not None:  # a package: -m runs its __main__
+        module += ".__main__"
     source = Path(importlib.util.find_spec(module).origin).read_text(encoding="utf-8")
     if "ArgumentParser" not in source:
         return ""
@@ -125,7 +127,7 @@ def help_text(module: str, args: List[str]) -> str:
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
             try:
-                mod = importlib.import_module(module if module != "recipe" else "recipe.__main__")
+                mod = importlib.import_module(module)
                 main = getattr(mod, "main", None)
                 if main is not None:  # (a main without parameters reads sys.argv)
                     main([*words, "--help"]) if inspect.signature(main).parameters else main()
@@ -149,7 +151,7 @@ def test_every_documented_command_matches_the_code(path, number, command, tmp_pa
         if "--help" not in rest:
             check_recipe(rest, tmp_path)
         return
-    if module == "evaluate":
+    if module == "evaluation":
         from evaluation.config import split_arguments
 
         split_arguments([a for a in rest[1:] if "=" in a and not a.startswith("-")])  # eval.* keys, tasks=
@@ -158,6 +160,16 @@ def test_every_documented_command_matches_the_code(path, number, command, tmp_pa
         text = help_text(module, rest)
         missing = [f for f in flags if f not in text]
         assert not missing, f"{path.name}:{number}: {module} does not take {', '.join(missing)}"
+
+
+def test_the_chinese_readme_mirrors_the_readme():
+    """README.zh-CN.md holds every command of README.md, and its sections in the same order (each checked above)."""
+    english, chinese = ({c.split(" #")[0].strip() for _, c in commands(ROOT / name)}
+                        for name in ("README.md", "README.zh-CN.md"))  # the commands, without their comments
+    missing = sorted(english - chinese)
+    assert not missing, f"README.zh-CN.md lacks: {missing}"
+    count = lambda name: sum(line.startswith("## ") for line in (ROOT / name).read_text(encoding="utf-8").splitlines())
+    assert count("README.zh-CN.md") == count("README.md") + 1  # and a section on the Chinese pipeline
 
 
 def test_the_check_fails_on_a_renamed_key(tmp_path):

@@ -1,4 +1,4 @@
-"""evaluation/ and `python -m evaluate`: bits per byte, per-token NLL, loss by position, task formats and scoring,
+"""evaluation/ and `python -m evaluation`: bits per byte, per-token NLL, loss by position, task formats and scoring,
 the task builders (builders/tasks.py) on the real tiny corpora, the CLI on a small checkpoint, and an objective
 defined here getting bits per byte and task scores through its hook alone."""
 import glob
@@ -16,13 +16,13 @@ from omegaconf import MISSING, OmegaConf
 import mindspore as ms
 from mindspore import Tensor
 
-import evaluate as E
+import evaluation.__main__ as E
 from base.errors import ConfigError
 from base.objective import ObjectiveBase, ObjectivePlugin
 from base.paths import task_path
 from builders import instructions as I
 from builders import tasks as BT
-from conftest import CORPORA, load_preset
+from conftest import CORPORA, corpus_path, load_preset
 from data.tokenizer import Tokenizer
 from evaluation import bpb as B
 from evaluation import tasks as T
@@ -155,6 +155,28 @@ def test_rouge_l_and_exact_match_by_hand():
     assert result["predictions"] == ["in the beginning", "b d e"]
 
 
+def hand_accuracies(items, predictions) -> tuple:
+    """lm-evaluation-harness's acc and acc_norm from each item's choice log-likelihoods: the gold choice is the
+    argmax of the log-likelihoods, and of them divided by each choice's length in bytes."""
+    acc = np.mean([np.argmax(p["loglikelihoods"]) == it["gold"] for it, p in zip(items, predictions)])
+    norm = np.mean([np.argmax(np.array(p["loglikelihoods"]) / [len(c.encode()) for c in it["choices"]]) == it["gold"]
+                    for it, p in zip(items, predictions)])
+    return float(acc), float(norm)
+
+
+def hand_rouge_l(prediction: str, answer: str) -> float:
+    """ROUGE-L F1 over whitespace tokens, its LCS by brute force over the prediction's subsequences (short texts)."""
+    import itertools
+
+    a, b = prediction.split(), answer.split()
+    lcs = max((k for k in range(len(a) + 1) for sub in itertools.combinations(a, k)
+               if any(list(sub) == list(c) for c in itertools.combinations(b, k))), default=0)
+    if lcs == 0:
+        return 0.0
+    p, r = lcs / len(a), lcs / len(b)
+    return 2 * p * r / (p + r)
+
+
 @pytest.mark.slow
 def test_scorer_on_a_real_tiny_model_end_to_end(tok, pynative):
     model = tiny_llama()
@@ -164,7 +186,7 @@ def test_scorer_on_a_real_tiny_model_end_to_end(tok, pynative):
              {"context": "ROMEO:\n", "choices": ["But soft", "What light", "Arise"], "gold": 1},
              {"context": "x " * 100, "choices": [" y", " z"], "gold": 0}]  # context cut on the left
     result = T.score_multiple_choice(items, scorer)
-    assert 0 <= result["acc"] <= 1 and 0 <= result["acc_norm"] <= 1 and result["n"] == 3
+    assert result["n"] == 3 and (result["acc"], result["acc_norm"]) == hand_accuracies(items, result["predictions"])
     batched = [ll for p in result["predictions"] for ll in p["loglikelihoods"]]
     requests = [(it["context"], c) for it in items for c in it["choices"]]
     alone = [0, 2, 3, 7]  # scored alone: batching, neighbours and padding change nothing
@@ -248,8 +270,7 @@ def test_task_names_map_to_files(tmp_path):
 
 @pytest.fixture(scope="module")
 def built():
-    if not TINY:
-        pytest.skip(f"no tiny corpora under {CORPORA}")
+    corpus_path("tiny")
     docs = list(I.read_documents(TINY))
     return BT.build(docs, n_items=500, seed=0), {d["id"]: d for d in docs}
 
@@ -364,9 +385,13 @@ def test_cli_on_a_small_checkpoint_prints_the_table_and_writes_json(small_checkp
     assert [b["end"] for b in source["by_position"]] == [64, 128, 192, 256]
     assert set(results["data_eval"]["context_lengths"]) == {"128", "256"}
     mc = results["tasks"]["mini_mc"]
-    assert mc["n"] == 2 and 0 <= mc["acc"] <= 1 and 0 <= mc["acc_norm"] <= 1 and mc["chance"] == 0.5
+    mc_items = [json.loads(line) for line in (tasks_dir / "mini_mc.jsonl").read_text().splitlines()]
+    assert mc["n"] == 2 and mc["chance"] == 0.5
+    assert (mc["acc"], mc["acc_norm"]) == hand_accuracies(mc_items, mc["predictions"])
     gen = results["tasks"]["mini_gen"]
-    assert 0 <= gen["rouge_l"] <= 1 and 0 <= gen["exact_match"] <= 1
+    said = gen["predictions"][0]  # the greedy answer, scored by hand against "not to be"
+    assert gen["exact_match"] == float(said.strip() == "not to be")
+    assert gen["rouge_l"] == pytest.approx(hand_rouge_l(said, "not to be"))
     assert results["step"] == 7 and results["data"] == "default"
 
 
@@ -428,7 +453,7 @@ def second_half(monkeypatch):
 @pytest.mark.parametrize("objective, targets", [("clm", 256), ("second_half", 128)])
 def test_training_logs_the_bits_per_byte_and_task_scores_that_evaluate_gives(tokenizer_file, tmp_path, pynative,
                                                                              second_half, objective, targets):
-    """trainer.eval_tasks and val_bpb: what the run logs at its last step equals `python -m evaluate` on the
+    """trainer.eval_tasks and val_bpb: what the run logs at its last step equals `python -m evaluation` on the
     checkpoint it leaves (per-token NLLs, bytes and task scorers computed independently of the loss cell), for
     clm and for an objective defined in this file, which gets them through its `token_nll` hook alone."""
     from conftest import compose_cfg
@@ -479,6 +504,10 @@ def test_alpaca_samples_are_generation_items_with_the_sft_prompt(tmp_path):
     task = T.load_task(path)
     assert task.kind == "generation" and task.items[0]["answer"] == "n 1: a small feline"
     assert task.items[0]["prompt"].endswith("### Input:\nDictionary: WordNet 3.0\n\n### Response:\n")
+    from data.samples import TEMPLATES  # prompted as the checkpoint was tuned: the article's template
+
+    assert T.load_task(path, template=TEMPLATES["alpaca_zh"]).items[0]["prompt"] == \
+        "### 指令: Define the word \"cat\".\n### 输入: Dictionary: WordNet 3.0\n### 输出: "
 
 
 def test_passkey_rows_hide_the_key_at_the_depth_and_score_by_likelihood(tok):
@@ -534,7 +563,23 @@ def test_an_sft_checkpoint_is_evaluated_on_the_documents_of_the_run_it_descends_
     base = OmegaConf.load(os.path.join(base_checkpoint, "config.yaml"))
     assert cfg.data.name == base.data.name and [s.name for s in cfg.data.sources] == [s.name for s in base.data.sources]
     assert cfg.objective.name == "clm"
+    (tmp_path / "a.txt").write_text("some text\n")
+    typed = compose_config(str(step), [f"data.sources=[{{name: mine, kind: text, paths: [{tmp_path / 'a.txt'}]}}]"])
+    assert typed.data.name == "command-line sources mine"  # what the report labels them, not the preset's name
     saved.stage.init_from = str(tmp_path / "gone")
     OmegaConf.save(saved, step / "config.yaml")
     with pytest.raises(ConfigError, match="is not there to say which documents it knows; give them, e.g. data="):
         compose_config(str(step), [])
+
+
+def test_bits_per_byte_leaves_out_a_source_whose_targets_hold_no_bytes():
+    """A held-out batch whose only loss target is an eos (an SFT response cut off by truncation) has a loss and no
+    bits per byte; the other sources' val_bpb is theirs alone, by hand: nats / ln 2 / bytes."""
+    from evaluation.validation import val_metrics
+
+    per_source = {"a": ({"loss": 2.0}, 10), "eos_only": ({"loss": 5.0}, 2)}
+    out = val_metrics(per_source, (), {"a": 40, "eos_only": 0})
+    assert out["val_loss"] == pytest.approx((2.0 * 10 + 5.0 * 2) / 12)
+    assert out["val_bpb"] == out["val_bpb/a"] == pytest.approx(2.0 * 10 / math.log(2) / 40)
+    assert "val_bpb/eos_only" not in out
+    assert "val_bpb" not in val_metrics({"eos_only": ({"loss": 5.0}, 2)}, (), {"eos_only": 0})

@@ -19,7 +19,7 @@ class BigramConfig(FamilyConfig):
     family: str = "bigram"
 
 
-def build(cfg, seq_len, compute_dtype, use_flash, seed):
+def build(cfg, seq_len, compute_dtype, use_flash, seed, sharded=False):
     """A bigram LM as a CausalLM: embedding -> RMSNorm -> head (the models/common/ blocks)."""
     from mindspore import nn
 

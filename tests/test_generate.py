@@ -130,7 +130,8 @@ def test_greedy_tokens_equal_transformers_generate(ckpt, tmp_path, capsys):
     # the CLI on the Hugging Face directory (imported through models.convert.import_hf) continues the same way
     assert cli.main([str(tmp_path / "hf"), "--prompt", LINES[1], "--max-new-tokens", "10", "--temperature", "0",
                      "--ignore-eos"]) == 0
-    assert capsys.readouterr().out == tok.decode(prompts[1] + ours.samples[1].tokens[:10]) + "\n"
+    # (less a character its 10th token leaves unfinished: never shown broken)
+    assert capsys.readouterr().out == tok.decode(tok.whole_chars(prompts[1] + ours.samples[1].tokens[:10])) + "\n"
 
 
 @pytest.fixture(scope="module")
@@ -299,7 +300,7 @@ def test_an_instruction_is_prompted_as_the_checkpoints_training_template_renders
     saved.data = {"template": {"name": template}}
     OmegaConf.save(saved, copy / "config.yaml")
     t = template_of(saved)
-    expected = render({"instruction": "Name a colour.", "input": "", "output": ""}, "alpaca", t)[0][0]
+    expected = render({"instruction": "Name a colour.", "input": "", "output": ""}, t)[0][0]
     chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"instruction": "Name a colour."}) + "\n" + json.dumps({"messages": chat}) + "\n")

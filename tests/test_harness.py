@@ -55,7 +55,7 @@ def test_loglikelihood_is_greedy_marks_the_models_own_choice(lm):
     assert greedy_best and not greedy_other and logp_best > logp_other
     pairs = [("To be, or not to", " be"), ("ROMEO:\n", "But soft")]
     scored = lm.loglikelihood([request(*p) for p in pairs])
-    assert [s for s, _ in scored] == pytest.approx(lm.scorer(pairs), abs=1e-6)  # evaluate.py's scorer
+    assert [s for s, _ in scored] == pytest.approx(lm.scorer(pairs), abs=1e-6)  # python -m evaluation's scorer
 
 
 @pytest.mark.slow
@@ -69,7 +69,7 @@ def test_generate_until_cuts_at_the_stop_string(lm):
 
 @pytest.mark.slow
 def test_lm_eval_scores_a_mindlab_task_as_evaluate_does(base_checkpoint, tmp_path):
-    """lm_eval (if installed) on a mindlab task file: the same acc and acc_norm as evaluate.py's scorer."""
+    """lm_eval (if installed) on a mindlab task file: the same acc and acc_norm as python -m evaluation's scorer."""
     pytest.importorskip("lm_eval")
     from evaluation.tasks import load_task, score_multiple_choice
 

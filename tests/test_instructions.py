@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from builders import instructions as I
-from conftest import CORPORA, ROOT
+from conftest import CORPORA, ROOT, corpus_path
 
 TINY = sorted(glob.glob(os.path.join(CORPORA, "tiny", "*.jsonl")))
-pytestmark = pytest.mark.skipif(not TINY, reason=f"no tiny corpora under {CORPORA} (set MINDLAB_CORPORA)")
+pytestmark = pytest.mark.corpora("tiny")
 
 
 @pytest.fixture(scope="module")
@@ -79,9 +79,7 @@ def test_task_specifics(docs, by_id):
 
 
 def test_manpage_options_on_real_pages():
-    shard = Path(CORPORA) / I.SHARDS["manpages_en"]
-    if not shard.is_file():
-        pytest.skip(f"no {shard}")
+    shard = Path(corpus_path(I.SHARDS["manpages_en"]))
     pages = [d for d in I.read_documents([shard]) if "\nOPTIONS\n" in d["text"]]
     samples = I.manpage_option(pages)
     by_id = {d["id"]: d for d in pages}

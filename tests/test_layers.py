@@ -7,7 +7,8 @@ import its own layer or the layers below it, never one above. The README's layou
     3 objectives  objectives/
     4 evaluation  evaluation/
     5 trainer     trainer/, distributed/
-    6 entry       train.py, prepare.py, evaluate.py, generate.py, harness.py, plugins.py, builders/, sweeps/,
+    6 entry       train.py, prepare.py, generate.py, harness.py, plugins.py, builders/, sweeps/, a package's
+                  __main__.py (python -m evaluation, python -m recipe),
                   benchmarks/, parity/, recipe/
 
 Inside a layer, no two folders may import each other (a folder-level cycle), and the plug-ins are found through
@@ -30,7 +31,7 @@ LAYERS = {
     "objectives": 3,
     "evaluation": 4,
     "trainer": 5, "distributed": 5,
-    "train": 6, "prepare": 6, "evaluate": 6, "generate": 6, "harness": 6, "plugins": 6, "builders": 6,
+    "train": 6, "prepare": 6, "generate": 6, "harness": 6, "plugins": 6, "builders": 6,
     "sweeps": 6, "benchmarks": 6, "recipe": 6, "parity": 6,
 }
 NAMES = {layer: name for name, layer in
@@ -80,16 +81,17 @@ def violations(root: Path = ROOT) -> list:
         if top not in LAYERS:
             out.append(f"{path.relative_to(root)}: {top} is in no layer (add it to tests/test_layers.py LAYERS)")
             continue
+        layer = 6 if dotted.endswith(".__main__") else LAYERS[top]  # a package's command line is an entry point
         for module, line in imports_of(path, dotted):
             target = module.split(".")[0]
             if target not in LAYERS or target == top:
                 continue
             where = f"{path.relative_to(root)}:{line}"
-            if LAYERS[target] > LAYERS[top]:
-                out.append(f"{where}: {NAMES[LAYERS[top]]} layer imports {module} ({NAMES[LAYERS[target]]} layer, above)")
-            elif LAYERS[target] == LAYERS[top]:
+            if LAYERS[target] > layer:
+                out.append(f"{where}: {NAMES[layer]} layer imports {module} ({NAMES[LAYERS[target]]} layer, above)")
+            elif LAYERS[target] == layer:
                 edges[top].add((target, where))
-            if LAYERS[top] < 6 and module.startswith(internals) and not dotted.startswith(
+            if layer < 6 and module.startswith(internals) and not dotted.startswith(
                     module.split(".")[0] + "." + module.split(".")[1]):
                 out.append(f"{where}: imports {module}, a family's internals (use the family package's API)")
     for a, targets in edges.items():
@@ -132,3 +134,16 @@ def test_lower_layers_import_without_the_plugins(layer):
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
+
+
+def test_no_top_level_module_shadows_an_installed_distribution():
+    """Run from the repository root (as `python -m ...` is), the root comes first on sys.path: a top-level module of
+    the repository named like a package of the environment would be imported in its place by any library asking for
+    that package (lm_eval imports Hugging Face's `evaluate`, which `python -m evaluation` once shadowed as
+    evaluate.py). So no top-level name of the repository is a top-level module of an installed distribution."""
+    from importlib.metadata import packages_distributions
+
+    installed = packages_distributions()
+    tops = {top for top, _, _ in project_modules()} | {p.name for p in ROOT.iterdir() if p.is_dir()}
+    shadowing = {top: installed[top] for top in tops if top in installed}
+    assert not shadowing, f"top-level names of the repository that installed distributions provide: {shadowing}"

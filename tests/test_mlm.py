@@ -14,7 +14,7 @@ from test_checkpoint import finish, losses, wait_for_step, weights
 
 SPECIALS = 'data.tokenizer.user_symbols=["[CLS]","[SEP]","[MASK]"]'
 TINY_REF = os.path.join(CORPORA, "tiny", "reference_en.jsonl")
-needs_corpora = pytest.mark.skipif(not os.path.isfile(TINY_REF), reason="../shared/corpora not present")
+needs_corpora = pytest.mark.corpora("tiny", "reference_en.jsonl")
 # data=wiki's kind of text, the 400 KB slice of it in corpora/tiny, with a vocabulary its size supports
 TINY_REF_DATA = [f"data.sources=[{{name: reference, kind: jsonl, paths: [{TINY_REF}]}}]", "model.vocab_size=2048"]
 

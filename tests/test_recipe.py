@@ -117,7 +117,7 @@ def fake_execute(calls):
             (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 2, "loss": 1.5}) + "\n" +
                                                    json.dumps({"step": 2, "val_loss": 1.25}) + "\n")
             (run_dir / "status.json").write_text(json.dumps({"status": "finished", "step": 2}))
-        elif command[2] == "evaluate":
+        elif command[2] == "evaluation":
             out = Path(command[command.index("--out") + 1])
             out.write_text(json.dumps({"data_eval": {"all": {"loss": 2.0, "bits_per_byte": 1.1}}}))
         return 0

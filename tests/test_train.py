@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import CORPORA, ROOT, train_main
+from conftest import ROOT, train_main
 
 KEYS = {"step", "loss", "lr", "grad_norm", "tokens_seen", "tokens_per_sec", "mfu"}
 
@@ -76,7 +76,7 @@ def test_fp16_with_accumulation_and_recompute_trains(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.path.isdir(os.path.join(CORPORA, "tiny")), reason="../shared/corpora not present")
+@pytest.mark.corpora("tiny")
 def test_trains_on_jsonl_corpora(tmp_path, monkeypatch):
     """corpora/tiny's jsonl files from the shared data cache (test_data.py tests building them)."""
     _, steps, evals = train_in_process(tmp_path, monkeypatch, "data=corpora_tiny", "trainer.max_steps=10",

@@ -64,7 +64,7 @@ class TrainMetrics:
 
 class Evaluation:
     """val_loss (token-weighted over all sources) and per source val_loss/<source>; the objective's metrics as
-    val_<metric> and val_<metric>/<source> (evaluation/validation.py, as `python -m evaluate`). With `val_bytes`
+    val_<metric> and val_<metric>/<source> (evaluation/validation.py, as `python -m evaluation`). With `val_bytes`
     (per source, the UTF-8 bytes of the loss targets, given when the loss is their mean NLL in nats): val_ppl,
     val_bpb and val_bpb/<source>, comparable across tokenizers. With `tasks` (a scorer returning
     {"<task>/<metric>": value}, evaluation/tasks.py task_scorer): val_task/<task>/<metric>."""

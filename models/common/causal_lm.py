@@ -30,12 +30,13 @@ class CausalLM(nn.Cell):
 
     HAS_AUX = False
 
-    def assemble(self, cfg, trunk, compute_dtype: str, flash: bool, seed: int) -> None:
+    def assemble(self, cfg, trunk, compute_dtype: str, flash: bool, seed: int, deferred: bool = False) -> None:
         """The trunk `model` (trunk(cfg, rng, dtype, flash)) then the head (an `lm_head` Linear, or with
         cfg.tie_embeddings `head_matmul` over the trunk's embedding), from one numpy stream: identical weights on
-        every rank, independent of the backend."""
+        every rank, independent of the backend. `deferred` (a sharded build): the weights are initialised by the
+        sharded compile, each rank its slices (models/common/layers.py _init)."""
         self.hidden_size = cfg.hidden_size
-        rng = np.random.default_rng(seed)
+        rng = None if deferred else np.random.default_rng(seed)
         dtype = DTYPES[compute_dtype]
         self.model = trunk(cfg, rng, dtype, flash)
         self.tie_embeddings = cfg.tie_embeddings

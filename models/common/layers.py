@@ -3,15 +3,23 @@ compute dtype), RMSNorm, the SwiGLU feed-forward and the token embedding. Parame
 names (models/llama/model.py's docstring maps them to Hugging Face's); plain MindSpore, so the device and kernel
 twins (models/llama/kernels.py, device_ops.py) and the tensor-parallel plans find them by type.
 """
+from typing import Optional
+
 import numpy as np
 
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
+from mindspore.common.initializer import Normal, initializer
 
 DTYPES = {"fp32": ms.float32, "fp16": ms.float16, "bf16": ms.bfloat16}
 
 
-def _init(rng: np.random.Generator, shape, std: float) -> Parameter:
+def _init(rng: Optional[np.random.Generator], shape, std: float) -> Parameter:
+    """N(0, std) weights: drawn now from `rng` (identical on every rank and backend), or with rng None (a sharded
+    build) deferred to MindSpore's initializer, which the semi-auto compile runs on each rank's slice only, as
+    MindFormers does: no rank materialises the whole model (a 70B model is 280 GB of fp32)."""
+    if rng is None:
+        return Parameter(initializer(Normal(std), shape, ms.float32))
     return Parameter(Tensor(rng.normal(0.0, std, size=shape).astype(np.float32)))
 
 

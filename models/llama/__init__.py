@@ -25,16 +25,16 @@ __all__ = ["Config", "apply_kernels", "attention_kind", "build", "check", "descr
 CAUSAL = True  # decoder-only: objectives that need bidirectional attention refuse it
 
 
-def build(cfg: Config, seq_len: int, compute_dtype: str, use_flash: bool, seed: int):
+def build(cfg: Config, seq_len: int, compute_dtype: str, use_flash: bool, seed: int, sharded: bool = False):
     """The model cell: tokens [B, S] -> fp32 logits [B, S, vocab], plain MindSpore ops (apply_kernels swaps in the
-    CPU kernels' twins after)."""
+    CPU kernels' twins after). `sharded`: weights initialised by the sharded compile, each rank its slices."""
     if cfg.impl == "mindformers":
         from models.llama.mindformers import MindFormersLlama
 
-        return MindFormersLlama(cfg, seq_len, compute_dtype, use_flash, seed)
+        return MindFormersLlama(cfg, seq_len, compute_dtype, use_flash, seed)  # (validation: never sharded)
     from models.llama.model import LlamaForCausalLM
 
-    model = LlamaForCausalLM(cfg, compute_dtype, use_flash, seed)
+    model = LlamaForCausalLM(cfg, compute_dtype, use_flash, seed, deferred=sharded)
     model.model.set_rope_length(seq_len)  # dynamic NTK: the tables of the training length
     return model
 

@@ -62,6 +62,7 @@ class DecoderLayer(nn.Cell):
         self.attention = Attention(cfg, rng, compute_dtype, flash)
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.feed_forward = FeedForward(cfg, rng, compute_dtype)
+        self.attention_residual, self.ffn_residual = ops.Add(), ops.Add()  # primitives: plan.py shards them
 
     @property
     def cell_init_args(self) -> str:
@@ -78,8 +79,8 @@ class DecoderLayer(nn.Cell):
         """lazy_inline and Cell assign the argument-based key; the property above replaces it."""
 
     def construct(self, x, cos, sin, mask=None):
-        x = x + self.attention(self.attention_norm(x), cos, sin, mask).astype(x.dtype)
-        return x + self.feed_forward(self.ffn_norm(x)).astype(x.dtype)
+        x = self.attention_residual(x, self.attention(self.attention_norm(x), cos, sin, mask).astype(x.dtype))
+        return self.ffn_residual(x, self.feed_forward(self.ffn_norm(x)).astype(x.dtype))
 
     def cached(self, x, cos, sin, bias, k_cache=None, v_cache=None, slot=None):
         x = x + self.attention.cached(self.attention_norm(x), cos, sin, bias, k_cache, v_cache, slot).astype(x.dtype)
@@ -118,9 +119,10 @@ class LlamaModel(DecoderTrunk):
 class LlamaForCausalLM(CausalLM):
     """tokens [B, S] int32 -> logits [B, S, vocab] fp32. `flash`: Ascend's flash attention (Attention)."""
 
-    def __init__(self, cfg: LlamaConfig, compute_dtype: str = "fp32", flash: bool = False, seed: int = 0):
+    def __init__(self, cfg: LlamaConfig, compute_dtype: str = "fp32", flash: bool = False, seed: int = 0,
+                 deferred: bool = False):
         super().__init__()
-        self.assemble(cfg, LlamaModel, compute_dtype, flash, seed)
+        self.assemble(cfg, LlamaModel, compute_dtype, flash, seed, deferred)
 
     def construct(self, tokens, positions=None, segments=None):
         return self.head(self.model(tokens, positions, segments))

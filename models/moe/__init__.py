@@ -25,11 +25,12 @@ __all__ = ["Config", "attention_kind", "build", "check", "describe", "flops_per_
 CAUSAL = True
 
 
-def build(cfg: Config, seq_len: int, compute_dtype: str, use_flash: bool, seed: int):
-    """tokens [B, S] -> fp32 logits [B, S, vocab]; a CausalLM whose loss adds the routers' auxiliary loss."""
+def build(cfg: Config, seq_len: int, compute_dtype: str, use_flash: bool, seed: int, sharded: bool = False):
+    """tokens [B, S] -> fp32 logits [B, S, vocab]; a CausalLM whose loss adds the routers' auxiliary loss.
+    `sharded`: weights initialised by the sharded compile, each rank its slices."""
     from models.moe.model import MoeForCausalLM
 
-    return MoeForCausalLM(cfg, compute_dtype, use_flash, seed)
+    return MoeForCausalLM(cfg, compute_dtype, use_flash, seed, deferred=sharded)
 
 
 def attention_kind(cfg: Config, device_target: str, compute_dtype: str, sharded: bool) -> str:

@@ -177,9 +177,10 @@ class MoeForCausalLM(CausalLM):
 
     HAS_AUX = True
 
-    def __init__(self, cfg: MoeConfig, compute_dtype: str = "fp32", flash: bool = False, seed: int = 0):
+    def __init__(self, cfg: MoeConfig, compute_dtype: str = "fp32", flash: bool = False, seed: int = 0,
+                 deferred: bool = False):
         super().__init__()
-        self.assemble(cfg, MoeModel, compute_dtype, flash, seed)
+        self.assemble(cfg, MoeModel, compute_dtype, flash, seed, deferred)
 
     def cached(self, tokens, positions, bias, k_caches=None, v_caches=None, slot=None):
         """Inference step: fp32 logits [B, vocab] of the last column (models/common/generation.py)."""

@@ -1,10 +1,10 @@
 """Evaluate a checkpoint: per-source loss, perplexity and bits per byte next to a unigram baseline, loss by
 position in the context, passkey retrieval, and lm-evaluation-harness style tasks; fill-mask accuracy for BERT.
 
-    python -m evaluate CKPT                                    # the checkpoint's own data, every built task
-    python -m evaluate CKPT data=corpora_5dom tasks=[definitions_mc,cloze_code] --out results.json
-    python -m evaluate CKPT eval.batches=0 eval.context_lengths=[256,512,1024] eval.position_bucket=64
-    python -m evaluate CKPT data=corpora_5dom model.rope_scaling.type=linear model.rope_scaling.factor=4 \\
+    python -m evaluation CKPT                                    # the checkpoint's own data, every built task
+    python -m evaluation CKPT data=corpora_5dom tasks=[definitions_mc,cloze_code] --out results.json
+    python -m evaluation CKPT eval.batches=0 eval.context_lengths=[256,512,1024] eval.position_bucket=64
+    python -m evaluation CKPT data=corpora_5dom model.rope_scaling.type=linear model.rope_scaling.factor=4 \\
         eval.context_lengths=[1024] tasks=[]
 
 The arguments after CKPT are train.py's Hydra overrides, composed over the checkpoint's own config: its model
@@ -27,6 +27,7 @@ from argparse import RawDescriptionHelpFormatter
 from typing import Optional, Sequence
 
 import numpy as np
+from omegaconf import OmegaConf
 
 from base.errors import ArgumentParser, entry_point
 from evaluation.config import compose_config, eval_keys_help, split_arguments
@@ -45,7 +46,7 @@ def _json_default(value):
 
 @entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = ArgumentParser(prog="python -m evaluate", description=__doc__.split("\n\n")[0],
+    parser = ArgumentParser(prog="python -m evaluation", description=__doc__.split("\n\n")[0],
                             epilog="eval.<key>=value (default, what it sets):\n" + eval_keys_help(),
                             formatter_class=RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", help="a checkpoint: a run directory, its checkpoints/ or latest, or a step "
@@ -67,7 +68,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     cfg = compose_config(args.checkpoint, overrides)
     if task_names is None and OBJECTIVES[cfg.objective.name].Objective.token_nll is None:
         task_names = []  # the built tasks are scored by log-likelihood: an objective with a per-token NLL's
-    tasks = load_tasks(task_names, args.tasks_dir, eval_cfg.max_items)
+    from data.samples import template_of  # Alpaca task files are prompted as the checkpoint was tuned
+
+    template = template_of(OmegaConf.load(os.path.join(args.checkpoint, "config.yaml")))
+    tasks = load_tasks(task_names, args.tasks_dir, eval_cfg.max_items, template)
     init_runtime(cfg)
     results = run(args.checkpoint, cfg, eval_cfg, tasks)
     results["overrides"] = list(args.overrides)
