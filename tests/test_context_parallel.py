@@ -74,7 +74,7 @@ def test_a_group_crossing_nodes_rides_the_rails_of_its_ranks_on_a_node(seven_b):
 def test_cp_divides_the_activations_and_logits_and_zero3_the_gradients(seven_b):
     m, _ = seven_b
     base = dict(dp=2, tp=1, pp=1, micro_batches=1, optimizer_shard=True, sequence_parallel=False, cp=1, vp=1,
-                zero3=False)
+                zero3=False, ep=1)
     one = memory_plan(m, SimpleNamespace(**base), 8192, 1, "bf16", "none", True)
     four = memory_plan(m, SimpleNamespace(**{**base, "cp": 4, "zero3": True}), 8192, 1, "bf16", "none", True)
     assert four.activations == pytest.approx(one.activations / 4) and four.logits == pytest.approx(one.logits / 4)
@@ -85,7 +85,7 @@ def test_cp_divides_the_activations_and_logits_and_zero3_the_gradients(seven_b):
 def test_interleaving_divides_the_bubble_and_adds_to_the_first_stages_activations(seven_b):
     m, device = seven_b
     base = dict(dp=1, tp=1, pp=4, micro_batches=8, optimizer_shard=False, sequence_parallel=False, cp=1, vp=1,
-                zero3=False, tp_overlap=False, cp_algo="ring")
+                zero3=False, tp_overlap=False, cp_algo="ring", ep=1)
     plain, interleaved = (SimpleNamespace(**{**base, "vp": v}) for v in (1, 2))
     t1, t2 = (step_time(m, p, device, 4096, 1, 8, "bf16", "none") for p in (plain, interleaved))
     assert t2.compute == pytest.approx(t1.compute)
@@ -100,7 +100,7 @@ def test_the_ring_sends_kv_blocks_hidden_under_attention(seven_b):
     backward twice, 32 layers; inside one node (tp 1 x cp 4 <= 8)."""
     m, device = seven_b
     p = SimpleNamespace(dp=1, tp=1, pp=1, micro_batches=1, optimizer_shard=False, sequence_parallel=False, cp=4,
-                        vp=1, zero3=False, tp_overlap=False, cp_algo="ring")
+                        vp=1, zero3=False, tp_overlap=False, cp_algo="ring", ep=1)
     t = step_time(m, p, device, 32768, 1, 1, "bf16", "none")
     (cp,) = [c for c in t.comms if c.kind == "cp"]
     block = 2 * 32768 / 4 * 32 * 128 * 2  # K and V of this rank
@@ -113,7 +113,7 @@ def test_the_ring_sends_kv_blocks_hidden_under_attention(seven_b):
 def test_tp_overlap_hides_the_collectives_under_the_matmuls(seven_b):
     m, device = seven_b
     p = SimpleNamespace(dp=1, tp=8, pp=1, micro_batches=1, optimizer_shard=False, sequence_parallel=True, cp=1,
-                        vp=1, zero3=False, tp_overlap=False, cp_algo="ring")
+                        vp=1, zero3=False, tp_overlap=False, cp_algo="ring", ep=1)
     exposed, hidden = (step_time(m, SimpleNamespace(**{**vars(p), "tp_overlap": o}), device, 4096, 1, 1, "bf16",
                                  "none") for o in (False, True))
     assert exposed.step - hidden.step == pytest.approx(exposed.comms[0].seconds)  # all of it: the matmuls take longer
