@@ -393,7 +393,7 @@ def test_a_model_built_for_a_tensor_or_pipeline_layout_holds_only_plain_cells(bu
     the plan's strategies are set on the plain ops; the dry run plans the plain attention for it."""
     cfg = compose_cfg("model=tiny", layout)
     model = build_model(cfg.model, 64, cfg.precision.compute_dtype, cfg.device.target, 0, is_sharded(cfg.parallel))
-    assert _cell_modules(model) == {"models.llama.model"}
+    assert _cell_modules(model) == {"models.llama.model", "models.common.attention", "models.common.layers"}
     assert "attention plain" in dry_run_report(cfg)
 
 

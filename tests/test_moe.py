@@ -71,6 +71,7 @@ def test_logits_router_logits_and_balance_loss_equal_transformers(pair):
     assert stats["dropped_share"] == 0.0 and stats["expert_load_max"] >= 1.0
 
 
+@pytest.mark.slow
 def test_greedy_tokens_with_the_kv_cache_equal_transformers(pair):
     import torch
 

@@ -10,9 +10,9 @@ import os
 from typing import Optional
 
 import mindspore as ms
-from mindspore import nn
 from omegaconf import OmegaConf
 
+from models.common.causal_lm import CausalLM
 from models.llama.config import LlamaConfig
 from models.llama.hf import BOS_ID, EOS_ID, PAD_ID
 
@@ -20,8 +20,10 @@ _DTYPE_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 _EXTEND_METHOD = {"none": "None", "linear": "PI", "ntk": "NTK"}  # model.rope_scaling.type -> MindFormers'
 
 
-class MindFormersLlama(nn.Cell):
-    """Inputs must be exactly `seq_len` tokens long: MindFormers builds its causal mask for that length."""
+class MindFormersLlama(CausalLM):
+    """Inputs must be exactly `seq_len` tokens long: MindFormers builds its causal mask for that length. A CausalLM
+    (models/common/causal_lm.py) for the pretraining objective: no auxiliary loss, its own head (the fine-tuning
+    objectives take the native model only)."""
 
     def __init__(self, cfg: LlamaConfig, seq_len: int, compute_dtype: str = "fp32", use_flash: bool = False,
                  seed: int = 0):
@@ -40,13 +42,16 @@ class MindFormersLlama(nn.Cell):
             use_flash_attention=use_flash, fused_rms_norm=False, use_rope_slice=True,
             disable_lazy_inline=True)
         self.net = LlamaForCausalLM(mf_cfg)
+        self.hidden_size = cfg.hidden_size
 
     def layers(self):
         return self.net.model.layers
 
     def construct(self, tokens):
-        hidden = self.net.model(tokens)
-        return self.net.lm_head(hidden).astype(ms.float32)
+        return self.head(self.net.model(tokens))
+
+    def head(self, h):
+        return self.net.lm_head(h).astype(ms.float32)
 
 
 def export_checkpoint(cfg, weights: dict, out_dir: str, location: Optional[str] = None) -> None:
