@@ -66,7 +66,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     eval_cfg, task_names, overrides = split_arguments(args.overrides)
     args.checkpoint = checkpoint.resolve(args.checkpoint)  # a run, its checkpoints/, `latest` or a step
     cfg = compose_config(args.checkpoint, overrides)
-    if task_names is None and not hasattr(OBJECTIVES[cfg.objective.name].Objective, "token_nll"):
+    if task_names is None and OBJECTIVES[cfg.objective.name].Objective.token_nll is None:
         task_names = []  # the built tasks are scored by log-likelihood: an objective with a per-token NLL's
     from data.samples import template_of  # Alpaca task files are prompted as the checkpoint was tuned
 

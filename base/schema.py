@@ -30,6 +30,9 @@ class ParallelConfig:
     micro_batches: int = 1  # pp > 1: micro-batches of trainer.micro_batch_size fed through the pipeline per step
     optimizer_shard: bool = False  # ZeRO-1 style: optimizer states sharded over dp
     sequence_parallel: bool = False  # norms/dropout sharded over tp along the sequence
+    # expert parallel: a mixture of experts' experts split over ep of the dp ranks (MindFormers' expert_parallel:
+    # dp % ep == 0, experts % ep == 0); tokens reach their experts by all-to-all
+    ep: int = 1
 
 
 

@@ -244,7 +244,7 @@ def scorers(objective, model, family_name: str, tokenizer, batch_size: int,
     loglikelihood = generate_fn = None
     skip = {"multiple_choice": "log-likelihood scoring needs an objective with a per-token NLL (token_nll)",
             "generation": f"model.family={family_name} has no generator (models/{family_name}/)"}
-    if hasattr(objective, "token_nll"):
+    if objective.token_nll is not None:
         loglikelihood = LoglikelihoodScorer(objective.token_nll(model), tokenizer, batch_size, max_len)
     gen = generator(family_name, model)
     if gen is not None:

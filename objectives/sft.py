@@ -21,6 +21,7 @@ from mindspore import nn
 from omegaconf import MISSING
 
 from base.errors import require
+from base.objective import ObjectiveBase
 from data.errors import DataError
 from data.formats import kinds
 from data.rows import RowSpec, Split, best_fit
@@ -93,7 +94,7 @@ def sft_rows(packing: bool, truncate: bool, split: Split, seq_len: int, tokenize
         yield out
 
 
-class Objective:
+class Objective(ObjectiveBase):
     inputs = ("input_ids", "labels", "position_ids", "segment_ids")
     metrics = ("mean_token_accuracy",)
     console = ("mean_token_accuracy",)
@@ -123,13 +124,16 @@ class ResponseLoss(nn.Cell):
 
     def __init__(self, model: nn.Cell):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
-        self.model = model
+        self.model, self.has_aux = model, model.HAS_AUX
         self.cross_entropy = WeightedCrossEntropy()
 
     def construct(self, input_ids, labels, position_ids, segment_ids):
-        logits = self.model(input_ids[:, :-1], position_ids[:, :-1], segment_ids[:, :-1])
+        if self.has_aux:  # a router's auxiliary loss (models/common/causal_lm.py)
+            logits, aux = self.model.logits_and_aux(input_ids[:, :-1], position_ids[:, :-1], segment_ids[:, :-1])
+        else:
+            logits, aux = self.model(input_ids[:, :-1], position_ids[:, :-1], segment_ids[:, :-1]), 0.0
         targets = labels[:, 1:].reshape(-1)
         logits = logits.reshape(-1, logits.shape[-1]).astype(ms.float32)
         loss, mask, n = masked_mean_nll(self.cross_entropy, logits, targets, IGNORE_INDEX)
         accuracy = ((logits.argmax(-1) == targets).astype(ms.float32) * mask).sum() / n
-        return loss, accuracy
+        return (loss + aux if self.has_aux else loss), accuracy

@@ -18,6 +18,7 @@ from mindspore import Tensor
 
 import evaluate as E
 from base.errors import ConfigError
+from base.objective import ObjectiveBase, ObjectivePlugin
 from base.paths import task_path
 from builders import instructions as I
 from builders import tasks as BT
@@ -382,7 +383,7 @@ class SecondHalfConfig:
     name: str = MISSING  # second_half
 
 
-class SecondHalf:
+class SecondHalf(ObjectiveBase):
     """An objective evaluation has never heard of: causal LM loss on the second half of each packed row only.
     What it exposes for evaluation is its `token_nll` hook."""
 
@@ -417,9 +418,9 @@ def second_half(monkeypatch):
     from data.packing import PACKED
     from plugins import register
 
-    module = SimpleNamespace(Config=SecondHalfConfig, check=lambda cfg: None, row_spec=lambda cfg: PACKED,
-                             Objective=SecondHalf)
-    monkeypatch.setitem(OBJECTIVES._items, "second_half", module)
+    module = SimpleNamespace(__name__="tests.second_half", Config=SecondHalfConfig, check=lambda cfg: None,
+                             row_spec=lambda cfg: PACKED, Objective=SecondHalf)
+    monkeypatch.setitem(OBJECTIVES._items, "second_half", ObjectivePlugin("second_half", module))
     register()  # its preset, objective=second_half
 
 

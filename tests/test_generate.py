@@ -1,4 +1,4 @@
-"""Generation with a KV cache (models/llama/generation.py) and `python -m generate`: cached logits equal the
+"""Generation with a KV cache (models/common/generation.py) and `python -m generate`: cached logits equal the
 training path's, greedy tokens equal transformers', sampling options, two compiled graphs, the CLI."""
 import json
 import subprocess
@@ -19,7 +19,7 @@ from conftest import ROOT, load_preset
 from data.tokenizer import Tokenizer
 from models import build_model
 from models.convert import export_hf, main as cli_convert
-from models.llama.generation import Generator, Sampler
+from models.common.generation import Generator, Sampler
 
 LINES = ["To be, or not to be, that is the question:", "Shall I compare thee to a summer's day?",
          "Now is the winter of our discontent", "Friends, Romans, countrymen, lend me your ears;"]
