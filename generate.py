@@ -45,8 +45,9 @@ def parse_args(argv: Optional[List[str]]):
     prompts.add_argument("--prompts-file", help="JSONL, one object per line: {\"prompt\": ...} as it is, "
                          "{\"instruction\": ...[, \"input\": ...]} or {\"messages\": [{\"role\", \"content\"}, ...]} "
                          "in the checkpoint's template")
-    parser.add_argument("--template", metavar="NAME", help="wrap --instruction and chats in this built-in template "
-                        "(alpaca, alpaca_zh, chatml) instead of the checkpoint's own (said on stderr)")
+    parser.add_argument("--template", choices=("alpaca", "alpaca_zh", "chatml"), help="wrap --instruction and chats "
+                        "in this built-in template (data/samples.py TEMPLATES) instead of the checkpoint's own (said on "
+                        "stderr)")
     parser.add_argument("--out", help="write the samples here as JSONL (default: stdout for a prompts file)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=1.0, help="0: greedy (default 1)")

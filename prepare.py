@@ -22,8 +22,10 @@ import sys
 from typing import List, Optional, Tuple
 
 from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
+from base.checkpoint import inherit
 from base.errors import ConfigError, entry_point
 from base.schema import REPO_ROOT
 from base.validate import validate
@@ -38,6 +40,9 @@ def main(overrides) -> None:
     overrides, step, part = fan_out(list(overrides or []))
     with initialize_config_dir(f"{REPO_ROOT}/conf", version_base="1.3"):
         cfg = compose("config", overrides=overrides)
+    typed = {o.key_or_group for o in OverridesParser.create().parse_overrides(overrides)}
+    for note in inherit(cfg, typed):  # as train.py: the data it prepares is the data the stage trains on
+        print(f"[stage] {note}", flush=True)
     validate(OmegaConf.merge(cfg, {"dry_run": True}))  # dry_run: the machine's devices do not matter here
     if step:
         print(f"[data] {prepare_step(cfg.data, step, part)}", flush=True)

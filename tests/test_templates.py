@@ -92,6 +92,11 @@ def test_generation_and_the_export_use_the_checkpoints_template_unless_told(tmp_
     rendered = Template(jinja).render(messages=[{"role": "user", "content": "春天"}], eos_token="</s>",
                                       add_generation_prompt=True)
     assert rendered == "### 指令: 春天\n### 输出: "
+    import generate as cli
+    from data.samples import TEMPLATES
+
+    for name in TEMPLATES:  # every built-in template is one generate --template takes
+        assert cli.parse_args([str(tmp_path), "--instruction", "春天", "--template", name]).template == name
 
 
 @pytest.mark.slow
