@@ -25,7 +25,7 @@ dynamic loss scale; a step whose gradients overflow is skipped and the scale bac
 Tensor/pipeline parallel (Ascend/GPU): ShardedTrainStep does forward, backward, gradient reduction, clipping
 and the update in one graph, as MindSpore's pipeline pass needs; distributed/semi_auto.py compiles it. Its
 clipping norm is the global one: each gradient's square sum ends in the `grad_scale`-marked ExpandDims of
-trainer/optimizer.py, for which MindSpore's parallel pass sums the square sums over the tensor-parallel shards,
+trainer/adamw.py, for which MindSpore's parallel pass sums the square sums over the tensor-parallel shards,
 the optimizer shards and the pipeline stages; the finite check reads that norm, so every rank decides alike.
 """
 from dataclasses import dataclass
@@ -148,7 +148,7 @@ class ClipAndUpdate(nn.Cell):
 
     def construct(self, grads, allow, unscale):
         """`grads` times `unscale` (1 / the loss scale) are the gradients: the optimizer takes that product and
-        clipping's as one factor (trainer/optimizer.py ClippedUpdates: its square sums and its scaled update)."""
+        clipping's as one factor (trainer/adamw.py ClippedUpdates: its square sums and its scaled update)."""
         norm = ops.sqrt(ops.addn(self.optimizer.square_sums(grads))).reshape(()) * unscale
         finite = ops.isfinite(norm)
         factor = unscale
