@@ -62,7 +62,7 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     if objective.attach is not None:  # e.g. the reward model's head, DPO's frozen reference
         model = objective.attach(model, cfg)
         if adapters:  # a LoRA run saves what it trains: the adapters and any head the objective added
-            adapters = ({p.name for p in model.trainable_params()}, adapters[1])
+            adapters = adapters._replace(names={param.name for param in model.trainable_params()})
     optimizer = build_optimizer(model.trainable_params(), cfg.optim, t.max_steps, cfg.device.target, sharded)
     module = ShardedModule(model, objective, optimizer, cfg, rt.rank, run_dir) if sharded else \
         local_module(model, objective, optimizer, cfg, rt.world_size, adapters)
@@ -81,9 +81,9 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
             return objective.next_inputs(draw)
         return objective.batch(*draw())
 
-    p = cfg.precision
-    scaler = DynamicLossScale(p.init_scale, p.growth_interval, p.growth_factor, p.backoff_factor) \
-        if p.loss_scale == "dynamic" else None
+    precision = cfg.precision
+    scaler = DynamicLossScale(precision.init_scale, precision.growth_interval, precision.growth_factor,
+                              precision.backoff_factor) if precision.loss_scale == "dynamic" else None
     guard = SpikeGuard(t.spike_factor, t.spike_window, t.max_consecutive_skips)
     state = {"step": 0, "run_id": uuid.uuid4().hex[:12], "skipped_steps": 0}
     if resume_from:
@@ -185,8 +185,8 @@ def _downstream(cfg: DictConfig, lm, objective, data, val) -> tuple:
 
 
 def add_adapters(model, cfg: DictConfig):
-    """LoRA on `model` as cfg.peft says; returns what its checkpoints hold: (adapter names, PEFT adapter_config)."""
-    from adapters.lora import apply_lora, describe, lora_state, peft_adapter_files, single_name
+    """LoRA on `model` as cfg.peft says; returns what its checkpoints hold."""
+    from adapters.lora import Adapters, apply_lora, describe, lora_state, peft_adapter_files, single_name
     from models import family
 
     try:
@@ -197,7 +197,7 @@ def add_adapters(model, cfg: DictConfig):
     weights = lora_state(model)
     _, adapter_config = peft_adapter_files(weights, cfg.peft, single_name(family(cfg.model.family).hf.to_hf),
                                            cfg.stage.init_from or "")
-    return set(weights), adapter_config
+    return Adapters(set(weights), adapter_config)
 
 
 def _file_sinks(cfg: DictConfig, run_dir: str, run_id: str, start: int) -> list:

@@ -7,8 +7,8 @@ One micro-batch on one device (trainer.grad_accum=1, no data parallelism), one g
 
 forward, backward, unscale, clip and AdamW, the update taken when the gradients are finite and the loss is at
 most `limit` (the host's spike threshold, trainer/guard.py SpikeGuard.limit): no gradient buffers to fill and
-zero (their AssignAdd and Assign kernels were ~37 ms of a ~2.3 s model=small step on a 2-core box, by MindSpore's
-CPU profiler) and one host round trip instead of two. trainer.one_graph_step=false keeps two graphs.
+zero (an AssignAdd and an Assign kernel per parameter every step, as MindSpore's CPU profiler shows them;
+benchmarks/speed_memory.py times the step) and one host round trip instead of two. trainer.one_graph_step=false keeps two graphs.
 
 Gradient accumulation and data parallelism, two graphs, so accumulation is a plain Python loop:
 
@@ -242,6 +242,3 @@ class DynamicLossScale:
         if self.clean_steps >= self.growth_interval:
             self.scale *= self.growth_factor
             self.clean_steps = 0
-
-    def tensor(self) -> Tensor:
-        return Tensor(self.scale, ms.float32)
