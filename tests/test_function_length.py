@@ -8,7 +8,6 @@ from test_layers import ROOT, project_modules
 
 LIMIT = 80
 EXCEPTIONS = {
-    "trainer/loop.py:train": "assembles the checkpoint from its parts by hand; the parts are to own their state",
 }
 
 

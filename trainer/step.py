@@ -242,3 +242,9 @@ class DynamicLossScale:
         if self.clean_steps >= self.growth_interval:
             self.scale *= self.growth_factor
             self.clean_steps = 0
+
+    def state_dict(self) -> list:
+        return [self.scale, self.clean_steps]
+
+    def load_state_dict(self, state: list) -> None:
+        self.scale, self.clean_steps = state
