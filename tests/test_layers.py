@@ -147,6 +147,29 @@ def test_imports_point_down():
     assert not found, "imports that break the layers:\n" + "\n".join(found)
 
 
+COMMANDS = ("train", "prepare", "generate", "harness")  # the top-level command lines
+
+
+def command_imports(root: Path = ROOT) -> list:
+    """Every import of a top-level command line (train.py, prepare.py, generate.py, harness.py) by the project: a
+    command is a thin CLI over libraries, which is what the others import."""
+    return [f"{path.relative_to(root)}:{line}: imports {module} (a command line; import the library it calls)"
+            for _, dotted, path in project_modules(root) for module, line in imports_of(path, dotted)
+            if module.split(".")[0] in COMMANDS and dotted not in COMMANDS]
+
+
+def test_no_module_imports_a_command_line():
+    found = command_imports()
+    assert not found, "\n".join(found)
+
+
+def test_an_import_of_a_command_line_is_caught(tmp_path):
+    (tmp_path / "builders").mkdir()
+    (tmp_path / "builders" / "pairs.py").write_text("def f():\n    from generate import build\n")
+    assert command_imports(tmp_path) == ["builders/pairs.py:2: imports generate.build (a command line; import the "
+                                         "library it calls)"]
+
+
 def test_an_upward_import_is_caught(tmp_path):
     """The check fails when a lower layer imports a higher one: a copy of base/ with one import added."""
     (tmp_path / "base").mkdir()
