@@ -32,6 +32,7 @@ from argparse import RawDescriptionHelpFormatter
 from omegaconf import OmegaConf
 
 from base.errors import ArgumentParser, UsageError, entry_point
+from models.pretrained import build, graph_mode, load
 
 
 def parse_args(argv: Optional[List[str]]):
@@ -122,53 +123,6 @@ def read_prompts(args) -> List[dict]:
     return records
 
 
-def checkpoint_dir(source: str) -> str:
-    """The directory holding config.yaml + model.safetensors (a run, its checkpoints/ or `latest` followed:
-    base/checkpoint.py resolve), or an HF dir."""
-    from base.checkpoint import resolve
-
-    if not os.path.exists(source):
-        raise UsageError(f"CKPT_OR_HF_DIR: no such directory: {source}")
-    return resolve(source)
-
-
-def load(source: str, workdir: str):
-    """(model config, path of the mindlab weights directory, tokenizer) of a checkpoint or an HF directory."""
-    from data.tokenizer import Tokenizer
-    from models.convert import import_hf
-
-    path = checkpoint_dir(source)
-    if not os.path.isfile(os.path.join(path, "config.yaml")) and os.path.isfile(os.path.join(path, "config.json")):
-        try:
-            import_hf(path, workdir)  # a Hugging Face directory: the same path as `models.convert --to mindlab`
-        except KeyError as err:
-            raise UsageError(f"{path}/config.json: has no {err} (not a Llama config)") from None
-        path = workdir
-    for name in ("config.yaml", "model.safetensors"):
-        if not os.path.isfile(os.path.join(path, name)):
-            raise UsageError(f"CKPT_OR_HF_DIR: {path} has no {name}: neither a mindlab checkpoint (config.yaml + "
-                             f"model.safetensors + tokenizer.model) nor a Hugging Face model (config.json)")
-    if os.path.isfile(os.path.join(path, "adapter_config.json")):
-        raise UsageError(f"CKPT_OR_HF_DIR: {path} holds LoRA adapters only; merge them first: "
-                         f"python -m models.convert {path} --to mindlab OUT --merge-lora")
-    if not os.path.isfile(os.path.join(path, "tokenizer.model")):
-        raise UsageError(f"CKPT_OR_HF_DIR: {source} has no tokenizer.model (a sentencepiece model is needed)")
-    cfg = OmegaConf.load(os.path.join(path, "config.yaml"))
-    from models import family
-    from models.generation import generates
-
-    name = OmegaConf.select(cfg, "model.family", default="llama")
-    if not generates(name):
-        raise UsageError(f"CKPT_OR_HF_DIR: {source} is model.family={name}, which has no generator (the family "
-                         f"hook `generator(model)` in models/{name}/: a causal decoder's)")
-    model_cfg = OmegaConf.merge(OmegaConf.structured(family(name).Config), cfg.model)
-    tokenizer = Tokenizer(os.path.join(path, "tokenizer.model"))
-    if tokenizer.vocab_size > model_cfg.vocab_size:
-        raise UsageError(f"CKPT_OR_HF_DIR: tokenizer.model has {tokenizer.vocab_size} pieces, more than the "
-                         f"model's vocab_size={model_cfg.vocab_size}")
-    return model_cfg, path, tokenizer
-
-
 def encode_prompts(records, tokenizer, context: int, max_new_tokens: int, template: dict) -> List[List[int]]:
     """Token ids per prompt, checked against the model's context (max_position_embeddings). An instruction or a
     chat is wrapped in `template` first, as training rendered it (its text becomes the record's "prompt")."""
@@ -228,31 +182,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         prompts = encode_prompts(records, tokenizer, model_cfg.max_position_embeddings, args.max_new_tokens, template)
         if template["assistant_end"] and any("instruction" in r or "messages" in r for r in records):
             args.stop = args.stop + [template["assistant_end"]]  # a templated answer ends with it, then eos
+        graph_mode(args.device)
         model = build(model_cfg, path, args.device, args.precision)  # reads the weights: the temp dir may go
     from models.generation import generator
 
     run(args, generator(model_cfg.family, model), tokenizer, records, prompts)
     return 0
-
-
-def build(model_cfg, path: str, device: str, precision: str = "auto"):
-    """The model to generate with, in `precision`'s compute dtype (auto: the device's, fp32 on CPU)."""
-    import mindspore as ms
-
-    from base import checkpoint
-    from models import build_model
-
-    ms.set_context(mode=ms.GRAPH_MODE)
-    if ms.get_context("device_target") != device:
-        ms.set_device(device)
-    # the native model (MindFormers' checkpoints hold the same names), built as training builds it: with the CPU
-    # kernels where they apply, so decoding runs one attention op a layer and step (kernels/attention.cc)
-    native = OmegaConf.merge(model_cfg, {"impl": "native", "flash_attention": False, "recompute": "none"})
-    dtype = precision if precision != "auto" else ("fp32" if device == "CPU" else "bf16")
-    model = build_model(native, native.max_position_embeddings, dtype, device, seed=0)
-    checkpoint.load_weights(path, model)
-    model.set_train(False)
-    return model
 
 
 def run(args, gen, tokenizer, records, prompts) -> None:

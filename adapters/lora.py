@@ -39,13 +39,20 @@ import math
 import re
 import zlib
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Set, Tuple
 
 import numpy as np
 
 LLAMA_TARGETS = ("attention.wq", "attention.wk", "attention.wv", "attention.wo",
                  "feed_forward.w1", "feed_forward.w2", "feed_forward.w3")
 LORA_A, LORA_B = "lora_A.weight", "lora_B.weight"  # parameter name suffixes, as in PEFT's state dicts
+
+
+class Adapters(NamedTuple):
+    """What a LoRA run's checkpoints hold: the names of the weights it trains (the adapters, and any head its
+    objective adds) and the PEFT adapter_config.json written beside them (None: none written)."""
+    names: Set[str]
+    config: Optional[dict]
 
 
 @dataclass

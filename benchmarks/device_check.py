@@ -205,12 +205,13 @@ def generate_worker(checkpoint: str, target: str, precision: str, new_tokens: in
     import plugins
     from base.checkpoint import resolve
     from data.tokenizer import Tokenizer
-    from generate import build
     from models.common.generation import Generator
+    from models.pretrained import build, graph_mode
 
     plugins.register()
     checkpoint = resolve(checkpoint)  # the run directory: its `latest` step
     cfg = OmegaConf.load(os.path.join(checkpoint, "config.yaml")).model
+    graph_mode(target)
     model = build(cfg, checkpoint, target, precision)
     tokenizer = Tokenizer(os.path.join(checkpoint, "tokenizer.model"))
     result = Generator(model).generate([tokenizer.encode(p) for p in PROMPTS], new_tokens, eos_id=None)

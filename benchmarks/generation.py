@@ -42,10 +42,11 @@ def model_config(name: str):
 def ours(ckpt: str, prompts, new: int, use_cache: bool, kernels: str = "auto") -> dict:
     """The model as `python -m generate` builds it; kernels=plain: model.attention_kernel and layer_kernels plain
     (MindSpore's ops only, as on a machine without the built kernels)."""
-    from generate import build
     from models.common.generation import Generator
+    from models.pretrained import build, graph_mode
 
     cfg = OmegaConf.load(os.path.join(ckpt, "config.yaml")).model
+    graph_mode("CPU")
     model = build(OmegaConf.merge(cfg, {"attention_kernel": kernels, "layer_kernels": kernels}), ckpt, "CPU")
     gen = Generator(model)
     result = gen.generate(prompts, new, eos_id=None, use_cache=use_cache)

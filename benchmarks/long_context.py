@@ -82,7 +82,7 @@ def latest(run_dir):
     return os.path.join(run_dir, "checkpoints", ckpts[-1])
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--work", default=os.path.join(ROOT, "runs", "long_context"))
     p.add_argument("--model", default="small")
@@ -97,7 +97,11 @@ def main() -> None:
     p.add_argument("--eval-batches", type=int, default=4, help="validation batches (of 2 rows) per source")
     p.add_argument("--passkey-trials", type=int, default=4, help="keys per length and depth")
     p.add_argument("--passkey-depths", default="0.1,0.5,0.9")
-    a = p.parse_args()
+    return p.parse_args()
+
+
+def main() -> None:
+    a = arguments()
     os.makedirs(a.work, exist_ok=True)
     log = os.path.join(a.work, "log.txt")
     B = a.base_len
@@ -111,7 +115,6 @@ def main() -> None:
              f"trainer.max_steps={a.base_steps}", f"hydra.run.dir={base_dir}"], log)
     base = latest(base_dir)
     longest = B * a.factor
-    lengths = doublings(B, longest)
     rows, passkeys = [], []  # (name, window, {length: buckets}), (name, {length: {depth: acc}})
     for method in METHODS:
         scaling = [f"model.max_position_embeddings={longest}"] if method == "none" else \
@@ -158,7 +161,13 @@ def main() -> None:
     passkeys.append((name, pk))
     rows += [(name, window, by_len) for name, window, by_len, _ in extended]
     passkeys += [(name, pk) for name, _, _, pk in extended]
+    print_tables(a, rows, passkeys, runs)
 
+
+def print_tables(a: argparse.Namespace, rows: list, passkeys: list, runs: list) -> None:
+    """The three tables: loss by position (`rows`), passkey accuracy (`passkeys`), training cost (`runs`)."""
+    B, longest = a.base_len, a.base_len * a.factor
+    lengths = doublings(B, longest)
     spans = ranges(B, longest)
     fmt = lambda v: "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"  # noqa: E731
     print(f"\nmean NLL (nats/token) by target position, rows of the method's window; 'loss@{B}' is the mean over "

@@ -35,7 +35,7 @@ def held_out_before(base: str, overrides: list) -> dict:
     from data import build_data
     from models import build_model
     from objectives import objective
-    from trainer.callbacks import Evaluation, Sinks
+    from trainer.callbacks import Callback, Evaluation
     from trainer.module import LocalModule
     from trainer.optimizer import build_optimizer
 
@@ -51,7 +51,7 @@ def held_out_before(base: str, overrides: list) -> dict:
     obj = plugin.Objective(cfg.objective, data.tokenizer)
     module = LocalModule(model, obj, build_optimizer(model.trainable_params(), cfg.optim, 10), 1.0)
     val = {s: [obj.batch(b, -1 - i) for i, b in enumerate(batches)] for s, batches in data.val.items()}
-    return Evaluation(Sinks([]), 0, 0, module, val).evaluate()
+    return Evaluation(Callback(), 0, 0, False, module, val).evaluate()
 
 
 def trainable(ckpt: str) -> int:

@@ -242,12 +242,13 @@ def sample_responses(generate_fn: Callable, prompts: Sequence[str], ids: Sequenc
 
 def build_on_policy(ckpt: str, instructions: Path, out: Path, args) -> dict:
     """Samples, ranks and pairs every split of `args.splits`; writes them and stats.json to `out`."""
-    from generate import build, load
     from models.generation import generator, make_generate_fn
+    from models.pretrained import build, graph_mode, load
 
     samples = {split: read_split(instructions, split)[:args.max_prompts or None] for split in args.splits}
     with tempfile.TemporaryDirectory(prefix="mindlab-on-policy-") as workdir:
         model_cfg, path, tokenizer = load(ckpt, workdir)
+        graph_mode(args.device)
         model = build(model_cfg, path, args.device)  # reads the weights: the temporary directory may go
     gen = generator(model_cfg.family, model)
     bucket = gen.prompt_bucket

@@ -107,8 +107,8 @@ def test_on_policy_pairs_are_the_best_and_worst_of_the_models_samples(tmp_path, 
     from data.cache import prepare
     from builders.preferences import main, sample_responses
     from evaluation.tasks import alpaca_item
-    from generate import build, load
     from models.generation import generator, make_generate_fn
+    from models.pretrained import build, load
 
     k, opts = 4, ["--samples", "4", "--max-new-tokens", "8", "--max-prompt-len", "80", "--seed", "5"]
     splits = {"train": [f"Say {w} {n} times." for w in ("apple", "stone") for n in (2, 3)],

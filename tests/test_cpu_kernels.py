@@ -463,7 +463,8 @@ def test_the_adamw_kernel_steps_as_the_graph_of_mindspore_ops(mode):
     from omegaconf import OmegaConf
     from mindspore import Parameter
     from trainer.fused_adamw import FusedAdamW, applies
-    from trainer.optimizer import AdamW, build_schedule, param_groups
+    from trainer.adamw import AdamW
+    from trainer.optimizer import build_schedule, param_groups
     from trainer.step import ClipAndUpdate
 
     cfg = OmegaConf.merge(OmegaConf.structured(OPTIMIZERS["adamw"]),

@@ -11,8 +11,10 @@ import its own layer or the layers below it, never one above. The README's layou
                   __main__.py (python -m evaluation, python -m recipe),
                   benchmarks/, parity/, recipe/
 
-Inside a layer, no two folders may import each other (a folder-level cycle), and the plug-ins are found through
-base/registry.py, never imported by the layers below them.
+Inside a layer, no two folders may import each other (a folder-level cycle); inside a folder, no modules import
+each other round a circle (a module-level cycle: which one loads first decides what the other sees, so the
+circle is hidden by imports inside functions); and the plug-ins are found through base/registry.py, never
+imported by the layers below them.
 """
 import ast
 import os
@@ -74,9 +76,47 @@ def imports_of(path: Path, dotted: str):
                 yield (f"{base}.{alias.name}" if base else alias.name), node.lineno
 
 
+def module_cycles(root: Path = ROOT) -> list:
+    """Every circle of imports between the modules of one top-level folder (its strongly connected components of
+    two modules or more), each as its modules sorted; an import names the longest project module it starts with."""
+    modules = {dotted: (top, path) for top, dotted, path in project_modules(root)}
+    edges = defaultdict(set)
+    for dotted, (top, path) in modules.items():
+        for module, _ in imports_of(path, dotted):
+            parts = module.split(".")
+            target = next((".".join(parts[:k]) for k in range(len(parts), 0, -1) if ".".join(parts[:k]) in modules),
+                          None)
+            if target not in (None, dotted) and target.split(".")[0] == top:
+                edges[dotted].add(target)
+    order, low, stack, cycles = {}, {}, [], []
+
+    def visit(module):  # Tarjan's strongly connected components
+        order[module] = low[module] = len(order)
+        stack.append(module)
+        for target in sorted(edges[module]):
+            if target not in order:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], order[target])
+        if low[module] == order[module]:
+            component = stack[stack.index(module):]
+            del stack[stack.index(module):]
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for module in sorted(modules):
+        if module not in order:
+            visit(module)
+    return cycles
+
+
 def violations(root: Path = ROOT) -> list:
-    """One line per upward import, per same-layer folder cycle, per reach into a family's internals."""
+    """One line per upward import, per same-layer folder cycle, per module cycle inside a folder, per reach into a
+    family's internals."""
     out, edges, internals = [], defaultdict(set), family_internals()
+    out += [f"{' <-> '.join(cycle)}: modules that import each other (a cycle inside a folder: move what they share "
+            "into one of them or a third module)" for cycle in module_cycles(root)]
     for top, dotted, path in project_modules(root):
         if top not in LAYERS:
             out.append(f"{path.relative_to(root)}: {top} is in no layer (add it to tests/test_layers.py LAYERS)")
@@ -107,6 +147,29 @@ def test_imports_point_down():
     assert not found, "imports that break the layers:\n" + "\n".join(found)
 
 
+COMMANDS = ("train", "prepare", "generate", "harness")  # the top-level command lines
+
+
+def command_imports(root: Path = ROOT) -> list:
+    """Every import of a top-level command line (train.py, prepare.py, generate.py, harness.py) by the project: a
+    command is a thin CLI over libraries, which is what the others import."""
+    return [f"{path.relative_to(root)}:{line}: imports {module} (a command line; import the library it calls)"
+            for _, dotted, path in project_modules(root) for module, line in imports_of(path, dotted)
+            if module.split(".")[0] in COMMANDS and dotted not in COMMANDS]
+
+
+def test_no_module_imports_a_command_line():
+    found = command_imports()
+    assert not found, "\n".join(found)
+
+
+def test_an_import_of_a_command_line_is_caught(tmp_path):
+    (tmp_path / "builders").mkdir()
+    (tmp_path / "builders" / "pairs.py").write_text("def f():\n    from generate import build\n")
+    assert command_imports(tmp_path) == ["builders/pairs.py:2: imports generate.build (a command line; import the "
+                                         "library it calls)"]
+
+
 def test_an_upward_import_is_caught(tmp_path):
     """The check fails when a lower layer imports a higher one: a copy of base/ with one import added."""
     (tmp_path / "base").mkdir()
@@ -123,6 +186,18 @@ def test_a_folder_cycle_is_caught(tmp_path):
         (tmp_path / name).mkdir()
         (tmp_path / name / "__init__.py").write_text(f"import {other}\n")
     assert len(violations(tmp_path)) == 2
+
+
+def test_a_module_cycle_inside_a_folder_is_caught(tmp_path):
+    """Two modules of trainer/ importing each other (one of them inside a function) are a cycle; a third module
+    importing both is not."""
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "trainer" / "__init__.py").write_text("")
+    (tmp_path / "trainer" / "a.py").write_text("def f():\n    from trainer import b\n")
+    (tmp_path / "trainer" / "b.py").write_text("from trainer.a import f\n")
+    (tmp_path / "trainer" / "c.py").write_text("from trainer import a, b\n")
+    assert violations(tmp_path) == ["trainer.a <-> trainer.b: modules that import each other (a cycle inside a "
+                                    "folder: move what they share into one of them or a third module)"]
 
 
 @pytest.mark.parametrize("layer", ["base", "data", "planner", "models"])

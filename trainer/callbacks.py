@@ -1,23 +1,86 @@
-"""What happens around the steps, one concern per callback (OLMo-core style). The loop calls, in order,
-`on_step(step, result)` after every step; a callback that has something to report hands it to the sinks
-(metrics.jsonl, console, W&B: anything with log(dict) and close(); the loop closes them at the end).
+"""What happens around the steps, one concern per callback (OLMo-core style). Each has the loop's lifecycle hooks
+(Callback); the loop calls them through Callbacks, in the order they were added:
 
+    on_start(step)               before the first step (`step`: where the run starts, 0 or the resumed step)
+    on_step(step, result)        after every step (trainer/module.py StepResult)
+    on_evaluation(step, metrics) after Evaluation has measured
+    on_checkpoint(step)          after Checkpointing has saved
+    on_end(step)                 after the last step (or the one a signal stopped at)
+
+    SkipLog        a skipped step's reason, data position and loss
+    GuardStop      the spike guard's record of each step: it stops the run (after a checkpoint) on too many skips
     TrainMetrics   every trainer.log_every steps: loss, the objective's metrics, loss tokens per step (and
                    their fraction of the target tokens), lr, grad norm, tokens, speed
-    Evaluation     every trainer.eval_every steps and at the end: the objective's loss and metrics per source,
-                   bits per byte (objectives whose loss is a per-token NLL) and the trainer.eval_tasks scores
-    Checkpointing  every trainer.save_every steps, at the end and on SIGTERM/SIGINT
+    Evaluation     every trainer.eval_every steps, at the end, and at step 0 with trainer.eval_at_start: the
+                   objective's loss and metrics per source, bits per byte (objectives whose loss is a per-token
+                   NLL) and the trainer.eval_tasks scores
+    Checkpointing  every trainer.save_every steps, at the end and on SIGTERM/SIGINT (trainer/state.py writes it)
+    PreemptionNotice  after a signal's checkpoint, the line saying the run exits
+    Sinks          where reports go (metrics.jsonl, console, W&B: anything with log(dict) and close()): the
+                   evaluations' metrics, closed at the end
+    WeightsDigest  at the end of a data-parallel run, each rank's weights' digest (the ranks must agree)
 """
+import math
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
 from evaluation.validation import val_metrics
+from trainer.guard import SpikeGuard, TrainingStopped
 from trainer.metrics import SpeedMonitor, peak_rss_gb
 from trainer.module import StepResult
 
 
-class Sinks:
+class Callback:
+    """The loop's lifecycle hooks, each doing nothing here: a callback overrides those of its concern."""
+
+    def on_start(self, step: int) -> None:
+        pass
+
+    def on_step(self, step: int, result: StepResult) -> None:
+        pass
+
+    def on_evaluation(self, step: int, metrics: dict) -> None:
+        pass
+
+    def on_checkpoint(self, step: int) -> None:
+        pass
+
+    def on_end(self, step: int) -> None:
+        pass
+
+
+class Callbacks(Callback):
+    """Every hook called on each callback in turn."""
+
+    def __init__(self):
+        self.callbacks: List[Callback] = []
+
+    def add(self, *callbacks: Callback) -> None:
+        self.callbacks += callbacks
+
+    def on_start(self, step: int) -> None:
+        for callback in self.callbacks:
+            callback.on_start(step)
+
+    def on_step(self, step: int, result: StepResult) -> None:
+        for callback in self.callbacks:
+            callback.on_step(step, result)
+
+    def on_evaluation(self, step: int, metrics: dict) -> None:
+        for callback in self.callbacks:
+            callback.on_evaluation(step, metrics)
+
+    def on_checkpoint(self, step: int) -> None:
+        for callback in self.callbacks:
+            callback.on_checkpoint(step)
+
+    def on_end(self, step: int) -> None:
+        for callback in self.callbacks:
+            callback.on_end(step)
+
+
+class Sinks(Callback):
     def __init__(self, sinks: list):
         self.sinks = sinks
 
@@ -25,12 +88,47 @@ class Sinks:
         for sink in self.sinks:
             sink.log(metrics)
 
-    def close(self) -> None:
+    def on_evaluation(self, step: int, metrics: dict) -> None:
+        self.log({"step": step, **metrics})
+
+    def on_end(self, step: int) -> None:
         for sink in self.sinks:
             sink.close()
 
 
-class TrainMetrics:
+class SkipLog(Callback):
+    """A skipped step's line: why, where the data stood before it, its loss (None when not finite)."""
+
+    def __init__(self, sinks: Sinks, train_data):
+        self.sinks, self.train_data = sinks, train_data
+        self.position = None
+
+    def on_start(self, step: int) -> None:
+        self.position = self.train_data.position
+
+    def on_step(self, step: int, result: StepResult) -> None:
+        if result.skip:
+            self.sinks.log({"step": step, "skipped": result.skip, "data_position": self.position,
+                            "loss": result.loss if math.isfinite(result.loss) else None})
+        self.position = self.train_data.position
+
+
+class GuardStop(Callback):
+    """Each step's loss recorded by the spike guard (trainer/guard.py), which raises TrainingStopped after too many
+    consecutive skips: the run saves `save(step)` first, so it can resume once the cause is fixed."""
+
+    def __init__(self, guard: SpikeGuard, save: Callable[[int], None]):
+        self.guard, self.save = guard, save
+
+    def on_step(self, step: int, result: StepResult) -> None:
+        try:
+            self.guard.record(result.loss, result.skip)
+        except TrainingStopped:
+            self.save(step)
+            raise
+
+
+class TrainMetrics(Callback):
     """Means over the accepted steps of each logging interval (an all-skipped interval logs nothing)."""
 
     def __init__(self, sinks: Sinks, every: int, max_steps: int, speed: SpeedMonitor, tokens_per_step: int,
@@ -62,17 +160,20 @@ class TrainMetrics:
         return {"loss_tokens": n, "loss_token_fraction": n / self.tokens_per_step}
 
 
-class Evaluation:
+class Evaluation(Callback):
     """val_loss (token-weighted over all sources) and per source val_loss/<source>; the objective's metrics as
     val_<metric> and val_<metric>/<source> (evaluation/validation.py, as `python -m evaluation`). With `val_bytes`
     (per source, the UTF-8 bytes of the loss targets, given when the loss is their mean NLL in nats): val_ppl,
     val_bpb and val_bpb/<source>, comparable across tokenizers. With `tasks` (a scorer returning
     {"<task>/<metric>": value}, evaluation/tasks.py task_scorer): val_task/<task>/<metric>."""
 
-    def __init__(self, sinks: Sinks, every: int, max_steps: int, module, val: Dict[str, List[tuple]],
-                 val_bytes: Optional[Dict[str, int]] = None, tasks: Optional[Callable[[], dict]] = None):
-        self.sinks, self.every, self.max_steps, self.module, self.val = sinks, every, max_steps, module, val
-        self.val_bytes, self.tasks = val_bytes, tasks
+    def __init__(self, report: Callback, every: int, max_steps: int, at_start: bool, module,
+                 val: Dict[str, List[tuple]], val_bytes: Optional[Dict[str, int]] = None,
+                 tasks: Optional[Callable[[], dict]] = None):
+        """`report`: whose on_evaluation gets the metrics (the loop's Callbacks); `at_start`: evaluate at step 0
+        too, the "before" every later evaluation is compared with."""
+        self.report, self.every, self.max_steps, self.at_start = report, every, max_steps, at_start
+        self.module, self.val, self.val_bytes, self.tasks = module, val, val_bytes, tasks
         self.last: dict = {}
 
     def evaluate(self) -> dict:
@@ -83,23 +184,51 @@ class Evaluation:
         return out
 
     def log(self, step: int) -> None:
-        """Evaluate now and log it as `step` (the loop's step 0: before the first update)."""
+        """Evaluate now and report it as `step` (the loop's step 0: before the first update)."""
         if self.val or self.tasks:
             self.last = self.evaluate()
-            self.sinks.log({"step": step, **self.last})
+            self.report.on_evaluation(step, self.last)
+
+    def on_start(self, step: int) -> None:
+        if step == 0 and self.at_start:
+            self.log(0)
 
     def on_step(self, step: int, result: StepResult) -> None:
         if (self.every and step % self.every == 0) or step == self.max_steps:
             self.log(step)
 
 
-class Checkpointing:
-    """`save(step)` writes a checkpoint (trainer/loop.py builds it: the module's weights and optimizer plus the
-    loop's state); this decides when."""
+class Checkpointing(Callback):
+    """When to save: `save(step)` writes the checkpoint (trainer/state.py Checkpointer asks every part for its
+    state), then `report`'s on_checkpoint hears of it."""
 
-    def __init__(self, save: Callable[[int], None], every: int, max_steps: int, preemption):
-        self.save, self.every, self.max_steps, self.preemption = save, every, max_steps, preemption
+    def __init__(self, save: Callable[[int], None], report: Callback, every: int, max_steps: int, preemption):
+        self.save, self.report, self.every, self.max_steps, self.preemption = save, report, every, max_steps, preemption
 
     def on_step(self, step: int, result: StepResult) -> None:
         if (self.every and step % self.every == 0) or step == self.max_steps or self.preemption.signal:
             self.save(step)
+            self.report.on_checkpoint(step)
+
+
+class PreemptionNotice(Callback):
+    """The line that says a signal's checkpoint is written and the run exits (trainer/runtime.py Preemption)."""
+
+    def __init__(self, preemption):
+        self.preemption = preemption
+
+    def on_checkpoint(self, step: int) -> None:
+        if self.preemption.signal:
+            print(f"[checkpoint] {self.preemption.signal}: saved step {step}, exiting")
+
+
+class WeightsDigest(Callback):
+    """Each rank's weights' sha256 at the end of a data-parallel run: equal on every rank, or the ranks drifted."""
+
+    def __init__(self, model, rank: int):
+        self.model, self.rank = model, rank
+
+    def on_end(self, step: int) -> None:
+        from distributed.data_parallel import weights_digest
+
+        print(f"[data-parallel] rank {self.rank} weights sha256 {weights_digest(self.model)}", flush=True)

@@ -7,8 +7,12 @@ from typing import Iterator, Sequence
 
 from tqdm import tqdm
 
+from trainer.callbacks import Callback
 
-class ConsoleProgress:
+
+class ConsoleProgress(Callback):
+    """A sink (log, close) and the callback that moves the bar one step."""
+
     def __init__(self, max_steps: int, start_step: int = 0, enabled: bool = True, keys: Sequence[str] = (),
                  bar: bool = True):
         """`enabled`: this process prints (the main rank); `bar`: with the progress bar (logger.progress_bar), else
@@ -30,8 +34,8 @@ class ConsoleProgress:
         self.bar.set_postfix(loss=f"{metrics['loss']:.4f}", **own, lr=f"{metrics['lr']:.2e}",
                              tok_s=f"{metrics['tokens_per_sec']:.0f}", mfu=f"{metrics['mfu']:.2%}", refresh=False)
 
-    def advance(self, steps: int = 1) -> None:
-        self.bar.update(steps)
+    def on_step(self, step: int, result) -> None:
+        self.bar.update(1)
 
     def close(self) -> None:
         self.bar.close()

@@ -1,4 +1,4 @@
-"""AdamW by kernels/optimizer.cc (CPU, fp32): the same update as trainer/optimizer.py AdamW, whose state it keeps
+"""AdamW by kernels/optimizer.cc (CPU, fp32): the same update as trainer/adamw.py AdamW, whose state it keeps
 under the same names (`adam_m.<param>`, `adam_v.<param>`, `global_step`: checkpoints load into either class), in
 one op over every parameter, and the gradient norm's square sums by the same library.
 
@@ -15,7 +15,7 @@ import mindspore as ms
 from mindspore import Tensor, ops
 
 import kernels
-from trainer.optimizer import AdamW
+from trainer.adamw import AdamW
 
 
 def applies(params: List, device_target: str, sharded: bool) -> bool:

@@ -4,8 +4,8 @@ callbacks log, evaluate and save. It knows no objective, stage or layout: those 
 import math
 import os
 import uuid
+from typing import Callable, Optional
 
-import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from base import checkpoint
@@ -15,44 +15,90 @@ from data import build_data
 from models import build_model, family
 from objectives import objective as objective_plugin
 from planner.layout import Layout
-from trainer.callbacks import Checkpointing, Evaluation, Sinks, TrainMetrics
+from trainer.callbacks import (Callbacks, Checkpointing, Evaluation, GuardStop, PreemptionNotice, Sinks, SkipLog,
+                               TrainMetrics, WeightsDigest)
 from trainer.console import ConsoleProgress
-from trainer.guard import SpikeGuard, TrainingStopped
+from trainer.guard import SpikeGuard
 from trainer.metrics import MetricsFile, SpeedMonitor
 from trainer.module import ShardedModule, local_module
 from trainer.optimizer import build_optimizer
-from trainer.runtime import Preemption, init_runtime, rng_state, set_rng_state
+from trainer.runtime import Preemption, init_runtime
+from trainer.state import Checkpointer, RandomState, RunState
 from trainer.step import DynamicLossScale
 
 
 def train(cfg: DictConfig, run_dir: str) -> dict:
     """Train as `cfg` says, writing metrics.jsonl and checkpoints to `run_dir`; returns the last metrics."""
     rt = init_runtime(cfg)
-    if rt.is_main and cfg.logger.name == "wandb":
-        from trainer.wandb_logger import check_credentials
-
-        check_credentials(cfg.logger.mode)
-    if cfg.stage.init_from:  # the checkpoints named are there, before minutes of data and model building
-        checkpoint.weights_file(cfg.stage.init_from, whole=True)
+    _check_before_building(cfg, rt)
     os.makedirs(run_dir, exist_ok=True)
     ckpt_root = os.path.join(run_dir, "checkpoints")
     resume_from = _resume_path(cfg.trainer.resume, ckpt_root)
     if resume_from:  # its optimizer state is this preset's (base/checkpoint.py check_optimizer says why it must be)
         checkpoint.check_optimizer(resume_from, cfg.optim.name)
-    t, dp = cfg.trainer, cfg.parallel.dp
-    sharded = is_sharded(cfg.parallel)  # tp/pp/optimizer sharding (Ascend/GPU): one semi-auto graph per step
-    rows_per_batch = t.micro_batch_size * pipeline_micro_batches(cfg)  # a pipeline step takes all its micro-batches
+    t, sharded = cfg.trainer, is_sharded(cfg.parallel)  # sharded: tp/pp/optimizer sharding, one semi-auto graph
+    dp_rank = Layout.from_config(cfg.parallel, cfg.model.num_layers).coords(rt.rank).dp  # a tp group reads alike
+    data, objective, model, lm, module = _build(cfg, rt, run_dir, dp_rank, sharded)
+    val = {} if objective.next_inputs is not None else {  # a rollout objective: no val rows
+        source: [objective.batch(b, -1 - i) for i, b in enumerate(batches)] for source, batches in data.val.items()}
+    downstream = _downstream(cfg, lm, objective, data, val)  # (task files are read here: before any file is written)
+
+    scaler = _loss_scale(cfg.precision)
+    guard = SpikeGuard(t.spike_factor, t.spike_window, t.max_consecutive_skips)
+    run = RunState(uuid.uuid4().hex[:12], cfg.optim.name, global_batch_size(cfg) * cfg.data.seq_len)
+    parts = {"data": data.train, **({"objective": objective} if objective.state_dict is not None else {}),
+             "guard": guard, "rng": RandomState(), "loss_scale": scaler}
+    checkpointer = Checkpointer(module, run, parts, ckpt_root, cfg, str(data.tokenizer.path), rt.is_main)
+    if resume_from:
+        example = objective.batch(data.train.next_batch(), 0) if sharded else None  # sharded: compile before loading
+        checkpointer.restore(resume_from, example)
+        print(f"[checkpoint] resumed from {resume_from} at step {run.step} (run id {run.run_id})")
+
+    callbacks, train_metrics, evaluation, preemption = _callbacks(cfg, rt, run_dir, data, objective, model, module,
+                                                                  val, downstream, run, scaler, guard, checkpointer)
+    next_inputs = _inputs(objective, data, cfg.parallel.dp, dp_rank)
     micro_steps = 1 if sharded else t.grad_accum
-    layout = Layout.from_config(cfg.parallel, cfg.model.num_layers)  # ranks of one tp group read the same data
-    dp_rank = layout.coords(rt.rank).dp
+    step = start = run.step
+    callbacks.on_start(start)
+    for step in range(start + 1, t.max_steps + 1):
+        scale = math.nan if step in t.inject_nan_steps else (scaler.scale if scaler else 1.0)
+        result = module.step([next_inputs() for _ in range(micro_steps)], scale, guard)
+        if scaler:
+            scaler.update(result.finite)  # an overflow under fp16 is routine: the scaler backs off, the guard ignores it
+        elif not result.finite and result.skip is None:
+            result.skip = "non-finite gradients"
+        run.skipped_steps += not result.finite or result.skip is not None
+        callbacks.on_step(step, result)
+        if preemption.signal:
+            break
+    callbacks.on_end(step)
+    return {**train_metrics.last, **evaluation.last, "step": step,
+            **({"preempted": preemption.signal} if preemption.signal else {})}
+
+
+def _check_before_building(cfg: DictConfig, rt) -> None:
+    """What can fail in seconds, checked before minutes of data and model building: W&B's credentials, the
+    checkpoint stage.init_from names."""
+    if rt.is_main and cfg.logger.name == "wandb":
+        from trainer.wandb_logger import check_credentials
+
+        check_credentials(cfg.logger.mode)
+    if cfg.stage.init_from:
+        checkpoint.weights_file(cfg.stage.init_from, whole=True)
+
+
+def _build(cfg: DictConfig, rt, run_dir: str, dp_rank: int, sharded: bool) -> tuple:
+    """(data, objective, model as trained, the language model inside it, train module) as `cfg` says: the stage's
+    weights loaded, LoRA applied, the objective's additions attached, the optimizer over what trains."""
+    t = cfg.trainer
+    rows_per_batch = t.micro_batch_size * pipeline_micro_batches(cfg)  # a pipeline step takes all its micro-batches
     plugin = objective_plugin(cfg.objective.name)
-    data = build_data(cfg.data, rows_per_batch, dp_rank=dp_rank, dp_size=dp, seed=t.seed,
+    data = build_data(cfg.data, rows_per_batch, dp_rank=dp_rank, dp_size=cfg.parallel.dp, seed=t.seed,
                       eval_batches=t.eval_batches, spec=plugin.row_spec(cfg.objective))
     if cfg.stage.init_from:  # the checkpoint must read the data's ids as the same text
         checkpoint.check_same_tokenizer("data.tokenizer.path", f"stage.init_from={cfg.stage.init_from}",
                                         checkpoint.tokenizer_of(cfg.stage.init_from), f"data={cfg.data.name}",
                                         str(data.tokenizer.path))
-
     model = build_model(cfg.model, cfg.data.seq_len, cfg.precision.compute_dtype, cfg.device.target, t.seed, sharded)
     if cfg.stage.init_from:
         checkpoint.load_weights(cfg.stage.init_from, model)
@@ -62,106 +108,62 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     if objective.attach is not None:  # e.g. the reward model's head, DPO's frozen reference
         model = objective.attach(model, cfg)
         if adapters:  # a LoRA run saves what it trains: the adapters and any head the objective added
-            adapters = ({p.name for p in model.trainable_params()}, adapters[1])
+            adapters = adapters._replace(names={param.name for param in model.trainable_params()})
     optimizer = build_optimizer(model.trainable_params(), cfg.optim, t.max_steps, cfg.device.target, sharded)
     module = ShardedModule(model, objective, optimizer, cfg, rt.rank, run_dir) if sharded else \
         local_module(model, objective, optimizer, cfg, rt.world_size, adapters)
-    val = {} if objective.next_inputs is not None else {  # a rollout objective: no val rows
-        source: [objective.batch(b, -1 - i) for i, b in enumerate(batches)] for source, batches in data.val.items()}
-    downstream = _downstream(cfg, lm, objective, data, val)  # (task files are read here: before any file is written)
+    return data, objective, model, lm, module
+
+
+def _loss_scale(precision) -> Optional[DynamicLossScale]:
+    """precision.loss_scale=dynamic's scale; None for a static one."""
+    if precision.loss_scale != "dynamic":
+        return None
+    return DynamicLossScale(precision.init_scale, precision.growth_interval, precision.growth_factor,
+                            precision.backoff_factor)
+
+
+def _inputs(objective, data, dp: int, dp_rank: int) -> Callable[[], tuple]:
+    """The objective's inputs for each next micro-batch (a rollout objective samples its own from rows)."""
 
     def draw() -> tuple:
         """This rank's next batch of rows and the global index of its first sample."""
         sample = data.train.position * dp + dp_rank
         return data.train.next_batch(), sample
 
-    def next_inputs() -> tuple:
-        """The objective's inputs for the next micro-batch (a rollout objective samples its own from rows)."""
-        if objective.next_inputs is not None:
-            return objective.next_inputs(draw)
-        return objective.batch(*draw())
+    if objective.next_inputs is not None:
+        return lambda: objective.next_inputs(draw)
+    return lambda: objective.batch(*draw())
 
-    p = cfg.precision
-    scaler = DynamicLossScale(p.init_scale, p.growth_interval, p.growth_factor, p.backoff_factor) \
-        if p.loss_scale == "dynamic" else None
-    guard = SpikeGuard(t.spike_factor, t.spike_window, t.max_consecutive_skips)
-    state = {"step": 0, "run_id": uuid.uuid4().hex[:12], "skipped_steps": 0}
-    if resume_from:
-        example = objective.batch(data.train.next_batch(), 0) if sharded else None  # sharded: compile before loading
-        state = module.load(resume_from, example)
-        data.train.load_state_dict(state["data"])
-        if "objective" in state:  # e.g. PPO's rollout buffer and KL coefficient
-            objective.load_state_dict(state["objective"])
-        guard.load_state_dict(state["guard"])
-        set_rng_state(state["rng"])
-        if scaler:
-            scaler.scale, scaler.clean_steps = state["loss_scale"]
-        print(f"[checkpoint] resumed from {resume_from} at step {state['step']} (run id {state['run_id']})")
-    start, skipped = state["step"], state["skipped_steps"]
-    tokens_per_step = global_batch_size(cfg) * cfg.data.seq_len
 
-    def save(step: int) -> None:
-        snapshot = {"tokens_seen": step * tokens_per_step, "run_id": state["run_id"], "optimizer": cfg.optim.name,
-                    "data": data.train.state_dict(), "guard": guard.state_dict(), "rng": rng_state(),
-                    "skipped_steps": skipped, "loss_scale": [scaler.scale, scaler.clean_steps] if scaler else None,
-                    **({"objective": objective.state_dict()} if objective.state_dict is not None else {})}
-        module.save(ckpt_root, step, snapshot, cfg, str(data.tokenizer.path), rt.is_main)
-        if rt.is_main:
-            checkpoint.prune(ckpt_root, t.keep_last, t.keep_every)
-
+def _callbacks(cfg: DictConfig, rt, run_dir: str, data, objective, model, module, val, downstream, run: RunState,
+               scaler, guard: SpikeGuard, checkpointer: Checkpointer) -> tuple:
+    """(the run's Callbacks, its TrainMetrics, its Evaluation, its Preemption): one callback per concern, in the
+    order the loop calls them (trainer/callbacks.py)."""
+    t, start = cfg.trainer, run.step
     read_model = family(cfg.model.family).step_metrics  # the family's numbers: a router's load, dropped tokens
     model_metrics = lambda: {} if read_model is None else read_model(model)
-    progress = ConsoleProgress(t.max_steps, start, enabled=rt.is_main,
-                               keys=(*objective.console, *model_metrics()),
+    progress = ConsoleProgress(t.max_steps, start, enabled=rt.is_main, keys=(*objective.console, *model_metrics()),
                                bar=cfg.logger.progress_bar)
-    sinks = Sinks((_file_sinks(cfg, run_dir, state["run_id"], start) if rt.is_main else []) + [progress])
+    sinks = Sinks((_file_sinks(cfg, run_dir, run.run_id, start) if rt.is_main else []) + [progress])
     if rt.is_main:  # once everything is built: a start that fails (bad data, checkpoint) keeps the previous one
         save_resolved_config(cfg, run_dir)
     preemption = Preemption()
     speed = SpeedMonitor(cfg.model, cfg.data.seq_len, peak_tflops(cfg), rt.world_size)
-    tokens_by_source = lambda: {s: n * dp * cfg.data.seq_len for s, n in data.train.samples_by_source().items()}
-    extra = lambda: {"skipped_steps": skipped, **({"loss_scale": scaler.scale} if scaler else {}),
+    dp, seq_len = cfg.parallel.dp, cfg.data.seq_len
+    tokens_by_source = lambda: {s: n * dp * seq_len for s, n in data.train.samples_by_source().items()}
+    extra = lambda: {"skipped_steps": run.skipped_steps, **({"loss_scale": scaler.scale} if scaler else {}),
                      **(objective.logged or {}),  # an objective's host-side numbers (PPO's rollout)
                      **model_metrics(),
                      **({} if cfg.device.target == "CPU" else {"peak_device_memory_gb": _peak_device_memory_gb()})}
-    train_metrics = TrainMetrics(sinks, t.log_every, t.max_steps, speed, tokens_per_step, tokens_by_source, extra)
-    evaluation = Evaluation(sinks, t.eval_every, t.max_steps, module, val, *downstream)
-    callbacks = [train_metrics, evaluation, Checkpointing(save, t.save_every, t.max_steps, preemption)]
-
-    if start == 0 and t.eval_at_start:  # the "before" every later evaluation is compared with
-        evaluation.log(0)
-    step = start
-    for step in range(start + 1, t.max_steps + 1):
-        scale = math.nan if step in t.inject_nan_steps else (scaler.scale if scaler else 1.0)
-        position = data.train.position
-        result = module.step([next_inputs() for _ in range(micro_steps)], scale, guard)
-        if scaler:
-            scaler.update(result.finite)  # an overflow under fp16 is routine: the scaler backs off, the guard ignores it
-        elif not result.finite and result.skip is None:
-            result.skip = "non-finite gradients"
-        skipped += not result.finite or result.skip is not None
-        if result.skip:
-            sinks.log({"step": step, "skipped": result.skip, "data_position": position,
-                       "loss": result.loss if math.isfinite(result.loss) else None})
-        try:
-            guard.record(result.loss, result.skip)
-        except TrainingStopped:
-            save(step)
-            raise
-        progress.advance()
-        for callback in callbacks:
-            callback.on_step(step, result)
-        if preemption.signal:
-            print(f"[checkpoint] {preemption.signal}: saved step {step}, exiting")
-            break
-
-    if rt.world_size > 1:
-        from distributed.data_parallel import weights_digest
-
-        print(f"[data-parallel] rank {rt.rank} weights sha256 {weights_digest(model)}", flush=True)
-    sinks.close()
-    return {**train_metrics.last, **evaluation.last, "step": step,
-            **({"preempted": preemption.signal} if preemption.signal else {})}
+    callbacks = Callbacks()
+    train_metrics = TrainMetrics(sinks, t.log_every, t.max_steps, speed, run.tokens_per_step, tokens_by_source,
+                                 extra)
+    evaluation = Evaluation(callbacks, t.eval_every, t.max_steps, t.eval_at_start, module, val, *downstream)
+    callbacks.add(SkipLog(sinks, data.train), GuardStop(guard, checkpointer.save), progress, train_metrics,
+                  evaluation, Checkpointing(checkpointer.save, callbacks, t.save_every, t.max_steps, preemption),
+                  PreemptionNotice(preemption), *([WeightsDigest(model, rt.rank)] if rt.world_size > 1 else []), sinks)
+    return callbacks, train_metrics, evaluation, preemption
 
 
 def _peak_device_memory_gb() -> float:
@@ -185,8 +187,8 @@ def _downstream(cfg: DictConfig, lm, objective, data, val) -> tuple:
 
 
 def add_adapters(model, cfg: DictConfig):
-    """LoRA on `model` as cfg.peft says; returns what its checkpoints hold: (adapter names, PEFT adapter_config)."""
-    from adapters.lora import apply_lora, describe, lora_state, peft_adapter_files, single_name
+    """LoRA on `model` as cfg.peft says; returns what its checkpoints hold."""
+    from adapters.lora import Adapters, apply_lora, describe, lora_state, peft_adapter_files, single_name
     from models import family
 
     try:
@@ -197,7 +199,7 @@ def add_adapters(model, cfg: DictConfig):
     weights = lora_state(model)
     _, adapter_config = peft_adapter_files(weights, cfg.peft, single_name(family(cfg.model.family).hf.to_hf),
                                            cfg.stage.init_from or "")
-    return set(weights), adapter_config
+    return Adapters(set(weights), adapter_config)
 
 
 def _file_sinks(cfg: DictConfig, run_dir: str, run_id: str, start: int) -> list:

@@ -52,7 +52,7 @@ class LocalModule:
 
     def __init__(self, model, objective, optimizer, clip_grad_norm: float, world_size: int = 1, adapters=None,
                  one_graph: bool = False):
-        """`adapters`: (names, PEFT adapter_config) of a LoRA run, whose checkpoints hold only those weights."""
+        """`adapters`: a LoRA run's adapters/lora.py Adapters, whose checkpoints hold only those weights."""
         self.model, self.objective, self.optimizer, self.adapters = model, objective, optimizer, adapters
         self.loss_net = loss_cell(objective, model)
         if one_graph:
@@ -120,8 +120,11 @@ class LocalModule:
             checkpoint.save(root, step, self.model, self.optimizer, state, cfg, tokenizer_file, names,
                             {"adapter_config.json": adapter_config} if adapter_config else None)
 
-    def load(self, path: str, example_inputs: tuple) -> dict:
-        return checkpoint.load(path, self.model, self.optimizer, self.adapters[0] if self.adapters else None)
+    def load(self, path: str, example_inputs: Optional[tuple] = None) -> dict:
+        """The weights and optimizer state of checkpoint `path` loaded; returns its training state. Local graphs
+        compile at their first step, after loading, so `example_inputs` (which ShardedModule.load compiles with
+        before it loads its rank's slices) is not needed here."""
+        return checkpoint.load(path, self.model, self.optimizer, self.adapters.names if self.adapters else None)
 
 
 def local_module(model, objective, optimizer, cfg, world_size: int = 1, adapters=None) -> LocalModule:
@@ -146,16 +149,17 @@ class ShardedModule:
         from trainer.step import PipelinedLoss, ShardedTrainStep
 
         self.model, self.objective, self.optimizer, self.rank, self.run_dir = model, objective, optimizer, rank, run_dir
-        p = cfg.parallel
-        self.dp, self.pp = p.dp, p.pp
-        self.stage = Layout.from_config(p, cfg.model.num_layers).coords(rank).pp
+        parallel = cfg.parallel
+        self.dp, self.pp = parallel.dp, parallel.pp
+        self.stage = Layout.from_config(parallel, cfg.model.num_layers).coords(rank).pp
         loss_net = loss_cell(objective, model)
         shard_model(model, cfg)
-        self.train_step = ShardedTrainStep(loss_net, optimizer, cfg.optim.clip_grad_norm, p.pp, p.micro_batches,
-                                           p.optimizer_shard)
+        self.train_step = ShardedTrainStep(loss_net, optimizer, cfg.optim.clip_grad_norm, parallel.pp,
+                                           parallel.micro_batches, parallel.optimizer_shard)
         self.compiled = parallel_step(self.train_step, cfg, run_dir, rank)
-        self.eval_micro_batches = p.micro_batches if p.pp > 1 else 1  # PipelinedLoss sums their outputs
-        self.evaluation = parallel_evaluation(PipelinedLoss(loss_net, p.micro_batches) if p.pp > 1 else loss_net, cfg)
+        self.eval_micro_batches = parallel.micro_batches if parallel.pp > 1 else 1  # PipelinedLoss sums their outputs
+        self.evaluation = parallel_evaluation(
+            PipelinedLoss(loss_net, parallel.micro_batches) if parallel.pp > 1 else loss_net, cfg)
         self.fed = set()  # the graphs whose dataset strategy is set
 
     def _feed(self, graph, inputs: tuple) -> None:

@@ -7,8 +7,8 @@ One micro-batch on one device (trainer.grad_accum=1, no data parallelism), one g
 
 forward, backward, unscale, clip and AdamW, the update taken when the gradients are finite and the loss is at
 most `limit` (the host's spike threshold, trainer/guard.py SpikeGuard.limit): no gradient buffers to fill and
-zero (their AssignAdd and Assign kernels were ~37 ms of a ~2.3 s model=small step on a 2-core box, by MindSpore's
-CPU profiler) and one host round trip instead of two. trainer.one_graph_step=false keeps two graphs.
+zero (an AssignAdd and an Assign kernel per parameter every step, as MindSpore's CPU profiler shows them;
+benchmarks/speed_memory.py times the step) and one host round trip instead of two. trainer.one_graph_step=false keeps two graphs.
 
 Gradient accumulation and data parallelism, two graphs, so accumulation is a plain Python loop:
 
@@ -25,7 +25,7 @@ dynamic loss scale; a step whose gradients overflow is skipped and the scale bac
 Tensor/pipeline parallel (Ascend/GPU): ShardedTrainStep does forward, backward, gradient reduction, clipping
 and the update in one graph, as MindSpore's pipeline pass needs; distributed/semi_auto.py compiles it. Its
 clipping norm is the global one: each gradient's square sum ends in the `grad_scale`-marked ExpandDims of
-trainer/optimizer.py, for which MindSpore's parallel pass sums the square sums over the tensor-parallel shards,
+trainer/adamw.py, for which MindSpore's parallel pass sums the square sums over the tensor-parallel shards,
 the optimizer shards and the pipeline stages; the finite check reads that norm, so every rank decides alike.
 """
 from dataclasses import dataclass
@@ -148,7 +148,7 @@ class ClipAndUpdate(nn.Cell):
 
     def construct(self, grads, allow, unscale):
         """`grads` times `unscale` (1 / the loss scale) are the gradients: the optimizer takes that product and
-        clipping's as one factor (trainer/optimizer.py ClippedUpdates: its square sums and its scaled update)."""
+        clipping's as one factor (trainer/adamw.py ClippedUpdates: its square sums and its scaled update)."""
         norm = ops.sqrt(ops.addn(self.optimizer.square_sums(grads))).reshape(()) * unscale
         finite = ops.isfinite(norm)
         factor = unscale
@@ -243,5 +243,8 @@ class DynamicLossScale:
             self.scale *= self.growth_factor
             self.clean_steps = 0
 
-    def tensor(self) -> Tensor:
-        return Tensor(self.scale, ms.float32)
+    def state_dict(self) -> list:
+        return [self.scale, self.clean_steps]
+
+    def load_state_dict(self, state: list) -> None:
+        self.scale, self.clean_steps = state

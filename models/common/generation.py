@@ -266,24 +266,9 @@ class Generator:
         check_options(temperature, top_k, top_p, repetition_penalty, max_new_tokens)
         if stop and decode is None:
             raise ValueError("stop strings need a decode function")
-        lengths = np.array([len(p) for p in prompts])
-        if len(prompts) == 0 or lengths.min() < 1:
-            raise ValueError("every prompt needs at least one token")
-        if lengths.max() + max_new_tokens > self.max_positions:
-            raise ValueError(f"prompt ({lengths.max()} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
-                             f"model's context (max_position_embeddings={self.max_positions})")
-        batch = len(prompts)
-        width = prompt_len or -(-int(lengths.max()) // PROMPT_BUCKET) * PROMPT_BUCKET
-        if width < lengths.max():
-            raise ValueError(f"prompt_len={width} is shorter than the longest prompt ({lengths.max()} tokens)")
-        total = width + max_new_tokens  # cache columns L
+        tokens, valid, pads, width = self._layout(prompts, max_new_tokens, prompt_len, pad_id)
+        batch, total = tokens.shape
         self.model.model.set_rope_length(total)  # dynamic NTK: one table for the whole cache (rope.py)
-        pads = width - lengths
-        tokens = np.full((batch, total), pad_id, np.int32)  # the whole sequence, left-padded
-        valid = np.zeros((batch, total), bool)
-        for i, p in enumerate(prompts):
-            tokens[i, pads[i]:width] = p
-            valid[i, pads[i]:width] = True
         options = (temperature, top_k, top_p, repetition_penalty) if temperature else (0.0, 0, 1.0, repetition_penalty)
         if repetition_penalty != 1.0:  # the prompts' tokens; each graph adds the tokens it picks
             seen = np.zeros((batch, self.vocab), bool)
@@ -315,15 +300,7 @@ class Generator:
             chosen, logits = full_forward(width - 1)
         chosen = chosen.asnumpy()
         prefill_s, prefill_compile = time.perf_counter() - start, self.compile_seconds - compiled_before
-        new: List[List[int]] = [[] for _ in range(batch)]
-        finished, reasons = [False] * batch, ["length"] * batch
-        texts: List[Optional[str]] = [None] * batch
-        prefixes = [decode(list(p)) for p in prompts] if decode is not None else None
-
-        def continuation(i):  # the text of row i's new tokens
-            full = decode(list(prompts[i]) + new[i])
-            return full[len(prefixes[i]):] if full.startswith(prefixes[i]) else decode(new[i])
-
+        rows = _Rows(prompts, max_new_tokens, eos_id, stop, decode)
         kept = [] if return_logits else None
         step = 0
         while True:
@@ -331,24 +308,11 @@ class Generator:
                 kept.append(logits.asnumpy())
             column = width + step  # where the chosen tokens go
             tokens[:, column], valid[:, column] = chosen, True
-            for i in range(batch):
-                if finished[i]:
-                    continue
-                if eos_id is not None and chosen[i] == eos_id:
-                    finished[i], reasons[i] = True, "eos"
-                    continue
-                new[i].append(int(chosen[i]))
-                if stop:
-                    text = continuation(i)
-                    cut = find_stop(text, stop)
-                    if cut >= 0:
-                        finished[i], reasons[i], texts[i] = True, "stop", text[:cut]
-                if len(new[i]) == max_new_tokens:
-                    finished[i] = True
+            rows.take(chosen)
             if on_step is not None:
-                on_step(step, new, list(finished))
+                on_step(step, rows.new, list(rows.finished))
             step += 1
-            if all(finished) or step == max_new_tokens:
+            if all(rows.finished) or step == max_new_tokens:
                 break
             bias = np.where(valid, 0.0, NEG).astype(np.float32)[:, None, None, :]  # [B, 1, 1, L]
             if use_cache:
@@ -358,15 +322,72 @@ class Generator:
             else:
                 chosen, logits = full_forward(column)
             chosen = chosen.asnumpy()
-        samples = []
-        for i in range(batch):
-            text = texts[i] if texts[i] is not None else (continuation(i) if decode is not None else None)
-            samples.append(Sample(new[i], reasons[i], text))
         compile_s = self.compile_seconds - compiled_before
         timings = {"compile_s": compile_s, "prefill_s": prefill_s - prefill_compile,
                    "decode_s": time.perf_counter() - start - prefill_s - (compile_s - prefill_compile),
                    "steps": step, "compile_count": self.compile_count}
-        return Generation(samples, np.stack(kept) if kept is not None else None, timings)
+        return Generation(rows.samples(), np.stack(kept) if kept is not None else None, timings)
+
+    def _layout(self, prompts, max_new_tokens: int, prompt_len: Optional[int], pad_id: int):
+        """The whole sequence's tokens [B, L] (each prompt left-padded to the prompt width P, then room for the new
+        tokens), which of them are real, each row's padding and P; one clear error for prompts that do not fit."""
+        lengths = np.array([len(p) for p in prompts])
+        if len(prompts) == 0 or lengths.min() < 1:
+            raise ValueError("every prompt needs at least one token")
+        if lengths.max() + max_new_tokens > self.max_positions:
+            raise ValueError(f"prompt ({lengths.max()} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+                             f"model's context (max_position_embeddings={self.max_positions})")
+        width = prompt_len or -(-int(lengths.max()) // PROMPT_BUCKET) * PROMPT_BUCKET
+        if width < lengths.max():
+            raise ValueError(f"prompt_len={width} is shorter than the longest prompt ({lengths.max()} tokens)")
+        total = width + max_new_tokens  # cache columns L
+        pads = width - lengths
+        tokens = np.full((len(prompts), total), pad_id, np.int32)
+        valid = np.zeros((len(prompts), total), bool)
+        for i, p in enumerate(prompts):
+            tokens[i, pads[i]:width] = p
+            valid[i, pads[i]:width] = True
+        return tokens, valid, pads, width
+
+
+class _Rows:
+    """Each row's new tokens, whether it has finished and why, as Generator.generate's steps pick them."""
+
+    def __init__(self, prompts, max_new_tokens: int, eos_id: Optional[int], stop: Sequence[str],
+                 decode: Optional[Callable[[List[int]], str]]):
+        self.prompts, self.max_new_tokens, self.eos_id, self.stop, self.decode = (
+            prompts, max_new_tokens, eos_id, stop, decode)
+        self.new: List[List[int]] = [[] for _ in prompts]
+        self.finished, self.reasons = [False] * len(prompts), ["length"] * len(prompts)
+        self.texts: List[Optional[str]] = [None] * len(prompts)
+        self.prefixes = [decode(list(p)) for p in prompts] if decode is not None else None
+
+    def continuation(self, i: int) -> str:
+        """The text of row i's new tokens."""
+        full = self.decode(list(self.prompts[i]) + self.new[i])
+        return full[len(self.prefixes[i]):] if full.startswith(self.prefixes[i]) else self.decode(self.new[i])
+
+    def take(self, chosen: np.ndarray) -> None:
+        """One step's tokens [B]: appended to the rows still running, which end at eos, a stop string or the
+        length."""
+        for i, token in enumerate(chosen):
+            if self.finished[i]:
+                continue
+            if self.eos_id is not None and token == self.eos_id:
+                self.finished[i], self.reasons[i] = True, "eos"
+                continue
+            self.new[i].append(int(token))
+            if self.stop:
+                text = self.continuation(i)
+                cut = find_stop(text, self.stop)
+                if cut >= 0:
+                    self.finished[i], self.reasons[i], self.texts[i] = True, "stop", text[:cut]
+            if len(self.new[i]) == self.max_new_tokens:
+                self.finished[i] = True
+
+    def samples(self) -> List[Sample]:
+        return [Sample(self.new[i], self.reasons[i], self.texts[i] if self.texts[i] is not None else
+                       (self.continuation(i) if self.decode is not None else None)) for i in range(len(self.new))]
 
 
 def generator(model) -> Generator:

@@ -50,9 +50,9 @@ from models.llama.config import LlamaConfig
 
 class DecoderLayer(nn.Cell):
     """Compiled once and reused for every layer: `lazy_inline` parses one layer's graph and inlines it N times
-    ("front" policy; the default keeps it a called subgraph, which does not compile on CPU). At model=small the
-    ForwardBackward graph compiles in 2.7 s instead of 4.8, the first optimizer step comes 2 s sooner, with the
-    same losses and tokens/s (benchmarks/speed_memory.py). MindSpore marks the API Ascend-only; it is tested here on
+    ("front" policy; the default keeps it a called subgraph, which does not compile on CPU). The ForwardBackward
+    graph compiles sooner, and so the first optimizer step comes sooner, with the same losses and tokens/s
+    (benchmarks/speed_memory.py measures the compile and the steps). MindSpore marks the API Ascend-only; it is tested here on
     CPU against PyNative (tests/test_lora.py)."""
 
     @ms.lazy_inline(policy="front")
