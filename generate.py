@@ -45,6 +45,8 @@ def parse_args(argv: Optional[List[str]]):
     prompts.add_argument("--prompts-file", help="JSONL, one object per line: {\"prompt\": ...} as it is, "
                          "{\"instruction\": ...[, \"input\": ...]} or {\"messages\": [{\"role\", \"content\"}, ...]} "
                          "in the checkpoint's template")
+    parser.add_argument("--template", metavar="NAME", help="wrap --instruction and chats in this built-in template "
+                        "(alpaca, alpaca_zh, chatml) instead of the checkpoint's own (said on stderr)")
     parser.add_argument("--out", help="write the samples here as JSONL (default: stdout for a prompts file)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=1.0, help="0: greedy (default 1)")
@@ -193,8 +195,8 @@ def encode_prompts(records, tokenizer, context: int, max_new_tokens: int, templa
 
 
 class Stream:
-    """Prints row 0's text as it grows, holding back what could still become a stop string or a partial
-    UTF-8 character."""
+    """Prints row 0's text as it grows, holding back what could still become a stop string (`decode_row` leaves
+    out a partial UTF-8 character: Tokenizer.whole_chars)."""
 
     def __init__(self, decode_row, stops):
         self.decode_row, self.shown = decode_row, 0
@@ -203,7 +205,7 @@ class Stream:
     def __call__(self, step, new, finished):
         if finished[0]:
             return
-        text = self.decode_row(new[0]).rstrip("\ufffd")
+        text = self.decode_row(new[0])
         self.emit(text[:max(len(text) - self.hold, 0)])
 
     def emit(self, text):
@@ -221,7 +223,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         model_cfg, path, tokenizer = load(args.source, workdir)
         from data.samples import template_of
 
-        template = template_of(OmegaConf.load(os.path.join(path, "config.yaml")))
+        template = template_of(OmegaConf.load(os.path.join(path, "config.yaml")), args.template)
         prompts = encode_prompts(records, tokenizer, model_cfg.max_position_embeddings, args.max_new_tokens, template)
         if template["assistant_end"] and any("instruction" in r or "messages" in r for r in records):
             args.stop = args.stop + [template["assistant_end"]]  # a templated answer ends with it, then eos
@@ -262,7 +264,7 @@ def run(args, gen, tokenizer, records, prompts) -> None:
     out = open(args.out, "w", encoding="utf-8") if args.out else (None if single else sys.stdout)
     options = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                    repetition_penalty=args.repetition_penalty, eos_id=eos_id, stop=args.stop, seed=args.seed,
-                   decode=tokenizer.decode, prompt_len=width)
+                   decode=lambda ids: tokenizer.decode(tokenizer.whole_chars(ids)), prompt_len=width)
     start, new_tokens, decode_s, decode_steps = time.perf_counter(), 0, 0.0, 0
     try:
         for first in range(0, len(prompts), batch_size):
@@ -271,7 +273,7 @@ def run(args, gen, tokenizer, records, prompts) -> None:
             stream = None
             if single:
                 prefix = tokenizer.decode(prompts[0])
-                stream = Stream(lambda ids: tokenizer.decode(prompts[0] + ids)[len(prefix):], args.stop)
+                stream = Stream(lambda ids: options["decode"](prompts[0] + ids)[len(prefix):], args.stop)
                 sys.stdout.write(records[0]["prompt"])
                 sys.stdout.flush()
             result = gen.generate([prompts[r] for r in rows + filler], args.max_new_tokens,

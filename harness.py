@@ -63,7 +63,7 @@ class MindlabLM:
         cfg = compose_config(checkpoint, list(overrides))
         self.tokenizer = Tokenizer(os.path.join(checkpoint, "tokenizer.model"))
         objective = OBJECTIVES[cfg.objective.name].Objective(cfg.objective, self.tokenizer, cfg.trainer.seed)
-        if not hasattr(objective, "token_nll"):
+        if objective.token_nll is None:
             raise ConfigError("checkpoint", f"lm_eval scores a causal LM's log-likelihoods; {checkpoint} is a "
                               f"{cfg.model.family} model scored as objective={cfg.objective.name}, which has no "
                               f"per-token NLL (token_nll)")

@@ -66,11 +66,16 @@ def fan_out(argv: List[str]) -> Tuple[List[str], Optional[str], Tuple[int, int]]
 
 
 def summary(meta: dict) -> str:
-    """One line per source: documents read, removed by each cleaning step, kept; tokens and rows per split."""
+    """One line per source: documents read, removed by each cleaning step, kept; tokens and rows per split, and
+    the training split's tokens per character of text (what a tokenizer makes of a script: CJK text needs more)."""
     steps = list(next(iter(meta["sources"].values()))["removed"])
-    head = ["source", "read", *steps, "kept", "train tokens", "train rows", "val tokens", "val rows"]
+    per_char = all("chars" in m["train"] for m in meta["sources"].values())
+    head = ["source", "read", *steps, "kept", "train tokens", "train rows", "val tokens", "val rows"] + \
+        (["tokens/char"] if per_char else [])
     lines = [[name, m["docs_read"], *m["removed"].values(), m["docs_kept"], m["train"]["tokens"],
-              m["train"]["rows"], m["val"]["tokens"], m["val"]["rows"]] for name, m in meta["sources"].items()]
+              m["train"]["rows"], m["val"]["tokens"], m["val"]["rows"]]
+             + ([f"{m['train']['tokens'] / max(m['train']['chars'], 1):.2f}"] if per_char else [])
+             for name, m in meta["sources"].items()]
     widths = [max(len(f"{row[i]:,}" if isinstance(row[i], int) else row[i]) for row in [head] + lines)
               for i in range(len(head))]
     fmt = lambda row: "  ".join((f"{v:,}" if isinstance(v, int) else v).rjust(w) for v, w in zip(row, widths))

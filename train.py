@@ -18,6 +18,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from base.checkpoint import inherit
 from base.errors import ConfigError, UserError, entry_point, user_error_in
 from base.outputs import check_run_dir
 from base.schema import REPO_ROOT
@@ -75,6 +76,9 @@ def run_job(cfg: DictConfig):
     p = cfg.parallel
     processes = p.dp * p.tp * p.pp
     relaunch = launched_world_size() == 1 and processes > 1 and not cfg.dry_run  # e.g. parallel=dp2 on one box
+    typed = {o.key_or_group for o in OverridesParser.create().parse_overrides(list(HydraConfig.get().overrides.task))}
+    for note in inherit(cfg, typed):  # the model's shape and template from stage.init_from's checkpoint
+        print(f"[stage] {note}", flush=True)
     validate(cfg, world_size=processes if relaunch else launched_world_size())
     if cfg.dry_run:
         from planner.dry_run import dry_run_report

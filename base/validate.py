@@ -11,8 +11,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from base.errors import ConfigError, require as _require
 from base.paths import task_path
-from base.registry import FAMILIES, OBJECTIVES
-from base.schema import OPTIMIZERS, SAMPLE_KINDS, Config, global_batch_size, is_sharded
+from base.registry import FAMILIES, FORMATS, OBJECTIVES
+from base.schema import OPTIMIZERS, Config, global_batch_size, is_sharded
 
 __all__ = ["ConfigError", "validate"]
 CHOICES = {
@@ -157,6 +157,21 @@ def _check_nodes(cfg: DictConfig) -> None:
              ", or parallel=auto dry_run=true to rank the layouts of these nodes")
 
 
+def _check_expert_parallel(p, m) -> None:
+    """parallel.ep: the experts split over ep of the data-parallel ranks, as MindFormers' expert_parallel is (its
+    MoE layer's data_parallel // expert_parallel); only a family with experts (its `experts`) takes ep > 1."""
+    _require(p.ep >= 1, "parallel.ep", f"must be >= 1, got {p.ep}")
+    experts = FAMILIES[m.family].experts
+    if p.ep == 1:
+        return
+    _require(experts is not None, "parallel.ep", f"model.family={m.family} has no experts to split; set parallel.ep=1")
+    _require(p.dp % p.ep == 0, "parallel.ep", f"ep={p.ep} does not divide dp={p.dp}: the experts are split over ep "
+             "of the data-parallel ranks (MindFormers' expert_parallel); raise dp or lower ep")
+    n = experts(m)[0]
+    _require(n % p.ep == 0, "parallel.ep", f"ep={p.ep} does not divide the {n} experts (model.num_experts); "
+             f"choose ep among {', '.join(str(d) for d in range(1, n + 1) if n % d == 0 and p.dp % d == 0)}")
+
+
 def _check_parallel(cfg: DictConfig) -> None:
     p, m = cfg.parallel, cfg.model
     for key in ("dp", "tp", "pp", "micro_batches"):
@@ -165,6 +180,7 @@ def _check_parallel(cfg: DictConfig) -> None:
     _require(p.pp == 1 or p.micro_batches >= p.pp, "parallel.micro_batches",
              f"{p.micro_batches} micro-batches cannot fill {p.pp} pipeline stages; use at least {p.pp}")
     _require(not p.sequence_parallel or p.tp > 1, "parallel.sequence_parallel", "needs tp > 1")
+    _check_expert_parallel(p, m)
     if is_sharded(p):  # distributed/semi_auto.py: one compiled graph per step
         t = cfg.trainer
         _require(t.grad_accum == 1, "trainer.grad_accum", f"must be 1 under tp/pp/optimizer_shard, got {t.grad_accum}: the step is "
@@ -173,6 +189,9 @@ def _check_parallel(cfg: DictConfig) -> None:
                  "which the one-graph sharded step does not expose; set it to 0 (non-finite steps are still skipped)")
         _require(cfg.model.get("impl", "native") == "native", "model.impl",
                  "tp/pp shard the native model; set model.impl=native")
+        _require(not t.eval_tasks, "trainer.eval_tasks", "tasks are scored by the whole model on one device, which a "
+                 "tp/pp/optimizer_shard run never builds; set trainer.eval_tasks=[] and score a merged checkpoint "
+                 "(python -m distributed.reshard merge, then python -m evaluation)")
     _require(not p.optimizer_shard or p.dp > 1, "parallel.optimizer_shard", "needs dp > 1")
 
 
@@ -229,9 +248,11 @@ def _check_data(cfg: DictConfig) -> None:
     missing = [n for n in names if n not in d.weights]
     _require(not d.weights or not missing, "data.weights", f"no weight for {', '.join(missing)}; give every source "
              "a weight, or none to sample them in proportion to their rows")
-    documents = [s.name for s in d.sources if s.val_paths and s.kind not in SAMPLE_KINDS]
+    documents = [s.name for s in d.sources if s.val_paths and s.kind not in FORMATS]
     _require(not documents, "data.sources", f"val_paths is for instruction samples; source {', '.join(documents)} "
              "holds documents, whose validation split is data.val_fraction")
+    for i, s in enumerate(d.sources):
+        _require(s.ties in ("refuse", "drop"), f"data.sources.{i}.ties", f"got {s.ties!r}; choose refuse or drop")
     _require(0 <= d.val_fraction < 1, "data.val_fraction", f"must be in [0, 1), got {d.val_fraction}")
     _require(d.num_workers >= 0, "data.num_workers", f"must be >= 0 (0: in this process), got {d.num_workers}")
     _require(d.shard_rows >= 1, "data.shard_rows", f"must be >= 1, got {d.shard_rows}")
@@ -248,7 +269,7 @@ def _check_eval_tasks(cfg: DictConfig) -> None:
     t = cfg.trainer
     _require(t.eval_task_items >= 0, "trainer.eval_task_items", f"must be >= 0 (0: every item), got {t.eval_task_items}")
     if t.eval_tasks:
-        _require(hasattr(OBJECTIVES[cfg.objective.name].Objective, "token_nll"), "trainer.eval_tasks",
+        _require(OBJECTIVES[cfg.objective.name].Objective.token_nll is not None, "trainer.eval_tasks",
                  f"tasks score a causal LM's log-likelihoods through the objective's per-token NLL (token_nll), "
                  f"and objective={cfg.objective.name} has none (set trainer.eval_tasks=[]; `python -m evaluation CKPT "
                  f"tasks=[...]` scores a fine-tuned causal checkpoint)")

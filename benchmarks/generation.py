@@ -43,7 +43,7 @@ def ours(ckpt: str, prompts, new: int, use_cache: bool, kernels: str = "auto") -
     """The model as `python -m generate` builds it; kernels=plain: model.attention_kernel and layer_kernels plain
     (MindSpore's ops only, as on a machine without the built kernels)."""
     from generate import build
-    from models.llama.generation import Generator
+    from models.common.generation import Generator
 
     cfg = OmegaConf.load(os.path.join(ckpt, "config.yaml")).model
     model = build(OmegaConf.merge(cfg, {"attention_kernel": kernels, "layer_kernels": kernels}), ckpt, "CPU")

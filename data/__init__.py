@@ -14,7 +14,7 @@ from typing import Dict, List
 import numpy as np
 
 from base.schema import DataConfig
-from data import cache
+from data import cache, formats  # noqa: F401  (formats: registers the instruction and preference formats)
 from data.cache import PreparedData
 from data.errors import DataError
 from data.loader import BlendedBatches, validation_batches

@@ -32,14 +32,15 @@ import sentencepiece as spm
 from omegaconf import OmegaConf
 
 from base.outputs import file_lock
-from base.schema import SAMPLE_KINDS, DataConfig
+from base.registry import FORMATS
+from base.schema import DataConfig
 from data import documents
 from data.documents import Work, build_documents
 from data.errors import DataError
 from data.packing import PACKED, pack_sources
 from data.parallel import WorkerPool
 from data.rows import RowSpec
-from data.samples import build_samples
+from data.samples import build_samples, template_parts
 from data.sources import fingerprint, source_files
 from data.tokenizer import Tokenizer, pretrained_path
 
@@ -145,7 +146,7 @@ def cache_key(cfg: DataConfig) -> str:
     tok = cfg.tokenizer
     tok_path = pretrained_path(tok)
     spec = {
-        **({"template": OmegaConf.to_container(OmegaConf.structured(cfg.template)),
+        **({"template": template_parts(cfg.template), "ties": [s.ties for s in cfg.sources],
             "val_files": [[fingerprint(Path(f)) for f in s.val_paths] for s in cfg.sources]}
            if _sample_sources(cfg) else {}),
         "format": FORMAT_VERSION,
@@ -172,9 +173,9 @@ def _check_not_reimported() -> None:
 
 def _sample_sources(cfg: DataConfig) -> bool:
     """True when every source holds instruction samples, False when all hold documents; a mix is an error."""
-    kinds = {s.kind in SAMPLE_KINDS for s in cfg.sources}
+    kinds = {s.kind in FORMATS for s in cfg.sources}
     if len(kinds) > 1:
-        raise DataError(f"data '{cfg.name}' mixes instruction samples ({', '.join(SAMPLE_KINDS)}) with documents; "
+        raise DataError(f"data '{cfg.name}' mixes instruction samples ({', '.join(FORMATS)}) with documents; "
                         f"prepare them as two data configs")
     return kinds == {True}
 

@@ -8,6 +8,7 @@ have rows, hence the chunks; the next chunk's pipeline is started while the curr
 """
 from __future__ import annotations
 
+import math
 from typing import Dict, Iterator, List
 
 import mindspore.dataset as ds
@@ -140,14 +141,28 @@ def validation_batches(prepared: PreparedData, micro_batch_size: int,
         n = min(n_batches, rows // micro_batch_size)
         if n == 0:
             raise DataError(f"data source '{name}' has {rows} validation rows of data.seq_len + 1 tokens, fewer "
-                            f"than one batch of {micro_batch_size}; raise data.val_fraction, lower data.seq_len "
-                            f"or trainer.micro_batch_size")
+                            f"than one batch of {micro_batch_size}; " + _enough_validation(
+                                prepared.meta["sources"][name], prepared.meta["seq_len"], micro_batch_size, rows))
         pipeline = ds.MindDataset(prepared.shard_files(name, "val"), columns_list=list(prepared.columns),
                                   shuffle=False, num_samples=n * micro_batch_size)
         rows = list(pipeline.create_tuple_iterator(num_epochs=1, output_numpy=True))
         out[name] = [{column: np.stack([row[i] for row in rows[b * micro_batch_size:(b + 1) * micro_batch_size]])
                       for i, column in enumerate(prepared.columns)} for b in range(n)]
     return out
+
+
+def _enough_validation(meta: dict, seq_len: int, micro_batch_size: int, rows: int) -> str:
+    """The settings that give a source's validation split one batch: trainer.micro_batch_size=rows always does; a
+    data.val_fraction that holds out a quarter more than a batch of rows' tokens (a row holds at most seq_len + 1,
+    so that many tokens fill at least a batch of rows whatever the packing), when under one half."""
+    docs = meta["train"]["docs"] + meta["val"]["docs"]
+    mean_tokens = (meta["train"]["tokens"] + meta["val"]["tokens"]) / max(docs, 1)
+    needed = math.ceil(1.25 * micro_batch_size * (seq_len + 1) / max(mean_tokens, 1))
+    fraction = math.ceil(1000 * needed / max(docs, 1)) / 1000
+    options = [f"data.val_fraction={fraction:g} (about {needed:,} of its {docs:,} samples or documents held out, or "
+               f"as many in its val_paths)"] if fraction < 0.5 else []
+    options += [f"trainer.micro_batch_size={rows}"] if rows else []
+    return "set " + " or ".join(options) + (", or lower data.seq_len" if options else "lower data.seq_len")
 
 
 def _same_weights(a: Dict[str, float], b: Dict[str, float]) -> bool:

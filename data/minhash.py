@@ -13,10 +13,11 @@ from typing import Tuple
 
 import numpy as np
 
+from base.text import CJK
+
 NUM_PERM = 128
 SHINGLE_WORDS = 5
-_CJK = "\u2e80-\u2fdf\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
-_WORD = re.compile(rf"[^\W_{_CJK}]+|[{_CJK}]")
+_WORD = re.compile(rf"[^\W_{CJK}]+|[{CJK}]")
 _rng = np.random.default_rng(20240601)  # fixed: signatures must agree across processes and runs
 _MIX = _rng.integers(1, 2**63, SHINGLE_WORDS, dtype=np.uint64) * 2 + 1  # odd multipliers, word hash -> 5-gram
 _PERM_A = _rng.integers(1, 2**63, NUM_PERM, dtype=np.uint64) * 2 + 1

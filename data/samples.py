@@ -1,18 +1,12 @@
-"""Instruction samples: stage 1 for sources of kind alpaca, chat, prompt_completion (SFT, PPO's prompts) and
-preference (the reward model, DPO). The rows each objective makes of them are its own (objectives/sft.py,
+"""Instruction samples: stage 1 for sources of an instruction format (SFT, PPO's prompts) or a preference format
+(the reward model, DPO). The rows each objective makes of them are its own (objectives/sft.py,
 objectives/ppo.py, objectives/_preference.py).
 
-Formats (each JSONL line, or each element of a JSON list for alpaca `.json` files, is one sample):
-- `alpaca`: {"instruction", "input" (optional), "output"}: Stanford Alpaca's format.
-- `chat`: {"messages": [{"role": "system" | "user" | "assistant", "content": ...}, ...]}, multi-turn; at
-  least one assistant turn.
-- `prompt_completion`: {"prompt", "completion"}.
-- `preference` (reward model, DPO: objectives/rm.py, objectives/dpo.py): {"chosen", "rejected"} and the
-  prompt as {"instruction", "input"} (the template's prompt, as alpaca) or {"prompt"} (plain text, as
-  prompt_completion); or "chosen" and "rejected" as chat `messages` lists that hold the prompt themselves.
-  Optional "margin" (a number >= 0, default 0: how much better chosen is). A pair becomes two samples,
-  chosen then rejected, side by side in the stream (sample 2i and 2i + 1) with their margin in
-  `.margin.npy`; a pair is held out or kept whole.
+Formats: each JSONL line, or each element of a `.json` file's one list, is one record, turned into the canonical
+sample or pair by its format's normaliser (data/formats.py: alpaca, sharegpt, chat, prompt_completion; preference,
+feedback, hh, rated; `kind: auto` detects it). A preference pair becomes two samples, chosen then rejected, side by
+side in the stream (sample 2i and 2i + 1) with its margin (>= 0, how much better chosen is) in `.margin.npy`; a
+pair is held out or kept whole.
 
 Templates (`data.template`): a sample becomes parts of text that carry loss or not, in order: the prompt
 (template text, instruction, input, user and system turns) carries none; every response (assistant turn,
@@ -31,16 +25,21 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
+import string
+import sys
 import time
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, List, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from base.schema import PREFERENCE_KINDS, DataConfig, TemplateConfig
+from base.schema import DataConfig, TemplateConfig
 from data.documents import split_documents
 from data.errors import DataError
+from data.formats import Format, NoPreference, format_of, normalise
 from data.sources import source_files
 from data.tokenizer import Tokenizer, build_tokenizer
 from omegaconf import OmegaConf
@@ -60,30 +59,61 @@ TEMPLATES = {
         prompt_no_input="<|im_start|>user\n{instruction}<|im_end|>\n<|im_start|>assistant\n",
         system="<|im_start|>system\n{content}<|im_end|>\n", user="<|im_start|>user\n{content}<|im_end|>\n",
         assistant_start="<|im_start|>assistant\n", assistant_end="<|im_end|>"),
+    # the template of the article this repo follows (its instruction tuning writes "### 指令: {inst}\n### 输入: {inp}
+    # \n### 输出: {out}", its reward model's inputs the same without 输入)
+    "alpaca_zh": dict(
+        prompt_input="### 指令: {instruction}\n### 输入: {input}\n### 输出: ",
+        prompt_no_input="### 指令: {instruction}\n### 输出: ",
+        system="{content}\n", user="### 指令: {content}\n### 输出: ", assistant_start="", assistant_end=""),
 }
+FIELDS = {"prompt_input": ("instruction", "input"), "prompt_no_input": ("instruction", "input"),
+          "system": ("content",), "user": ("content",)}  # what each formatted part fills in
+_ESCAPE = re.compile(r"\\(\\|n|t)")  # \n, \t and \\ typed as two characters
 Part = Tuple[object, bool]  # (text, or EOS; carries loss)
 
 
 def template_parts(cfg: TemplateConfig) -> Dict[str, str]:
-    """The template's strings: the built-in `cfg.name` with the keys set in cfg overriding it."""
-    if cfg.name not in TEMPLATES and cfg.name != "custom":
-        raise DataError(f"data.template.name: got {cfg.name!r}; choose one of {', '.join(TEMPLATES)}, custom")
-    base = dict(TEMPLATES.get(cfg.name, {}))
-    base.update({k: getattr(cfg, k) for k in TEMPLATES["alpaca"] if getattr(cfg, k) is not None})
-    missing = [k for k in TEMPLATES["alpaca"] if k not in base]
+    """The template's strings: the built-in `cfg.name` (alpaca when unset) with the keys set in cfg overriding it,
+    each checked. Escapes typed as two characters are what they mean on a command line (`\\n` a newline, `\\t` a
+    tab, `\\\\` a backslash). A prompt may end in `{output}`, as templates are often written whole: the prompt is
+    the text before it, and text after it is the end of the response (assistant_end)."""
+    name = cfg.name or "alpaca"
+    if name not in TEMPLATES and name != "custom":
+        raise DataError(f"data.template.name: got {name!r}; choose one of {', '.join(TEMPLATES)}, custom")
+    given = {k: _ESCAPE.sub(lambda m: {"n": "\n", "t": "\t", "\\": "\\"}[m.group(1)], getattr(cfg, k))
+             for k in TEMPLATES["alpaca"] if getattr(cfg, k) is not None}
+    parts = {**TEMPLATES.get(name, {}), **given}
+    missing = [k for k in TEMPLATES["alpaca"] if k not in parts]
     if missing:
         raise DataError(f"data.template: name=custom needs every part; missing {', '.join(missing)}")
-    return base
+    for key in ("prompt_input", "prompt_no_input"):
+        prompt, marker, end = parts[key].partition("{output}")
+        if marker and end and end != parts["assistant_end"] and "assistant_end" in given:
+            raise DataError(f"data.template.{key}: {end!r} follows {{output}} but assistant_end is "
+                            f"{parts['assistant_end']!r}; give the end of a response once")
+        parts[key], parts["assistant_end"] = prompt, (end if marker and end else parts["assistant_end"])
+    for key, fields in FIELDS.items():
+        try:
+            used = {f for _, f, _, _ in string.Formatter().parse(parts[key]) if f is not None}
+        except ValueError as e:
+            raise DataError(f"data.template.{key}: {parts[key]!r} is not a template ({e}); write {{{{ and }}}} "
+                            f"for a literal brace") from None
+        strange = sorted(used - set(fields))
+        if strange:
+            raise DataError(f"data.template.{key}: {{{strange[0]}}} is not filled in; it fills "
+                            f"{', '.join('{' + f + '}' for f in fields)}" + (
+                                " (and {output} at its end)" if key.startswith("prompt") else ""))
+    return parts
 
 
-def render(sample: dict, kind: str, t: Dict[str, str]) -> List[Part]:
-    """The sample's parts, in order (see the module docstring)."""
-    if kind == "alpaca":
-        prompt = t["prompt_input" if sample.get("input") else "prompt_no_input"]
-        return [(prompt.format(instruction=sample["instruction"], input=sample.get("input", "")), False),
-                (sample["output"], True), (t["assistant_end"], True), (EOS, True)]
-    if kind == "prompt_completion":
-        return [(sample["prompt"], False), (sample["completion"], True), (t["assistant_end"], True), (EOS, True)]
+def render(sample: dict, t: Dict[str, str]) -> List[Part]:
+    """A canonical sample's parts, in order (see the module docstring), by its shape (data/formats.py)."""
+    if "messages" not in sample:
+        prompt = (t["prompt_input" if sample.get("input") else "prompt_no_input"].format(
+            instruction=sample["instruction"], input=sample.get("input", "")) if "instruction" in sample
+            else sample["prompt"])
+        response = sample["output"] if "output" in sample else sample["completion"]
+        return [(prompt, False), (response, True), (t["assistant_end"], True), (EOS, True)]
     parts: List[Part] = []
     for message in sample["messages"]:
         if message["role"] == "assistant":
@@ -95,24 +125,30 @@ def render(sample: dict, kind: str, t: Dict[str, str]) -> List[Part]:
 
 
 def render_pair(pair: dict, t: Dict[str, str]) -> List[List[Part]]:
-    """A preference pair's two samples, [chosen parts, rejected parts]: the same prompt, rendered as alpaca
-    (instruction/input), prompt_completion (prompt) or chat (messages lists)."""
+    """A canonical preference pair's two samples, [chosen parts, rejected parts]: the same prompt (instruction
+    and input, prompt, or the turns the message lists hold)."""
     def sample(response):
         if isinstance(response, list):
-            return render({"messages": response}, "chat", t)
+            return render({"messages": response}, t)
         if "instruction" in pair:
-            return render({"instruction": pair["instruction"], "input": pair.get("input", ""), "output": response},
-                          "alpaca", t)
-        return render({"prompt": pair["prompt"], "completion": response}, "prompt_completion", t)
+            return render({"instruction": pair["instruction"], "input": pair.get("input", ""), "output": response}, t)
+        return render({"prompt": pair["prompt"], "completion": response}, t)
 
     return [sample(pair["chosen"]), sample(pair["rejected"])]
 
 
-def template_of(config) -> Dict[str, str]:
+def template_of(config, name: Optional[str] = None) -> Dict[str, str]:
     """The template a run's instruction samples were rendered with: its config's data.template (a checkpoint's
-    config.yaml; alpaca's without one)."""
-    saved = OmegaConf.select(config, "data.template") or {}
-    return template_parts(OmegaConf.merge(OmegaConf.structured(TemplateConfig), saved))
+    config.yaml; alpaca's without one), or the built-in `name` instead, which is said on stderr when it differs."""
+    saved = OmegaConf.merge(OmegaConf.structured(TemplateConfig), OmegaConf.select(config, "data.template") or {})
+    if name is None:
+        return template_parts(saved)
+    chosen = template_parts(OmegaConf.merge(OmegaConf.structured(TemplateConfig), {"name": name}))
+    if chosen != template_parts(saved):
+        own = (saved.name or "alpaca") + (" with parts of its own" if any(
+            saved[k] is not None for k in TEMPLATES["alpaca"]) else "")
+        print(f"[template] {name}, not the checkpoint's own ({own})", file=sys.stderr)
+    return chosen
 
 
 def prompt_parts(record: dict, t: Dict[str, str]) -> List[Part]:
@@ -120,9 +156,8 @@ def prompt_parts(record: dict, t: Dict[str, str]) -> List[Part]:
     input) as the alpaca prompt, or a chat's messages (earlier assistant turns closed by their eos) then the
     assistant's start. Generation (`python -m generate --instruction`) continues after it."""
     if "messages" in record:
-        return render({"messages": list(record["messages"])}, "chat", t) + [(t["assistant_start"], False)]
-    return render({"instruction": record["instruction"], "input": record.get("input", ""), "output": ""},
-                  "alpaca", t)[:1]
+        return render({"messages": list(record["messages"])}, t) + [(t["assistant_start"], False)]
+    return render({"instruction": record["instruction"], "input": record.get("input", ""), "output": ""}, t)[:1]
 
 
 def chat_template(t: Dict[str, str]) -> str:
@@ -169,12 +204,32 @@ def encode_parts(tokenizer: Tokenizer, parts: List[Part]) -> Tuple[List[int], Li
     return ids[:-1], flags[:-1]  # the sentinel eos closing the loop is not part of the sample
 
 
-def read_samples(source) -> Iterator[Tuple[dict, str]]:
-    """(sample, "file:line") of a source of kind alpaca, chat or prompt_completion (its `paths`), checked field
-    by field."""
-    for path in source_files(source):
+@dataclass
+class Read:
+    """A source's records, normalised: its format, (sample or pair, "file:line") and how many were left out."""
+
+    format: Format
+    samples: List[Tuple[dict, str]]
+    ties_dropped: int = 0
+
+
+def read_samples(source, paths: Optional[List[str]] = None) -> Read:
+    """Every record of the source's files (or of `paths`, its held-out files), normalised by the format its kind
+    names (kind auto: the one its first record looks like)."""
+    form, samples, dropped = None, [], 0
+    for path in source_files(OmegaConf.merge(source, {"paths": list(paths)}) if paths else source):
         for record, where in _records(path):
-            yield _checked(record, source.kind, where), where
+            form = form or format_of(source.kind, record, where)
+            try:
+                samples.append((normalise(form, record, where), where))
+            except NoPreference:
+                if source.ties != "drop":
+                    raise
+                dropped += 1
+    if not samples:
+        raise DataError(f"data source '{source.name}' has no samples" + (
+            f" ({dropped:,} left out as ties)" if dropped else "") + "; check data.sources[].paths")
+    return Read(form, samples, dropped)
 
 
 def _records(path: Path) -> Iterator[Tuple[object, str]]:
@@ -193,69 +248,17 @@ def _records(path: Path) -> Iterator[Tuple[object, str]]:
             raise DataError(f"{path}: expected a JSON list of samples, got {type(records).__name__}")
         yield from ((r, f"{path}: sample {i}") for i, r in enumerate(records, 1))
         return
+    array = "the file holds one JSON list, not a record per line: name it .json"
     for lineno, line in enumerate(data.split(b"\n"), 1):
         if line.strip():
             try:
-                yield json.loads(line), f"{path}:{lineno}"
+                record = json.loads(line)
             except ValueError as e:
-                raise DataError(f"{path}:{lineno}: invalid JSON ({e}); every line must be one JSON object") from e
-
-
-def _checked(record: object, kind: str, where: str) -> dict:
-    if not isinstance(record, dict):
-        raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
-    if kind in PREFERENCE_KINDS:
-        return _checked_pair(record, where)
-    required = {"alpaca": ("instruction", "output"), "prompt_completion": ("prompt", "completion"),
-                "chat": ("messages",)}[kind]
-    for key in required:
-        if key not in record:
-            raise DataError(f"{where}: no field '{key}' (keys: {', '.join(sorted(record))[:200]}); a {kind} "
-                            f"sample needs {', '.join(required)}")
-    if kind == "chat":
-        messages = record["messages"]
-        if not isinstance(messages, list) or not all(isinstance(m, dict) and isinstance(m.get("content"), str)
-                                                     and m.get("role") in ("system", "user", "assistant")
-                                                     for m in messages):
-            raise DataError(f"{where}: 'messages' must be a list of {{role: system|user|assistant, content: str}}")
-        responses = [m["content"] for m in messages if m["role"] == "assistant"]
-    else:
-        for key in record:
-            if key in ("instruction", "input", "output", "prompt", "completion") and not isinstance(record[key], str):
-                raise DataError(f"{where}: field '{key}' is {type(record[key]).__name__}, expected a string")
-        responses = [record["output" if kind == "alpaca" else "completion"]]
-    if not responses or not all(r.strip() for r in responses):
-        raise DataError(f"{where}: empty response; every sample needs a non-empty "
-                        f"{'assistant turn' if kind == 'chat' else required[-1]} to learn from")
-    return record
-
-
-def _checked_pair(pair: dict, where: str) -> dict:
-    for key in ("chosen", "rejected"):
-        if key not in pair:
-            raise DataError(f"{where}: no field '{key}' (keys: {', '.join(sorted(pair))[:200]}); a preference pair "
-                            f"needs chosen, rejected and a prompt (instruction, prompt, or chat messages)")
-    chat = [isinstance(pair[k], list) for k in ("chosen", "rejected")]
-    if chat == [True, True]:
-        for key in ("chosen", "rejected"):
-            _checked({"messages": pair[key]}, "chat", f"{where}: '{key}'")
-    elif chat == [False, False]:
-        if "instruction" not in pair and "prompt" not in pair:
-            raise DataError(f"{where}: no prompt; a preference pair with text responses needs 'instruction' (with "
-                            f"optional 'input') or 'prompt'")
-        for key in ("instruction", "input", "prompt", "chosen", "rejected"):
-            if key in pair and not isinstance(pair[key], str):
-                raise DataError(f"{where}: field '{key}' is {type(pair[key]).__name__}, expected a string")
-        if not (pair["chosen"].strip() and pair["rejected"].strip()):
-            raise DataError(f"{where}: empty response; chosen and rejected must both be non-empty")
-    else:
-        raise DataError(f"{where}: 'chosen' and 'rejected' must both be strings or both be chat message lists")
-    if pair["chosen"] == pair["rejected"]:
-        raise DataError(f"{where}: chosen and rejected are identical, so the pair says nothing; drop it")
-    margin = pair.get("margin", 0.0)
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not margin >= 0:
-        raise DataError(f"{where}: 'margin' must be a number >= 0, got {margin!r}")
-    return pair
+                raise DataError(f"{path}:{lineno}: invalid JSON ({e}); " + (
+                    array if data.lstrip().startswith(b"[") else "every line must be one JSON object")) from e
+            if isinstance(record, list) and lineno == 1:
+                raise DataError(f"{path}:1: a JSON list; {array}")
+            yield record, f"{path}:{lineno}"
 
 
 def build_samples(cfg: DataConfig, out: Path) -> dict:
@@ -269,26 +272,33 @@ def build_samples(cfg: DataConfig, out: Path) -> dict:
     (out / "tokens").mkdir()
     counts = {}
     for source in cfg.sources:
-        pairs = source.kind in PREFERENCE_KINDS
-        records = [s for s, _ in read_samples(source)]
-        if not records:
-            raise DataError(f"data source '{source.name}' has no samples; check data.sources[].paths")
+        read = [read_samples(source)] + ([read_samples(source, source.val_paths)] if source.val_paths else [])
+        pairs = read[0].format.pairs
+        for other in read[1:]:
+            if other.format.pairs != pairs:
+                raise DataError(f"data source '{source.name}': its val_paths hold {other.format.name} records, its "
+                                f"paths {read[0].format.name} records; give both files in one family of formats")
+        records = [s for s, _ in read[0].samples]
         if source.val_paths:  # the held-out file(s)
-            held_out = OmegaConf.merge(source, {"paths": list(source.val_paths)})
-            splits = {"train": records, "val": [s for s, _ in read_samples(held_out)]}
+            splits = {"train": records, "val": [s for s, _ in read[1].samples]}
         else:  # split by the rendered sample (a pair: both of its samples)
-            keys = [json.dumps(render_pair(r, parts) if pairs else render(r, source.kind, parts)) for r in records]
+            keys = [json.dumps(render_pair(r, parts) if pairs else render(r, parts)) for r in records]
             val_keys = set(split_documents(keys, cfg.val_fraction)[1])
             splits = {"train": [r for r, k in zip(records, keys) if k not in val_keys],
                       "val": [r for r, k in zip(records, keys) if k in val_keys]}
-        counts[source.name] = {"docs_read": sum(map(len, splits.values())), "removed": {},
+        dropped = sum(r.ties_dropped for r in read)
+        counts[source.name] = {"format": read[0].format.name, "docs_read": sum(map(len, splits.values())) + dropped,
+                               "removed": {"ties": dropped} if pairs else {},
                                "docs_kept": sum(map(len, splits.values()))}
+        if dropped:
+            print(f"[data] {source.name}: {dropped:,} records that prefer neither response left out "
+                  f"(data.sources[].ties=drop)", flush=True)
         for split, chosen in splits.items():
             rendered = [p for r in chosen for p in render_pair(r, parts)] if pairs else \
-                [render(r, source.kind, parts) for r in chosen]
+                [render(r, parts) for r in chosen]
             if pairs:
                 np.save(out / "tokens" / f"{source.name}.{split}.margin.npy",
-                        np.array([float(r.get("margin", 0.0)) for r in chosen], np.float32))
+                        np.array([r["margin"] for r in chosen], np.float32))
             encoded = [encode_parts(tokenizer, p) for p in rendered]
             lengths = [len(ids) for ids, _ in encoded]
             offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)

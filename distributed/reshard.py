@@ -3,6 +3,7 @@
     python -m distributed.reshard split  runs/a/checkpoints/step_000400 out/tp8pp2 --tp 8 --pp 2
     python -m distributed.reshard merge  out/tp8pp2 out/full          # a plain mindlab checkpoint again
     python -m distributed.reshard reshard out/tp8pp2 out/tp4pp4 --tp 4 --pp 4
+    python -m distributed.reshard split  runs/a/checkpoints/step_000400 out/tp8dp4 --tp 8 --dp 4 --optimizer-shard
 
 A sharded directory is described in distributed/sharded_checkpoint.py (rank_<r>/ slices + MindSpore strategy
 files); merge and reshard run MindSpore's `transform_checkpoints` on it, so they also take the slices and
@@ -46,7 +47,7 @@ def family_plan(directory: str):
     return plan_of(OmegaConf.select(cfg, "model.family", default="llama"))
 
 
-def split(src: str, out: str, dp: int, tp: int, pp: int) -> None:
+def split(src: str, out: str, dp: int, tp: int, pp: int, sharded_optimizer: bool = False) -> None:
     tensors: Dict[str, np.ndarray] = {}
     for name in (WEIGHTS, OPTIMIZER):
         if os.path.isfile(os.path.join(src, name)):
@@ -54,7 +55,7 @@ def split(src: str, out: str, dp: int, tp: int, pp: int) -> None:
     if not tensors:
         raise CheckpointError(f"{src}: no {WEIGHTS}; give a mindlab checkpoint directory (checkpoints/step_N)")
     plan = family_plan(src)
-    split_checkpoint(tensors, layout_for(tensors, dp, tp, pp, plan), out, plan)
+    split_checkpoint(tensors, layout_for(tensors, dp, tp, pp, plan), out, plan, sharded_optimizer)
     _copy_metadata(src, out)
 
 
@@ -82,17 +83,20 @@ def main(argv=None) -> None:
     parser.add_argument("out", help="output directory: a new one, or a previous output of this command")
     for axis in ("dp", "tp", "pp"):
         parser.add_argument(f"--{axis}", type=number(int, 1), default=1, help=f"{axis} of the target layout (split, reshard)")
+    parser.add_argument("--optimizer-shard", action="store_true",
+                        help="the target layout shards the optimizer (parallel.optimizer_shard=true; split, reshard)")
     args = parser.parse_args(argv)
     args.source = resolve(args.source)  # a run, its checkpoints/, `latest` or a step, as every checkpoint argument
     if not os.path.isdir(args.source):
         raise UsageError(f"{args.source}: no such directory; give a checkpoint directory (checkpoints/step_N)")
     with output_dir(args.out, "distributed.reshard") as tmp:  # a new directory, or a previous output, replaced whole
         if args.command == "split":
-            split(args.source, str(tmp), args.dp, args.tp, args.pp)
+            split(args.source, str(tmp), args.dp, args.tp, args.pp, args.optimizer_shard)
         elif args.command == "merge":
             merge(args.source, str(tmp))
         else:
-            reshard_checkpoint(args.source, args.dp, args.tp, args.pp, str(tmp), family_plan(args.source))
+            reshard_checkpoint(args.source, args.dp, args.tp, args.pp, str(tmp), family_plan(args.source),
+                               args.optimizer_shard)
             _copy_metadata(args.source, str(tmp))
     print(f"[reshard] {args.command}: {args.source} -> {args.out}")
 

@@ -7,6 +7,8 @@ the plain model from outside (the model file holds no parallel code). Used when 
                                    clipping and AdamW in one graph) under
                                    `AutoParallel` with .pipeline(stages) and .hsdp() (optimizer sharding over dp),
                                    and the per-rank strategy file MindSpore writes when it compiles
+    parallel_evaluation(loss, cfg)   the loss cell's forward under the same layout: evaluation on the slices
+    batch_strategy / feed          the dataset strategy: a batch's rows over dp, the same rows for a tp group
     save_rank_slices / load_rank_slices   checkpoints as per-rank slices + strategy (sharded_checkpoint.py)
     barrier()                      every rank of the run (all nodes) waits for the others
 
@@ -35,13 +37,15 @@ def shard_model(model: nn.Cell, cfg: DictConfig) -> None:
 
 
 def apply_tensor_parallel(model: nn.Cell, plan, dp: int, tp: int, sequence_parallel: bool = False) -> dict:
-    """Shard the model's primitives as the family's plan says (call under SEMI_AUTO_PARALLEL); returns the
-    strategies applied, `<cell path>.<primitive>` -> one tuple per input."""
+    """Shard the model's primitives as the family's plan says (call under SEMI_AUTO_PARALLEL), with the output
+    strategies the plan gives (sequence parallelism's reduce-scatters); returns the input strategies applied,
+    `<cell path>.<primitive>` -> one tuple per input."""
     cells = dict(model.cells_and_names())
     strategies = plan.tensor_parallel_strategies(model, dp, tp, sequence_parallel)
+    outputs = plan.output_strategies(model, dp, tp, sequence_parallel)
     for path, strategy in strategies.items():
         owner, _, primitive = path.rpartition(".")
-        getattr(cells[owner], primitive).shard(strategy)
+        getattr(cells[owner], primitive).shard(strategy, out_strategy=outputs.get(path))
     return strategies
 
 
@@ -57,7 +61,8 @@ def assign_stages(model: nn.Cell, plan, pp: int) -> dict:
 
 
 def parallel_step(step: nn.Cell, cfg: DictConfig, run_dir: str, rank: int) -> AutoParallel:
-    """Wrap the step for semi-auto compilation; MindSpore writes this rank's strategy file on compile."""
+    """Wrap the step for semi-auto compilation; MindSpore writes this rank's strategy file on compile. The
+    dataset strategy is set by `feed` before the first call."""
     p = cfg.parallel
     compiled = AutoParallel(step, parallel_mode="semi_auto")
     if p.pp > 1:
@@ -68,6 +73,33 @@ def parallel_step(step: nn.Cell, cfg: DictConfig, run_dir: str, rank: int) -> Au
     return compiled
 
 
+def parallel_evaluation(forward: nn.Cell, cfg: DictConfig) -> AutoParallel:
+    """The loss cell's forward under the training step's layout (the same strategies on the same primitives, the
+    same stages), so evaluation runs on the slices each rank holds. With pp > 1 `forward` is the loss cell in
+    trainer/step.py's PipelinedLoss, and the last stage's outputs are broadcast to every stage (MindSpore's
+    pipeline inference)."""
+    p = cfg.parallel
+    compiled = AutoParallel(forward, parallel_mode="semi_auto")
+    if p.pp > 1:
+        compiled.pipeline(stages=p.pp, output_broadcast=True)
+    if p.optimizer_shard:
+        compiled.hsdp()
+    return compiled
+
+
+def batch_strategy(inputs: tuple, dp: int) -> tuple:
+    """The dataset strategy of a batch's columns: each split by rows over dp and whole otherwise. Every rank of a
+    tensor-parallel group is fed the same rows (trainer/loop.py reads the data by dp rank); MindSpore's default
+    ("data_parallel") would take each rank's rows as a slice over all dp x tp devices of the stage, a graph batch
+    tp times larger made of duplicates."""
+    return tuple((dp,) + (1,) * (len(column.shape) - 1) for column in inputs)
+
+
+def feed(compiled: AutoParallel, inputs: tuple, dp: int) -> None:
+    """Set `compiled`'s dataset strategy for batches shaped like `inputs` (before its first call)."""
+    compiled.dataset_strategy(batch_strategy(inputs, dp))
+
+
 def save_rank_slices(step_dir: str, step: nn.Cell, rank: int, run_dir: str) -> None:
     """Write the weight and AdamW slices this rank holds to step_dir/rank_<r>/checkpoint.safetensors; rank 0 also
     merges the per-rank strategy files of the compile into step_dir/strategy.ckpt (then the caller adds
@@ -76,7 +108,9 @@ def save_rank_slices(step_dir: str, step: nn.Cell, rank: int, run_dir: str) -> N
     final = os.path.join(step_dir, f"rank_{rank}")
     tmp = f"{final}.tmp-{os.getpid()}"
     os.makedirs(tmp, exist_ok=True)
-    ms.save_checkpoint(step.update.optimizer, os.path.join(tmp, SLICE), format="safetensors")  # params + moments
+    # params + moments, each as the slice this rank holds: MindSpore's default (integrated_save=True) all-gathers
+    # tensor-parallel and optimizer-sharded parameters and writes them whole, and refuses under pipeline parallelism
+    ms.save_checkpoint(step.update.optimizer, os.path.join(tmp, SLICE), integrated_save=False, format="safetensors")
     os.replace(tmp, final)
     if rank == 0:
         merge_pipeline_strategys(os.path.join(run_dir, "strategy"), os.path.join(step_dir, STRATEGY))
@@ -97,6 +131,6 @@ def load_rank_slices(step_dir: str, compiled: AutoParallel, rank: int, example_i
     if not os.path.isfile(file):
         raise CheckpointError(f"{file}: missing; the checkpoint is incomplete or of another layout (reshard it: "
                               "python -m distributed.reshard reshard)")
-    compiled.compile(ms.Tensor(1.0, ms.float32), *example_inputs)
+    compiled.compile(*example_inputs)
     ms.load_param_into_net(compiled.network.update.optimizer, ms.load_checkpoint(file, format="safetensors"),
                            strict_load=True)

@@ -9,8 +9,14 @@ rank in the stage is dp_rank * tp + tp_rank as in planner/layout.py) and a tenso
 dimension, the dev-matrix axis it is split over counted from the right (0 = tp) or -1. Each stage file also
 carries one strategy item per parameter with its split and stage, as MindFormers' own strategy writer does.
 AdamW moments (`adam_m.<param>`, `adam_v.<param>`) are laid out like their parameter; the step counter is
-replicated on every stage. The optimizer-shard fields (opt_weight_shard_*) stay 0: ZeRO-sharded slices exist
-only in a compiled Ascend/GPU run, whose strategy file MindSpore writes itself (`strategy_ckpt_config`).
+replicated on every stage.
+
+Optimizer sharding (parallel.optimizer_shard: MindSpore's parallel optimizer, `AutoParallel.hsdp()` at its
+defaults) splits each slice once more, along its first dimension, over the ranks that would otherwise hold the
+same slice: the dp group of a tensor-parallel slice (opt_weight_shard_step tp, size dp), the whole stage for a
+replicated tensor (step 1, size dp x tp). A tensor is left whole where that dimension does not divide, or where
+it is under the threshold of 64 KB (MindSpore's `parallel_optimizer_threshold`, on the parameter's bytes);
+`optimizer_shard` below is that rule, and what `split`/`reshard --optimizer-shard` write for a run to resume.
 
 Merging and resharding are MindSpore's `transform_checkpoints` reading these files, so what it accepts here
 it accepts from a real sharded run. `python -m distributed.reshard` is the command line.
@@ -50,13 +56,31 @@ def tensor_layout(name: str, ndim: int, layout: Layout, plan) -> Tuple[Tuple[int
     return split, list(range(layout.pp)) if stage is None else [stage]
 
 
-def strategy_map(shapes: Dict[str, Tuple[int, ...]], layout: Layout, stage: int, plan) -> ParallelStrategyMap:
-    """Stage `stage`'s strategy file content for tensors of the given full shapes."""
+OPTIMIZER_SHARD_THRESHOLD_KB = 64  # MindSpore's default parallel_optimizer_threshold (AutoParallel.hsdp)
+
+
+def optimizer_shard(shape: Tuple[int, ...], split: Tuple[int, ...], layout: Layout) -> Tuple[int, int]:
+    """(ways, step) in which optimizer sharding splits a tensor of full `shape` that tp splits as `split`: the
+    ranks holding the same slice (spaced `step` apart in the stage) each keep one of `ways` pieces of its first
+    dimension; (1, 0) where it stays whole (module docstring)."""
+    split_over_tp = any(ways > 1 for ways in split)
+    ways = layout.dp if split_over_tp else layout.dp * layout.tp
+    first = shape[0] // split[0] if shape else 0
+    if ways == 1 or not shape or first % ways or 4 * int(np.prod(shape)) < OPTIMIZER_SHARD_THRESHOLD_KB * 1024:
+        return 1, 0
+    return ways, layout.tp if split_over_tp else 1
+
+
+def strategy_map(shapes: Dict[str, Tuple[int, ...]], layout: Layout, stage: int, plan,
+                 sharded_optimizer: bool = False) -> ParallelStrategyMap:
+    """Stage `stage`'s strategy file content for tensors of the given full shapes (`sharded_optimizer`: with
+    optimizer sharding's fields)."""
     strategy = ParallelStrategyMap(current_stage=stage)
     for name, shape in shapes.items():
         split, stages = tensor_layout(name, len(shape), layout, plan)
         if stage not in stages:
             continue
+        ways, step = optimizer_shard(shape, split, layout) if sharded_optimizer else (1, 0)
         item = strategy.parallel_strategy_item.add(node_name=name)
         item.parallel_strategys.stage = stage
         item.parallel_strategys.parallel_strategy.add().dim.extend(split)
@@ -65,36 +89,41 @@ def strategy_map(shapes: Dict[str, Tuple[int, ...]], layout: Layout, stage: int,
         layouts.tensor_map.add().dim.extend([0 if ways > 1 else -1 for ways in split])
         layouts.param_split_shape.add()
         layouts.indices_offset.add()
-        layouts.field, layouts.opt_weight_shard_step, layouts.opt_weight_shard_size = 0, 0, 0
+        layouts.field, layouts.opt_weight_shard_step, layouts.opt_weight_shard_size = 0, step, 0 if ways == 1 else ways
     return strategy
 
 
-def write_strategy(directory: str, shapes: Dict[str, Tuple[int, ...]], layout: Layout, plan) -> str:
+def write_strategy(directory: str, shapes: Dict[str, Tuple[int, ...]], layout: Layout, plan,
+                   sharded_optimizer: bool = False) -> str:
     """Write one strategy file per stage and their merge; returns the merged file's path."""
     stage_dir = os.path.join(directory, "strategy")
     os.makedirs(stage_dir, exist_ok=True)
     for stage in range(layout.pp):
         with open(os.path.join(stage_dir, f"stage_{stage}.ckpt"), "wb") as f:
-            f.write(strategy_map(shapes, layout, stage, plan).SerializeToString())
+            f.write(strategy_map(shapes, layout, stage, plan, sharded_optimizer).SerializeToString())
     merged = os.path.join(directory, STRATEGY)
     merge_pipeline_strategys(stage_dir, merged)
     return merged
 
 
-def rank_slice(tensors: Dict[str, np.ndarray], layout: Layout, rank: int, plan) -> Dict[str, np.ndarray]:
-    """The part of full `tensors` that `rank` holds."""
+def rank_slice(tensors: Dict[str, np.ndarray], layout: Layout, rank: int, plan,
+               sharded_optimizer: bool = False) -> Dict[str, np.ndarray]:
+    """The part of full `tensors` that `rank` holds (`sharded_optimizer`: under optimizer sharding)."""
     where = layout.coords(rank)
     out = {}
     for name, array in tensors.items():
         split, stages = tensor_layout(name, array.ndim, layout, plan)
         if where.pp not in stages:
             continue
-        for axis, ways in enumerate(split):
-            if array.shape[axis] % ways:
-                raise CheckpointError(f"{name}: dimension {axis} (size {array.shape[axis]}) does not split {ways} ways; "
-                                 f"tp must divide the heads, KV heads, ffn width and vocabulary")
-            if ways > 1:
-                array = np.split(array, ways, axis=axis)[where.tp]
+        ways, step = optimizer_shard(array.shape, split, layout) if sharded_optimizer else (1, 0)
+        for axis, tp_ways in enumerate(split):
+            if array.shape[axis] % tp_ways:
+                raise CheckpointError(f"{name}: dimension {axis} (size {array.shape[axis]}) does not split {tp_ways} "
+                                      f"ways; tp must divide the heads, KV heads, ffn width and vocabulary")
+            if tp_ways > 1:
+                array = np.split(array, tp_ways, axis=axis)[where.tp]
+        if ways > 1:  # the rank's place among those holding this slice: its dp rank, or its rank in the stage
+            array = np.split(array, ways)[where.dp if step == layout.tp else where.dp * layout.tp + where.tp]
         out[name] = array
     return out
 
@@ -108,11 +137,13 @@ def load_tensors(path: str, fmt: str = "safetensors") -> Dict[str, np.ndarray]:
     return {name: param.asnumpy() for name, param in ms.load_checkpoint(path, format=fmt).items()}
 
 
-def split_checkpoint(tensors: Dict[str, np.ndarray], layout: Layout, out_dir: str, plan) -> None:
+def split_checkpoint(tensors: Dict[str, np.ndarray], layout: Layout, out_dir: str, plan,
+                     sharded_optimizer: bool = False) -> None:
     """Full tensors -> <out_dir>/rank_<r>/checkpoint.safetensors for every rank, plus the strategy files."""
     for rank in range(layout.world_size):
-        save_tensors(rank_slice(tensors, layout, rank, plan), os.path.join(out_dir, f"rank_{rank}", SLICE))
-    write_strategy(out_dir, {n: a.shape for n, a in tensors.items()}, layout, plan)
+        save_tensors(rank_slice(tensors, layout, rank, plan, sharded_optimizer),
+                     os.path.join(out_dir, f"rank_{rank}", SLICE))
+    write_strategy(out_dir, {n: a.shape for n, a in tensors.items()}, layout, plan, sharded_optimizer)
 
 
 def _check_sharded(src_dir: str) -> str:
@@ -131,8 +162,10 @@ def merge_checkpoint(src_dir: str) -> Dict[str, np.ndarray]:
         return load_tensors(os.path.join(tmp, "rank_0", f"{PREFIX}0.safetensors"))
 
 
-def reshard_checkpoint(src_dir: str, dp: int, tp: int, pp: int, out_dir: str, plan) -> Layout:
-    """Per-rank slices under `src_dir` -> those of layout dp x tp x pp in `out_dir`, by transform_checkpoints.
+def reshard_checkpoint(src_dir: str, dp: int, tp: int, pp: int, out_dir: str, plan,
+                       sharded_optimizer: bool = False) -> Layout:
+    """Per-rank slices under `src_dir` -> those of layout dp x tp x pp (`sharded_optimizer`: with optimizer
+    sharding) in `out_dir`, by transform_checkpoints.
 
     The slices go through MindSpore's .ckpt format: in MindSpore 2.9 the safetensors path of
     transform_checkpoints scrambles tensors split on a non-leading dimension (row-parallel wo, w2) when the
@@ -148,10 +181,14 @@ def reshard_checkpoint(src_dir: str, dp: int, tp: int, pp: int, out_dir: str, pl
             tensors = load_tensors(os.path.join(src_dir, rank_dir, SLICE))
             save_tensors(tensors, os.path.join(tmp, "src", rank_dir, f"{PREFIX}.ckpt"), "ckpt")
             for name, array in tensors.items():  # full shape = slice shape x the source split
-                dev_matrix, tensor_map = src_layouts[name].dev_matrix[0].dim, src_layouts[name].tensor_map[0].dim
-                shapes[name] = tuple(n * (dev_matrix[-1 - m] if m >= 0 else 1) for n, m in zip(array.shape, tensor_map))
+                source = src_layouts[name]
+                dev_matrix, tensor_map = source.dev_matrix[0].dim, source.tensor_map[0].dim
+                shape = [n * (dev_matrix[-1 - m] if m >= 0 else 1) for n, m in zip(array.shape, tensor_map)]
+                if shape and source.opt_weight_shard_size > 1:  # the source's optimizer shards
+                    shape[0] *= source.opt_weight_shard_size
+                shapes[name] = tuple(shape)
         transform_checkpoints(os.path.join(tmp, "src"), os.path.join(tmp, "out"), PREFIX, strategy,
-                              write_strategy(out_dir, shapes, layout, plan))
+                              write_strategy(out_dir, shapes, layout, plan, sharded_optimizer))
         for rank in range(layout.world_size):  # MindSpore names its output <prefix><rank>.ckpt
             tensors = load_tensors(os.path.join(tmp, "out", f"rank_{rank}", f"{PREFIX}{rank}.ckpt"), "ckpt")
             save_tensors(tensors, os.path.join(out_dir, f"rank_{rank}", SLICE))

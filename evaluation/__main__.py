@@ -27,6 +27,7 @@ from argparse import RawDescriptionHelpFormatter
 from typing import Optional, Sequence
 
 import numpy as np
+from omegaconf import OmegaConf
 
 from base.errors import ArgumentParser, entry_point
 from evaluation.config import compose_config, eval_keys_help, split_arguments
@@ -65,9 +66,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     eval_cfg, task_names, overrides = split_arguments(args.overrides)
     args.checkpoint = checkpoint.resolve(args.checkpoint)  # a run, its checkpoints/, `latest` or a step
     cfg = compose_config(args.checkpoint, overrides)
-    if task_names is None and not hasattr(OBJECTIVES[cfg.objective.name].Objective, "token_nll"):
+    if task_names is None and OBJECTIVES[cfg.objective.name].Objective.token_nll is None:
         task_names = []  # the built tasks are scored by log-likelihood: an objective with a per-token NLL's
-    tasks = load_tasks(task_names, args.tasks_dir, eval_cfg.max_items)
+    from data.samples import template_of  # Alpaca task files are prompted as the checkpoint was tuned
+
+    template = template_of(OmegaConf.load(os.path.join(args.checkpoint, "config.yaml")))
+    tasks = load_tasks(task_names, args.tasks_dir, eval_cfg.max_items, template)
     init_runtime(cfg)
     results = run(args.checkpoint, cfg, eval_cfg, tasks)
     results["overrides"] = list(args.overrides)

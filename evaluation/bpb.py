@@ -71,7 +71,7 @@ def val_target_bytes(objective, val: Dict[str, List[tuple]], tokenizer) -> Optio
     """Per source, the UTF-8 bytes of the loss targets of the validation inputs (input_ids, labels, ...): what
     turns the validation loss into bits per byte. None unless the objective's loss is a per-token NLL (its
     `token_nll` hook) and there are validation inputs."""
-    if not (val and hasattr(objective, "token_nll")):
+    if not (val and objective.token_nll is not None):
         return None
     table, prefix = piece_bytes(tokenizer), dummy_prefix_pieces(tokenizer)
     return {source: int(sum(target_bytes(inputs[0], table, tokenizer.eos_id, prefix, inputs[1]).sum()

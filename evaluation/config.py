@@ -110,9 +110,9 @@ def split_arguments(overrides: Sequence[str]) -> Tuple[EvalConfig, Optional[List
 
 
 def _sample_data(data) -> bool:
-    from base.schema import SAMPLE_KINDS
+    from base.registry import FORMATS
 
-    return any(s.kind in SAMPLE_KINDS for s in data.sources)
+    return any(s.kind in FORMATS for s in data.sources)
 
 
 def documents_of(saved: DictConfig, saved_file: str) -> DictConfig:
@@ -186,6 +186,8 @@ def compose_config(ckpt: str, overrides: Sequence[str]) -> DictConfig:
             head.append(f"trainer.{key}={saved.trainer[key]}")
     with initialize_config_dir(config_dir=os.path.join(REPO_ROOT, "conf"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=head + list(overrides))
+    if "data.sources" in given and not {"data", "data.name"} & given:  # sources typed: not the preset's name
+        cfg.data.name = "command-line sources " + ", ".join(s.name for s in cfg.data.sources)
     cfg.data.tokenizer.path = checkpoint_tokenizer(cfg.data, ckpt)
     validate(cfg)
     return cfg

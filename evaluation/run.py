@@ -26,7 +26,7 @@ def run(ckpt: str, cfg: DictConfig, eval_cfg, tasks: list, log=print) -> dict:
             raise ConfigError("eval.context_lengths", f"{length} is outside [2, {window}] (model."
                               "max_position_embeddings, x model.rope_scaling.factor when scaled); raise it with "
                               "model.rope_scaling or model.max_position_embeddings")
-    if eval_cfg.passkey_lengths and not hasattr(plugin.Objective, "token_nll"):
+    if eval_cfg.passkey_lengths and plugin.Objective.token_nll is None:
         raise ConfigError("eval.passkey_lengths", f"passkey retrieval scores keys by a per-token NLL, which "
                           f"objective={cfg.objective.name} has none of (token_nll); set eval.passkey_lengths=[]")
     for length in eval_cfg.passkey_lengths:

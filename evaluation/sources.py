@@ -49,11 +49,11 @@ def evaluate_sources(cfg: DictConfig, eval_cfg, model, objective, log=print) -> 
         out["sources"][source] = {m: trained_code[f"val_{m}/{source}"] for m in metrics}
     out["all"] = {m: trained_code[f"val_{m}"] for m in metrics}
     prepared = prepare(cfg.data, spec)
-    if hasattr(objective, "token_nll"):  # (a masked LM's loss may add a sentence task's: its exp is no perplexity)
+    if objective.token_nll is not None:  # (a masked LM's loss may add a sentence task's: its exp is no perplexity)
         for r in list(out["sources"].values()) + [out["all"]]:
             r["ppl"] = math.exp(min(r["loss"], 50.0))
         _token_nll(out, cfg, eval_cfg, model, objective, data.tokenizer, val, prepared, spec, n_batches, log)
-    if hasattr(objective, "fill_mask"):
+    if objective.fill_mask is not None:
         _fill_mask(out, model, objective, data.tokenizer, val, prepared)
     return out
 

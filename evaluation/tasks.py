@@ -24,6 +24,7 @@ LoglikelihoodScorer), generation through the family's generator (models/generati
 """
 import json
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from base.errors import UserError
 from base.paths import default_tasks_dir, task_path
+from base.text import CJK
 
 Item = dict
 TASK_METRICS = ("acc", "acc_norm", "exact_match", "rouge_l")  # what training logs of each task
@@ -85,17 +87,18 @@ def _check_item(item, where: str) -> str:
     return "multiple_choice"
 
 
-def alpaca_item(sample: dict) -> dict:
+def alpaca_item(sample: dict, template: Optional[Dict[str, str]] = None) -> dict:
     """An Alpaca sample (instruction, input, output; e.g. data=instructions' held-out val.jsonl) as a generation
-    item: the SFT prompt of the default template, the output as the answer, generation stopping at eos."""
+    item: the SFT prompt of `template` (the checkpoint's; alpaca's by default), the output as the answer,
+    generation stopping at eos."""
     from data.samples import TEMPLATES
 
-    template = TEMPLATES["alpaca"]["prompt_input" if sample.get("input") else "prompt_no_input"]
-    return {"prompt": template.format(instruction=sample["instruction"], input=sample.get("input", "")),
+    prompt = (template or TEMPLATES["alpaca"])["prompt_input" if sample.get("input") else "prompt_no_input"]
+    return {"prompt": prompt.format(instruction=sample["instruction"], input=sample.get("input", "")),
             "answer": sample["output"]}
 
 
-def load_task(path: os.PathLike, name: Optional[str] = None) -> Task:
+def load_task(path: os.PathLike, name: Optional[str] = None, template: Optional[Dict[str, str]] = None) -> Task:
     """Read and check a task file (all items of one format; Alpaca samples are generation items)."""
     path = Path(path)
     if not path.is_file():
@@ -111,7 +114,7 @@ def load_task(path: os.PathLike, name: Optional[str] = None) -> Task:
             except json.JSONDecodeError as err:
                 raise TaskError(f"{where}: not JSON ({err.msg} at column {err.colno})") from None
             if isinstance(item, dict) and "instruction" in item and "output" in item:  # Alpaca (data=instructions)
-                item = alpaca_item(item)
+                item = alpaca_item(item, template)
             kind = _check_item(item, where)
             if kinds and kind not in kinds:
                 raise TaskError(f"{where}: a {kind.replace('_', '-')} item in a file of "
@@ -123,14 +126,16 @@ def load_task(path: os.PathLike, name: Optional[str] = None) -> Task:
     return Task(name or path.stem, str(path), kinds.pop(), items)
 
 
-def load_tasks(names: Optional[List[str]], tasks_dir: Optional[str], max_items: int) -> List[Task]:
-    """The named task files (None: every *.jsonl of the tasks dir), loaded and checked before anything runs."""
+def load_tasks(names: Optional[List[str]], tasks_dir: Optional[str], max_items: int,
+               template: Optional[Dict[str, str]] = None) -> List[Task]:
+    """The named task files (None: every *.jsonl of the tasks dir), loaded and checked before anything runs; Alpaca
+    samples among them are prompted in `template` (the checkpoint's)."""
     directory = Path(tasks_dir) if tasks_dir else default_tasks_dir()
     if names is None:
         names = sorted(p.stem for p in directory.glob("*.jsonl")) if directory.is_dir() else []
         if not names:
             print(f"[eval] no task files in {directory}: no tasks (build them with `python -m builders.tasks build`)")
-    tasks = [load_task(task_path(name, directory), name=Path(name).stem) for name in names]
+    tasks = [load_task(task_path(name, directory), name=Path(name).stem, template=template) for name in names]
     for task in tasks:
         if max_items:
             task.items = task.items[:max_items]
@@ -184,10 +189,14 @@ def lcs_length(a: Sequence[str], b: Sequence[str]) -> int:
     return previous[-1]
 
 
+_ROUGE_TOKEN = re.compile(rf"[{CJK}]|[^\s{CJK}]+")  # a CJK character alone (those scripts have no spaces)
+
+
 def rouge_l(prediction: str, reference: str) -> float:
-    """ROUGE-L F-measure (beta = 1) over whitespace tokens: LCS / len(prediction) is the precision, LCS /
+    """ROUGE-L F-measure (beta = 1) over whitespace tokens, each CJK character a token of its own (Chinese is
+    written without spaces, so its ROUGE is by character): LCS / len(prediction) is the precision, LCS /
     len(reference) the recall, F = 2PR / (P + R); 0 when either is empty or nothing is shared."""
-    pred, ref = prediction.split(), reference.split()
+    pred, ref = _ROUGE_TOKEN.findall(prediction), _ROUGE_TOKEN.findall(reference)
     lcs = lcs_length(pred, ref)
     if lcs == 0:
         return 0.0
@@ -235,7 +244,7 @@ def scorers(objective, model, family_name: str, tokenizer, batch_size: int,
     loglikelihood = generate_fn = None
     skip = {"multiple_choice": "log-likelihood scoring needs an objective with a per-token NLL (token_nll)",
             "generation": f"model.family={family_name} has no generator (models/{family_name}/)"}
-    if hasattr(objective, "token_nll"):
+    if objective.token_nll is not None:
         loglikelihood = LoglikelihoodScorer(objective.token_nll(model), tokenizer, batch_size, max_len)
     gen = generator(family_name, model)
     if gen is not None:

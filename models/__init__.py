@@ -2,31 +2,25 @@
 every family folder in base/registry.py FAMILIES, so a new family is its folder (and its conf/model presets) and
 nothing else.
 
-A family package exposes `Config` (its typed `model` group), `build(cfg, seq_len, compute_dtype, use_flash,
-seed)`, `check(cfg)` (its config rules), `describe(m, count)` (dry-run lines), `recompute_cells(model, mode)`,
-`parameter_count` / `matmul_parameter_count` / `flops_per_token` / `stage_parameters` /
-`layer_activation_factors` (the planner's), `CAUSAL`, `attention_kind`, `hf` (its Hugging Face adapter) and
-optionally `apply_kernels(model, cfg, compute_dtype, device_target, sharded)` (its CPU kernel overlay); its `plan`
-submodule holds the tensor/pipeline layout. Nothing outside the folder spells the family's parameter paths.
-
-Optional hooks, asked for by name (`hasattr`), so a family without one simply lacks what it serves:
-`generator(model)` (text generation: models/generation.py), `context_window(cfg)` (the longest sequence served,
-when it is not model.max_position_embeddings) and `set_context_length(model, length)` (what the model prepares
-for rows of `length` tokens, e.g. dynamic NTK's RoPE tables).
+What a family package provides, required and optional, is base/family.py's contract, checked when it registers
+(a ContractError naming what is missing); the registry holds it as a base/family.py `Family`, its optional members
+None where the family has none. Blocks several families share (attention, RMSNorm, RoPE, SwiGLU, the causal-LM
+interface) are models/common/; a family's `plan` submodule holds its tensor/pipeline layout.
 """
 import importlib
 import pkgutil
 from types import ModuleType
 
+from base.family import Family
 from base.registry import FAMILIES
 from base.schema import use_flash_attention
 
 for _info in pkgutil.iter_modules(__path__):
-    if _info.ispkg:  # the family packages are cheap to import (no MindSpore)
+    if _info.ispkg and _info.name != "common":  # the family packages are cheap to import (no MindSpore)
         FAMILIES.add(_info.name, importlib.import_module(f"models.{_info.name}"))
 
 
-def family(name: str) -> ModuleType:
+def family(name: str) -> Family:
     """The family package named by `model.family` (a ConfigError naming the choices for an unknown one)."""
     return FAMILIES[name]
 
@@ -46,10 +40,12 @@ def build_model(cfg, seq_len: int, compute_dtype: str, device_target: str, seed:
     """The family's model, its CPU kernels swapped in where they apply (the family's `apply_kernels`, decided from
     these arguments: never from MindSpore's global context), then `cfg.recompute` applied: full recomputes each
     layer in the backward, selective only its attention core. `sharded`: the model runs under a semi-auto
-    tensor/pipeline layout (base.schema.is_sharded), whose plan sets its strategies on the plain ops."""
+    tensor/pipeline layout (base.schema.is_sharded), whose plan sets its strategies on the plain ops, and whose
+    weights the sharded compile initialises, each rank only its slices (deferred_initialisation)."""
     fam = family(cfg.family)
-    model = fam.build(cfg, seq_len, compute_dtype, use_flash_attention(cfg, device_target), seed)
-    if hasattr(fam, "apply_kernels"):
+    with deferred_initialisation(sharded):
+        model = fam.build(cfg, seq_len, compute_dtype, use_flash_attention(cfg, device_target), seed, sharded)
+    if fam.apply_kernels is not None:
         fam.apply_kernels(model, cfg, compute_dtype, device_target, sharded)
     if cfg.recompute != "none":
         for cell in fam.recompute_cells(model, cfg.recompute):
@@ -57,14 +53,25 @@ def build_model(cfg, seq_len: int, compute_dtype: str, device_target: str, seed:
     return model
 
 
+def deferred_initialisation(sharded: bool):
+    """A context in which the parameters made from MindSpore initializers (a sharded build's weights, an optimizer's
+    moments, a step's accumulation buffers) hold no data until the semi-auto compile initialises each rank's
+    slices (MindSpore's no_init_parameters, the pattern its AutoParallel documents); a no-op when not `sharded`."""
+    import contextlib
+
+    from mindspore.nn.utils import no_init_parameters
+
+    return no_init_parameters() if sharded else contextlib.nullcontext()
+
+
 def context_window(cfg) -> int:
     """The longest sequence a model of `cfg` serves (the family's `context_window`, else max_position_embeddings)."""
     fam = family(cfg.family)
-    return fam.context_window(cfg) if hasattr(fam, "context_window") else int(cfg.max_position_embeddings)
+    return fam.context_window(cfg) if fam.context_window is not None else int(cfg.max_position_embeddings)
 
 
 def set_context_length(family_name: str, model, length: int) -> None:
     """Prepare `model` for rows of `length` tokens where its family needs to (`set_context_length`)."""
     fam = family(family_name)
-    if hasattr(fam, "set_context_length"):
+    if fam.set_context_length is not None:
         fam.set_context_length(model, length)

@@ -112,7 +112,7 @@ def export_hf(ckpt_dir: str, out_dir: str, merge_lora: bool = False, location: O
         json.dump(config, f, indent=2)
     if os.path.exists(tokenizer):
         adapter.save_tokenizer(tokenizer, out_dir, chat_template(template_of(cfg)))
-    if hasattr(adapter, "save_generation_config"):  # a family that generates
+    if adapter.save_generation_config is not None:  # a family that generates
         adapter.save_generation_config(cfg.model, out_dir)
 
 
@@ -122,7 +122,7 @@ def export_mindformers(ckpt_dir: str, out_dir: str, location: Optional[str] = No
     place, for the YAML's load_checkpoint."""
     cfg, weights = _read_checkpoint(ckpt_dir)
     fam = model_family(cfg)
-    if not hasattr(fam, "export_mindformers"):
+    if fam.export_mindformers is None:
         raise UsageError(f"{ckpt_dir}: --to mindformers: model.family={cfg.model.family} has no MindFormers "
                          "counterpart; use --to hf")
     fam.export_mindformers(cfg, weights, out_dir, location)

@@ -9,7 +9,7 @@
     gen.max_positions     the longest prompt + new tokens it serves
     gen.compile_count, gen.compile_seconds
 
-Llama's is models/llama/generation.py (a KV cache in two compiled graphs). `make_generate_fn` turns any
+Llama's is models/common/generation.py (a KV cache in two compiled graphs). `make_generate_fn` turns any
 generator into the text-level function that evaluation tasks, harness.py and on-policy preference pairs call.
 """
 from typing import Callable, List, Optional
@@ -19,7 +19,7 @@ from models import family
 
 def generates(family_name: str) -> bool:
     """Whether the family has a generator hook."""
-    return hasattr(family(family_name), "generator")
+    return family(family_name).generator is not None
 
 
 def generator(family_name: str, model):

@@ -2,7 +2,8 @@
 Importing this package registers every module in base/registry.py OBJECTIVES, so adding one is that module; nothing else
 changes.
 
-An objective module exposes:
+An objective module exposes (base/objective.py checks it when it registers: a ContractError naming what is missing;
+its `Objective` subclasses base.objective.ObjectiveBase, whose optional hooks are None until defined):
   Config                 its typed `objective` group, registered as the preset `objective=<name>`
   check(cfg)             its config rules, e.g. which model families it trains (ConfigError naming the key)
   row_spec(cfg)          data/rows.RowSpec: the prepared rows it reads (columns written to MindRecord); the

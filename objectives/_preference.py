@@ -26,7 +26,7 @@ from data.rows import RowSpec, Split
 from objectives.sft import IGNORE_INDEX
 
 SIDES = ("chosen", "rejected")
-DATA_HINT = "use data=preferences or your own {prompt, chosen, rejected} JSONL with kind: preference"
+DATA_HINT = "use data=preferences or your own pairs (docs/alignment.md: Your own pairs)"
 COLUMNS = ("chosen_ids", "chosen_labels", "rejected_ids", "rejected_labels", "margin")
 
 

@@ -17,6 +17,7 @@ from mindspore import nn, ops
 from omegaconf import MISSING
 
 from base.errors import require
+from base.objective import ObjectiveBase
 from data.packing import DOCUMENT_PACKED, PACKED
 from objectives._cross_entropy import WeightedCrossEntropy, masked_mean_nll
 
@@ -43,7 +44,7 @@ def row_spec(cfg: Config):
     return DOCUMENT_PACKED if cfg.packing == "documents" else PACKED
 
 
-class Objective:
+class Objective(ObjectiveBase):
     inputs = ("input_ids", "labels")
     metrics = ()
     console = ()  # the loss, its perplexity and bits per byte say it all
@@ -67,15 +68,19 @@ class Objective:
 class CausalLMLoss(nn.Cell):
     def __init__(self, model: nn.Cell, ignore_index: int = -100):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
-        self.model = model
+        self.model, self.has_aux = model, model.HAS_AUX
         self.ignore_index = ignore_index
         self.cross_entropy = WeightedCrossEntropy()
 
     def construct(self, input_ids, labels):
-        logits = self.model(input_ids[:, :-1])
+        if self.has_aux:  # a router's auxiliary loss (models/common/causal_lm.py)
+            logits, aux = self.model.logits_and_aux(input_ids[:, :-1])
+        else:
+            logits, aux = self.model(input_ids[:, :-1]), 0.0
         targets = labels[:, 1:].reshape(-1)
         logits = logits.reshape(-1, logits.shape[-1]).astype(ms.float32)
-        return (masked_mean_nll(self.cross_entropy, logits, targets, self.ignore_index)[0],)
+        loss = masked_mean_nll(self.cross_entropy, logits, targets, self.ignore_index)[0]
+        return (loss + aux,) if self.has_aux else (loss,)
 
 
 class TokenNLL(nn.Cell):

@@ -43,7 +43,8 @@ from mindspore import Tensor, nn, ops
 from omegaconf import MISSING
 
 from base.errors import require
-from base.schema import PREFERENCE_KINDS
+from base.objective import ObjectiveBase
+from data.formats import kinds
 from objectives import _reference, check_fine_tuning
 from objectives._preference import COLUMNS, DATA_HINT, pair_row_spec, require_data_parallel
 from objectives.sft import IGNORE_INDEX
@@ -64,7 +65,7 @@ class Config:
 
 def check(cfg) -> None:
     o = cfg.objective
-    check_fine_tuning(cfg, "dpo", PREFERENCE_KINDS, DATA_HINT)
+    check_fine_tuning(cfg, "dpo", kinds(pairs=True), DATA_HINT)
     require(o.beta > 0, "objective.beta", f"must be > 0, got {o.beta}")
     require(o.loss in LOSSES, "objective.loss", f"got {o.loss!r}; choose one of {', '.join(LOSSES)}")
     require(0 <= o.label_smoothing < 0.5, "objective.label_smoothing", f"must be in [0, 0.5), got {o.label_smoothing}")
@@ -93,7 +94,7 @@ def memory(cfg):
 SIDES = COLUMNS[:4]  # chosen_ids, chosen_labels, rejected_ids, rejected_labels: what the loss reads of a row
 
 
-class Objective:
+class Objective(ObjectiveBase):
     inputs = SIDES
     metrics = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
                "logps/rejected", "kl")
@@ -206,17 +207,25 @@ class PreferenceLoss(nn.Cell):
 
     def __init__(self, policy: nn.Cell, reference, cfg: Config):
         super().__init__(auto_prefix=False)
-        self.policy, self.reference = policy, reference
+        self.policy, self.reference, self.has_aux = policy, reference, policy.HAS_AUX
         self.beta, self.kind, self.ls, self.nll = cfg.beta, cfg.loss, cfg.label_smoothing, cfg.nll_coefficient
+
+    def policy_logits(self, ids):
+        """(the policy's logits, its auxiliary loss: a router's, 0 for a dense model; models/common/causal_lm.py)."""
+        if self.has_aux:
+            return self.policy.logits_and_aux(ids)
+        return self.policy(ids), 0.0
 
     def construct(self, chosen_ids, chosen_labels, rejected_ids, rejected_labels):
         ids, targets, mask = _sides(chosen_ids, chosen_labels, rejected_ids, rejected_labels)
-        token_logps, logp = _reference.token_logps(self.policy(ids), targets)  # [2B, S], [2B, S, vocab]
+        logits, aux = self.policy_logits(ids)
+        token_logps, logp = _reference.token_logps(logits, targets)  # [2B, S], [2B, S, vocab]
         ref_token_logps, ref_logp = _reference.token_logps(self.reference(ids), targets)
         ref_token_logps, ref_logp = ops.stop_gradient(ref_token_logps), ops.stop_gradient(ref_logp)
         ref_c, ref_r = ops.split(_sequence_logps(ref_token_logps, mask, self.kind == "ipo"), chosen_ids.shape[0])
         kl = ((ops.exp(logp) * (logp - ref_logp)).sum(-1) * mask).sum() / ops.maximum(mask.sum(), 1.0)
-        return self.terms(token_logps, mask, ref_c, ref_r) + (kl,)
+        loss, *metrics = self.terms(token_logps, mask, ref_c, ref_r)
+        return (loss + aux if self.has_aux else loss, *metrics, kl)
 
     def terms(self, token_logps, mask, ref_c, ref_r) -> tuple:
         """(loss, the metrics but kl) from the policy's token log-probabilities [2B, S] and the reference's
@@ -248,5 +257,7 @@ class PrecomputedPreferenceLoss(PreferenceLoss):
     def construct(self, chosen_ids, chosen_labels, rejected_ids, rejected_labels, reference_chosen,
                   reference_rejected):
         ids, targets, mask = _sides(chosen_ids, chosen_labels, rejected_ids, rejected_labels)
-        token_logps, _ = _reference.token_logps(self.policy(ids), targets)
-        return self.terms(token_logps, mask, reference_chosen, reference_rejected)
+        logits, aux = self.policy_logits(ids)
+        token_logps, _ = _reference.token_logps(logits, targets)
+        loss, *metrics = self.terms(token_logps, mask, reference_chosen, reference_rejected)
+        return (loss + aux if self.has_aux else loss, *metrics)

@@ -29,6 +29,7 @@ from mindspore import nn, ops
 from omegaconf import MISSING
 
 from base.errors import require
+from base.objective import ObjectiveBase
 from data.rows import RowSpec
 from objectives._cross_entropy import WeightedCrossEntropy, masked_mean_nll
 from objectives._sentence_pairs import MODES, pair_schema, sentence_end_ids, sentence_pairs
@@ -88,7 +89,7 @@ def _pair_rows(mode: str, short_seq_prob: float, seed: int, split, seq_len: int,
                           sentence_end_ids(tokenizer), mode, seed, short_seq_prob, where=split.where)
 
 
-class Objective:
+class Objective(ObjectiveBase):
     metrics = ("mlm_loss", "mlm_accuracy")
     console = ("mlm_accuracy",)
 

@@ -52,8 +52,9 @@ from omegaconf import MISSING, OmegaConf
 
 from base import checkpoint
 from base.errors import ConfigError, require
-from base.schema import INSTRUCTION_KINDS
+from base.objective import ObjectiveBase
 from data.errors import DataError
+from data.formats import kinds
 from data.rows import RowSpec, Split
 from models.generation import generates
 from objectives import _reference, check_fine_tuning
@@ -94,7 +95,7 @@ NEEDS = {"reward_model": "objective.reward_model"}  # taken from an earlier rewa
 
 def check(cfg) -> None:
     o = cfg.objective
-    check_fine_tuning(cfg, "ppo", INSTRUCTION_KINDS, "use data=instructions (its prompts are sampled from)")
+    check_fine_tuning(cfg, "ppo", kinds(pairs=False), "use data=instructions (its prompts are sampled from)")
     require(o.reward_model, "objective.reward_model", "stage=ppo needs a reward model: set "
             "objective.reward_model=<checkpoint of a stage=rm run>")
     require(o.kl_estimator in ESTIMATORS, "objective.kl_estimator", f"got {o.kl_estimator!r}; choose one of "
@@ -165,7 +166,7 @@ def prompt_rows(max_prompt_len: int, split: Split, seq_len: int, tokenizer) -> I
     if split.loss_mask is None or split.margin is not None:
         raise DataError(f"{split.where}: holds {'documents' if split.loss_mask is None else 'preference pairs'}, "
                         f"not instruction samples; objective=ppo samples responses to the prompts of kinds "
-                        f"{', '.join(INSTRUCTION_KINDS)} (data=instructions)")
+                        f"{', '.join(kinds(pairs=False))} (data=instructions)")
     tokens, mask = np.asarray(split.tokens), np.asarray(split.loss_mask)
     kept = 0
     for a, b in zip(split.offsets[:-1], split.offsets[1:]):
@@ -240,13 +241,17 @@ class PolicyWithValue(nn.Cell):
 
     def __init__(self, lm: nn.Cell):
         super().__init__(auto_prefix=False)  # the LM's names stay; the head is value_head.weight
-        self.lm = lm
-        hidden = lm.model.norm_out.weight.shape[0]
-        self.value_head = Parameter(Tensor(np.zeros((1, hidden), np.float32)), name="value_head.weight")
+        self.lm, self.HAS_AUX = lm, lm.HAS_AUX  # the causal-LM interface (models/common/causal_lm.py)
+        self.value_head = Parameter(Tensor(np.zeros((1, lm.hidden_size), np.float32)), name="value_head.weight")
 
     def construct(self, tokens):
         h = self.lm.model(tokens)
         return self.lm.head(h), (h.astype(ms.float32) * self.value_head).sum(-1)
+
+    def with_aux(self, tokens):
+        """(logits, values, the trunk's auxiliary loss): a router's, for the PPO loss to add."""
+        h, aux = self.lm.model.with_aux(tokens, None, None)
+        return self.lm.head(h), (h.astype(ms.float32) * self.value_head).sum(-1), aux
 
 
 class RolloutForward(nn.Cell):
@@ -267,11 +272,14 @@ class RolloutForward(nn.Cell):
 class PPOLoss(nn.Cell):
     def __init__(self, policy: PolicyWithValue, cfg: Config):
         super().__init__(auto_prefix=False)
-        self.policy = policy
+        self.policy, self.has_aux = policy, policy.HAS_AUX
         self.clip, self.clip_v, self.vf_coef = cfg.cliprange, cfg.cliprange_value, cfg.vf_coef
 
     def construct(self, tokens, mask, old_logp, advantages, returns, old_values):
-        logits, values = self.policy(tokens[:, :-1])
+        if self.has_aux:
+            logits, values, aux = self.policy.with_aux(tokens[:, :-1])
+        else:
+            (logits, values), aux = self.policy(tokens[:, :-1]), 0.0
         logp, all_logp = _reference.token_logps(logits, tokens[:, 1:])
         n = ops.maximum(mask.sum(), 1.0)
         log_ratio = logp - old_logp
@@ -283,12 +291,15 @@ class PPOLoss(nn.Cell):
         v1, v2 = (values - returns) ** 2, (clipped - returns) ** 2
         vf_loss = 0.5 * (ops.maximum(v1, v2) * mask).sum() / n
         entropy = (-(ops.exp(all_logp) * all_logp).sum(-1) * mask).sum() / n
-        return (pg_loss + self.vf_coef * vf_loss, 0.5 * ((log_ratio ** 2) * mask).sum() / n,
+        loss = pg_loss + self.vf_coef * vf_loss
+        if self.has_aux:
+            loss = loss + aux
+        return (loss, 0.5 * ((log_ratio ** 2) * mask).sum() / n,
                 ((pg2 > pg1).astype(ms.float32) * mask).sum() / n, pg_loss, vf_loss,
                 ((v2 > v1).astype(ms.float32) * mask).sum() / n, entropy)
 
 
-class Objective:
+class Objective(ObjectiveBase):
     inputs = ("tokens", "mask", "old_logp", "advantages", "returns", "old_values")
     metrics = ("policy/approxkl", "policy/clipfrac", "loss/policy", "loss/value", "val/clipfrac", "entropy")
     console = ("objective/scores", "objective/kl")  # the rollout's reward-model score and KL (`logged`)

@@ -35,7 +35,8 @@ from mindspore import Parameter, Tensor, nn, ops
 from omegaconf import MISSING
 
 from base.errors import require
-from base.schema import PREFERENCE_KINDS
+from base.objective import ObjectiveBase
+from data.formats import kinds
 from objectives import check_fine_tuning
 from objectives._preference import DATA_HINT, last_labelled, pair_row_spec, require_data_parallel
 
@@ -51,7 +52,7 @@ PROVIDES = "reward_model"  # a later stage's reward model (recipe/: PPO's object
 
 
 def check(cfg) -> None:
-    check_fine_tuning(cfg, "rm", PREFERENCE_KINDS, DATA_HINT)
+    check_fine_tuning(cfg, "rm", kinds(pairs=True), DATA_HINT)
     require(cfg.objective.center_coefficient >= 0, "objective.center_coefficient",
             f"must be >= 0, got {cfg.objective.center_coefficient}")
     require_data_parallel(cfg, "rm", "its score head is not in the tensor/pipeline plan")
@@ -71,7 +72,7 @@ def memory(cfg):
     return ObjectiveMemory(sequences=2, logits=0, params_delta=cfg.model.hidden_size - lm_head)
 
 
-class Objective:
+class Objective(ObjectiveBase):
     inputs = ("chosen_ids", "chosen_end", "rejected_ids", "rejected_end", "margin")
     metrics = ("accuracy", "margin", "mean_reward", "reward_sq", "min_reward", "max_reward")
     console = ("accuracy", "margin")
@@ -131,14 +132,22 @@ class RewardModel(nn.Cell):
 
     def __init__(self, lm: nn.Cell, seed: int):
         super().__init__(auto_prefix=False)
-        self.model = lm.model
-        hidden = lm.model.norm_out.weight.shape[0]
+        self.model, self.HAS_AUX = lm.model, lm.HAS_AUX  # the trunk (models/common/causal_lm.py)
+        hidden = lm.hidden_size
         rng = np.random.default_rng(seed + 1)
         self.score = Parameter(Tensor(rng.normal(0.0, 1.0 / np.sqrt(hidden + 1), (1, hidden)).astype(np.float32)),
                                name="score.weight")
 
     def construct(self, tokens, ends):
-        h = self.model(tokens).astype(ms.float32)  # [B, S, hidden]
+        return self.last_score(self.model(tokens), ends)
+
+    def with_aux(self, tokens, ends):
+        """(rewards, the trunk's auxiliary loss): a router's, for the pairwise loss to add."""
+        h, aux = self.model.with_aux(tokens, None, None)
+        return self.last_score(h, ends), aux
+
+    def last_score(self, h, ends):
+        h = h.astype(ms.float32)  # [B, S, hidden]
         pick = ops.one_hot(ends, h.shape[1], Tensor(1.0, ms.float32), Tensor(0.0, ms.float32))  # [B, S]
         last = (h * pick.expand_dims(-1)).sum(1)  # [B, hidden]
         return (last * self.score).sum(-1)
@@ -147,14 +156,20 @@ class RewardModel(nn.Cell):
 class PairwiseLoss(nn.Cell):
     def __init__(self, reward_model: nn.Cell, center_coefficient: float):
         super().__init__(auto_prefix=False)
-        self.reward_model, self.center = reward_model, center_coefficient
+        self.reward_model, self.center, self.has_aux = reward_model, center_coefficient, reward_model.HAS_AUX
 
     def construct(self, chosen_ids, chosen_end, rejected_ids, rejected_end, margin):
-        rewards = self.reward_model(ops.cat((chosen_ids, rejected_ids)), ops.cat((chosen_end, rejected_end)))
+        ids, ends = ops.cat((chosen_ids, rejected_ids)), ops.cat((chosen_end, rejected_end))
+        if self.has_aux:
+            rewards, aux = self.reward_model.with_aux(ids, ends)
+        else:
+            rewards, aux = self.reward_model(ids, ends), 0.0
         chosen, rejected = ops.split(rewards, chosen_ids.shape[0])
         diff = chosen - rejected
         loss = ops.softplus(margin - diff).mean()  # -log sigmoid(diff - margin)
         if self.center > 0:
             loss = loss + self.center * ((chosen + rejected) ** 2).mean()
+        if self.has_aux:
+            loss = loss + aux
         return (loss, (diff > 0).astype(ms.float32).mean(), diff.mean(), rewards.mean(), (rewards ** 2).mean(),
                 rewards.min(), rewards.max())

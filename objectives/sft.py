@@ -21,8 +21,9 @@ from mindspore import nn
 from omegaconf import MISSING
 
 from base.errors import require
-from base.schema import INSTRUCTION_KINDS
+from base.objective import ObjectiveBase
 from data.errors import DataError
+from data.formats import kinds
 from data.rows import RowSpec, Split, best_fit
 from objectives import check_fine_tuning
 from objectives._cross_entropy import WeightedCrossEntropy, masked_mean_nll
@@ -39,7 +40,7 @@ class Config:
 
 
 def check(cfg) -> None:
-    check_fine_tuning(cfg, "sft", INSTRUCTION_KINDS, "use data=instructions or your own alpaca/chat JSONL")
+    check_fine_tuning(cfg, "sft", kinds(pairs=False), "use data=instructions or your own alpaca/chat JSONL")
     require(not (cfg.objective.packing and cfg.model.flash_attention), "model.flash_attention",
             "packed samples need the segment mask of plain attention (the flash kernel's actual_seq_len path is not "
             "wired); set model.flash_attention=false, or objective.packing=false")
@@ -58,9 +59,9 @@ def sft_schema(seq_len: int) -> dict:
 
 def sft_rows(packing: bool, truncate: bool, split: Split, seq_len: int, tokenizer) -> Iterator[dict]:
     """The rows of one split (see the module docstring); prints how full the rows are."""
-    if split.loss_mask is None:
-        raise DataError(f"{split.where}: holds documents, not instruction samples; objective=sft trains on sources "
-                        f"of kind {', '.join(INSTRUCTION_KINDS)}")
+    if split.loss_mask is None or split.margin is not None:
+        raise DataError(f"{split.where}: holds {'documents' if split.loss_mask is None else 'preference pairs'}, not "
+                        f"instruction samples; objective=sft trains on sources of kind {', '.join(kinds(pairs=False))}")
     size = seq_len + 1
     spans = [(int(a), int(b)) for a, b in zip(split.offsets[:-1], split.offsets[1:])]
     for i, (a, b) in enumerate(spans):
@@ -93,7 +94,7 @@ def sft_rows(packing: bool, truncate: bool, split: Split, seq_len: int, tokenize
         yield out
 
 
-class Objective:
+class Objective(ObjectiveBase):
     inputs = ("input_ids", "labels", "position_ids", "segment_ids")
     metrics = ("mean_token_accuracy",)
     console = ("mean_token_accuracy",)
@@ -123,13 +124,16 @@ class ResponseLoss(nn.Cell):
 
     def __init__(self, model: nn.Cell):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
-        self.model = model
+        self.model, self.has_aux = model, model.HAS_AUX
         self.cross_entropy = WeightedCrossEntropy()
 
     def construct(self, input_ids, labels, position_ids, segment_ids):
-        logits = self.model(input_ids[:, :-1], position_ids[:, :-1], segment_ids[:, :-1])
+        if self.has_aux:  # a router's auxiliary loss (models/common/causal_lm.py)
+            logits, aux = self.model.logits_and_aux(input_ids[:, :-1], position_ids[:, :-1], segment_ids[:, :-1])
+        else:
+            logits, aux = self.model(input_ids[:, :-1], position_ids[:, :-1], segment_ids[:, :-1]), 0.0
         targets = labels[:, 1:].reshape(-1)
         logits = logits.reshape(-1, logits.shape[-1]).astype(ms.float32)
         loss, mask, n = masked_mean_nll(self.cross_entropy, logits, targets, IGNORE_INDEX)
         accuracy = ((logits.argmax(-1) == targets).astype(ms.float32) * mask).sum() / n
-        return loss, accuracy
+        return (loss + aux if self.has_aux else loss), accuracy

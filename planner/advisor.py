@@ -39,6 +39,7 @@ class Candidate:
     recompute: str
     micro_batch_size: int
     micro_batches: int  # per step and replica: the pipeline's (pp > 1) or gradient accumulation (pp = 1)
+    ep: int = 1  # a mixture of experts' experts split over ep of the dp ranks
 
     @property
     def world(self) -> int:
@@ -46,16 +47,17 @@ class Candidate:
 
     @property
     def name(self) -> str:
-        return f"dp{self.dp}tp{self.tp}pp{self.pp}"
+        return f"dp{self.dp}tp{self.tp}pp{self.pp}" + (f"ep{self.ep}" if self.ep > 1 else "")
 
     def describe(self) -> str:
         flags = (" sp" if self.sequence_parallel else "") + (" zero1" if self.optimizer_shard else "")
-        return f"dp{self.dp} tp{self.tp} pp{self.pp}{flags}"
+        return f"dp{self.dp} tp{self.tp} pp{self.pp}{f' ep{self.ep}' if self.ep > 1 else ''}{flags}"
 
     def overrides(self) -> List[str]:
         """The command-line overrides that run this layout: parallel=single's keys replaced (defaults left out)."""
         keys = ["parallel=single", f"parallel.name={self.name}", f"parallel.dp={self.dp}", f"parallel.tp={self.tp}",
                 f"parallel.pp={self.pp}"]
+        keys += [f"parallel.ep={self.ep}"] if self.ep > 1 else []
         keys += [f"parallel.micro_batches={self.micro_batches}"] if self.pp > 1 else []
         keys += ["parallel.sequence_parallel=true"] if self.sequence_parallel else []
         keys += ["parallel.optimizer_shard=true"] if self.optimizer_shard else []
@@ -82,7 +84,7 @@ def candidate_of(cfg: Any) -> Candidate:
     """The layout a composed config runs."""
     p, t = cfg.parallel, cfg.trainer
     return Candidate(p.dp, p.tp, p.pp, bool(p.optimizer_shard), bool(p.sequence_parallel), cfg.model.recompute,
-                     t.micro_batch_size, p.micro_batches if p.pp > 1 else t.grad_accum)
+                     t.micro_batch_size, p.micro_batches if p.pp > 1 else t.grad_accum, p.ep)
 
 
 class Search:
@@ -114,7 +116,7 @@ class Search:
     @functools.lru_cache(maxsize=None)
     def _needs(self, micro_batch_size: int) -> ObjectiveMemory:
         plugin = OBJECTIVES[self.cfg.objective.name]
-        if not hasattr(plugin, "memory"):
+        if plugin.memory is None:
             return ObjectiveMemory()
         return plugin.memory(OmegaConf.merge(self.cfg, {"trainer": {"micro_batch_size": micro_batch_size}}))
 
@@ -146,6 +148,15 @@ class Search:
             tp *= 2
         return points
 
+    def expert_splits(self, dp: int) -> List[int]:
+        """The ep a layout of `dp` replicas may take: 1, and for a mixture of experts every ep dividing both dp and
+        the experts (base/validate.py's rule)."""
+        experts = FAMILIES[self.m.family].experts
+        if experts is None:
+            return [1]
+        n = experts(self.m)[0]
+        return [ep for ep in range(1, dp + 1) if dp % ep == 0 and n % ep == 0]
+
     def candidates(self, devices: int, batch: int, lightest: bool = False) -> List[Candidate]:
         """The layouts of `devices` feeding `batch` sequences per step; `lightest`: per grid point only the one
         needing the least memory (full recompute, the smallest micro-batch it allows)."""
@@ -163,7 +174,8 @@ class Search:
                 if pp == 1 and micro_batches > 1 and (tp > 1 or shard):  # one sharded graph: no accumulation
                     continue
                 modes = ("full",) if lightest else RECOMPUTE_MODES
-                out += [Candidate(dp, tp, pp, shard, tp > 1, mode, size, micro_batches) for mode in modes]
+                out += [Candidate(dp, tp, pp, shard, tp > 1, mode, size, micro_batches, ep) for mode in modes
+                        for ep in self.expert_splits(dp)]
                 if lightest:
                     break
         return out

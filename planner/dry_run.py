@@ -80,7 +80,7 @@ def _attention(cfg: Any) -> str:
 
 def _needs(cfg: Any) -> ObjectiveMemory:
     plugin = OBJECTIVES[cfg.objective.name]
-    return plugin.memory(cfg) if hasattr(plugin, "memory") else ObjectiveMemory()
+    return plugin.memory(cfg) if plugin.memory is not None else ObjectiveMemory()
 
 
 def trained_fraction(cfg: Any) -> float:
@@ -89,7 +89,7 @@ def trained_fraction(cfg: Any) -> float:
     (linear_shapes); 1 otherwise."""
     fam = FAMILIES[cfg.model.family]
     count = getattr(PEFT[cfg.peft.name], "adapter_parameters", None)
-    if count is None or not hasattr(fam, "linear_shapes"):
+    if count is None or fam.linear_shapes is None:
         return 1.0
     adapters = count(fam.linear_shapes(cfg.model), cfg.peft)
     return adapters / (fam.parameter_count(cfg.model)["total"] + adapters)
@@ -202,7 +202,7 @@ def advisor_report(cfg: Any, devices: int, overrides: Optional[Sequence[str]] = 
         format_plan(best.plan, d),
         format_time(best.time, d, cfg.precision.compute_dtype),
         "layout\n" + textwrap.indent(Layout(best.candidate.dp, best.candidate.tp, best.candidate.pp,
-                                             cfg.model.num_layers).describe(), "  "),
+                                             cfg.model.num_layers, best.candidate.ep).describe(), "  "),
         format_launch(user, best.candidate, d, devices // d.devices_per_node if devices > d.devices_per_node else 1,
                       cfg.precision.compute_dtype),
     ])

@@ -51,6 +51,7 @@ def mindformers_parallel_config(c: Candidate, dtype: str) -> str:
         f"  data_parallel: {c.dp}",
         f"  model_parallel: {c.tp}",
         f"  pipeline_stage: {c.pp}",
+        *([f"  expert_parallel: {c.ep}"] if c.ep > 1 else []),
         f"  use_seq_parallel: {c.sequence_parallel}",
         f"  micro_batch_num: {c.micro_batches if c.pp > 1 else 1}",
         "  vocab_emb_dp: False" if c.tp > 1 else "  vocab_emb_dp: True",

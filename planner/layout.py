@@ -23,10 +23,11 @@ class Layout:
     tp: int
     pp: int
     num_layers: int
+    ep: int = 1  # a mixture of experts' experts split over ep consecutive dp ranks (ep divides dp)
 
     @classmethod
     def from_config(cls, parallel: Any, num_layers: int) -> "Layout":
-        return cls(dp=parallel.dp, tp=parallel.tp, pp=parallel.pp, num_layers=num_layers)
+        return cls(dp=parallel.dp, tp=parallel.tp, pp=parallel.pp, num_layers=num_layers, ep=parallel.ep)
 
     @property
     def world_size(self) -> int:
@@ -48,6 +49,12 @@ class Layout:
         """Ranks that hold the same weight shard on different data (gradient all-reduce)."""
         return [[self.rank(s, d, t) for d in range(self.dp)] for s in range(self.pp) for t in range(self.tp)]
 
+    def ep_groups(self) -> List[List[int]]:
+        """Ranks that hold different experts of the same layers and exchange tokens by all-to-all: ep consecutive
+        dp ranks at one tp rank (so a group spans ep x tp consecutive ranks)."""
+        return [[self.rank(s, d0 + d, t) for d in range(self.ep)] for s in range(self.pp)
+                for d0 in range(0, self.dp, self.ep) for t in range(self.tp)]
+
     def pp_groups(self) -> List[List[int]]:
         """Ranks that pass activations from stage to stage (point-to-point send/recv)."""
         return [[self.rank(s, d, t) for s in range(self.pp)] for d in range(self.dp) for t in range(self.tp)]
@@ -66,7 +73,8 @@ class Layout:
                  f"(rank = pp_rank*{self.dp * self.tp} + dp_rank*{self.tp} + tp_rank)"]
         stages = [self._describe_stage(s) for s in range(self.pp)]
         lines += _elide(stages, max_groups)
-        for name, groups in [("tp", self.tp_groups()), ("dp", self.dp_groups()), ("pp", self.pp_groups())]:
+        kinds = [("tp", self.tp_groups()), ("dp", self.dp_groups())] + ([("ep", self.ep_groups())] if self.ep > 1 else [])
+        for name, groups in kinds + [("pp", self.pp_groups())]:
             shown = _elide([_format_group(g, 2 * max_groups) for g in groups], max_groups)
             lines.append(f"{name} groups ({len(groups)} x {len(groups[0])} ranks): " + " ".join(shown))
         return "\n".join(lines)

@@ -33,6 +33,13 @@ predicted with it, not fitted.
                 part of the layers ([8,4,4,1,1,1,1,1] per stage), use_flash_attention True, bfloat16
     Mapping: the Llama 2 presets (conf/model/), gradient accumulation as micro-batches of one step, select_recompute
     as selective everywhere (it adds the attention core's forward only: < 2% here).
+[MC] Megatron-Core's MoE README (NVIDIA/Megatron-LM, megatron/core/transformer/moe/README.md): "468 TFLOPS for
+    Mixtral 8X7B bf16 training" (MCore v0.9), with its reference parallel mapping for Mixtral 8x7B (dropless,
+    all-to-all dispatcher, BF16, 64 H100 80 GB in 8-GPU nodes: NVLink 4 inside, 8 x 400 Gb/s InfiniBand between;
+    sequence 4,096, TP 1, EP 8, PP 4, VP 8, micro-batch 1, global batch 256, distributed optimizer). Published
+    tokens/s per GPU = 468e12 / the moe family's FLOPs per token (6 x the active matmul weights + attention: 82.9G).
+    Mapping: the mixtral_8x7b preset, dp 16, ep 8, optimizer_shard, no recompute; the planner has no interleaved
+    (virtual) pipeline, so its bubble is VP 8's times 8: the prediction errs low.
 Not used: torchtitan's figures (docs/performance.md). Its A100 runs (64 GPUs, FSDP) do not state the network
 between nodes, which decides them; its H100 runs are on power-capped 500 W HBM2e parts whose peak torchtitan says it
 does not know, and its Llama 3.1 8B there (5,762 tokens/s per GPU on 8 GPUs, FSDP) implies an efficiency of 0.36
@@ -56,7 +63,7 @@ class Run:
     name: str
     source: str  # N | MF (the module docstring)
     device: str  # conf/device preset
-    model: dict  # Llama-family shape
+    model: dict  # the family's shape (a conf/model preset's keys)
     dp: int
     tp: int
     pp: int
@@ -67,6 +74,8 @@ class Run:
     micro_batches: int
     recompute: str
     published: float  # tokens/s per device
+    family: str = "llama"
+    ep: int = 1
 
 
 def megatron(name: str, heads: int, hidden: int, layers: int, tp: int, pp: int, gpus: int, batch: int,
@@ -81,7 +90,7 @@ def megatron(name: str, heads: int, hidden: int, layers: int, tp: int, pp: int, 
                teraflops * 1e12 / flops_per_token)
 
 
-def llama2(name: str) -> dict:
+def preset(name: str) -> dict:
     raw = OmegaConf.load(os.path.join(REPO_ROOT, "conf", "model", f"{name}.yaml"))
     return {k: v for k, v in raw.items() if k not in ("defaults", "name")}
 
@@ -97,10 +106,12 @@ RUNS: List[Run] = [
     megatron("310.1B", 128, 16384, 96, 8, 16, 1920, 2160, 155),
     megatron("529.6B", 128, 20480, 105, 8, 35, 2520, 2520, 163),
     megatron("1008.0B", 160, 25600, 128, 8, 64, 3072, 3072, 163),
-    Run("MindFormers Llama 2 7B", "MF", "ascend910b", llama2("7b"), 8, 1, 1, False, True, 4096, 1, 8, "none", 4160),
-    Run("MindFormers Llama 2 13B", "MF", "ascend910b", llama2("13b"), 8, 1, 1, False, True, 4096, 4, 1, "full", 1691),
-    Run("MindFormers Llama 2 70B", "MF", "ascend910b", llama2("70b"), 1, 4, 8, True, True, 4096, 1, 256, "selective",
+    Run("MindFormers Llama 2 7B", "MF", "ascend910b", preset("7b"), 8, 1, 1, False, True, 4096, 1, 8, "none", 4160),
+    Run("MindFormers Llama 2 13B", "MF", "ascend910b", preset("13b"), 8, 1, 1, False, True, 4096, 4, 1, "full", 1691),
+    Run("MindFormers Llama 2 70B", "MF", "ascend910b", preset("70b"), 1, 4, 8, True, True, 4096, 1, 256, "selective",
         337),
+    Run("Megatron-Core Mixtral 8x7B", "MC", "h100", preset("mixtral_8x7b"), 16, 1, 4, False, True, 4096, 1, 16, "none",
+        468e12 / 82_933_972_992, family="moe", ep=8),
 ]
 
 
@@ -112,7 +123,7 @@ def device(name: str):
 
 
 def model(run: Run):
-    return OmegaConf.merge(OmegaConf.structured(FAMILIES["llama"].Config(name=run.name)), run.model)
+    return OmegaConf.merge(OmegaConf.structured(FAMILIES[run.family].Config(name=run.name)), run.model)
 
 
 def predict(run: Run, efficiency: float = None):
@@ -120,7 +131,7 @@ def predict(run: Run, efficiency: float = None):
     d = device(run.device)
     if efficiency is not None:
         d.compute_efficiency = efficiency
-    layout = SimpleNamespace(dp=run.dp, tp=run.tp, pp=run.pp, sequence_parallel=run.sequence_parallel,
+    layout = SimpleNamespace(dp=run.dp, tp=run.tp, pp=run.pp, ep=run.ep, sequence_parallel=run.sequence_parallel,
                              optimizer_shard=run.optimizer_shard, micro_batches=run.micro_batches)
     return step_time(model(run), layout, d, run.seq_len, run.micro_batch_size, run.micro_batches, "bf16", run.recompute)
 

@@ -113,6 +113,12 @@ def step_time(m: Any, p: Any, device: Any, seq_len: int, micro_batch_size: int, 
         count = 2 * passes * layers * micro_batches
         kind = "all-gather + reduce-scatter" if p.sequence_parallel else "all-reduce"
         per_micro += add("tp", f"{kind} x {count}", count * 2 * (p.tp - 1) / p.tp * activation, p.tp) / micro_batches
+    experts = FAMILIES[m.family].experts
+    if experts is not None and p.ep > 1:  # each token's top_k copies to their experts' ranks and back
+        top_k, passes = experts(m)[1], 3 if recompute == "full" else 2
+        count = 2 * passes * layers * micro_batches  # dispatch and combine, per forward and backward pass
+        sent = count * top_k * (p.ep - 1) / p.ep * activation / (p.tp if p.sequence_parallel else 1)
+        per_micro += add("ep", f"all-to-all x {count}", sent, p.ep * p.tp) / micro_batches
     if p.pp > 1:
         message = activation / (p.tp if p.sequence_parallel else 1)
         per_micro += add("pp", f"send/recv x {2 * micro_batches}", 2 * micro_batches * message,

@@ -106,11 +106,11 @@ def plan(stages: List[Stage], root: Path, compose: Callable[[List[str]], DictCon
                 overrides.append(f"stage.init_from={override_value(start)}")
             try:
                 cfg = compose(overrides)
-                needs = getattr(OBJECTIVES[cfg.objective.name], "NEEDS", {})
+                needs = OBJECTIVES[cfg.objective.name].NEEDS or {}
                 missing = {what: key for what, key in needs.items() if not any(o.startswith(f"{key}=") for o in overrides)}
                 for what, key in missing.items():  # e.g. PPO's reward model: the last stage that trained one
                     given = [p for p in done if p.config is not None and
-                             getattr(OBJECTIVES[p.config.objective.name], "PROVIDES", None) == what]
+                             OBJECTIVES[p.config.objective.name].PROVIDES == what]
                     if not given:
                         raise ConfigError(f"recipe.stages.{stage.name}", f"objective={cfg.objective.name} takes a "
                                           f"{what} from an earlier stage: put a stage that trains one before it, or "
@@ -128,7 +128,7 @@ def plan(stages: List[Stage], root: Path, compose: Callable[[List[str]], DictCon
                 raise _stage_error(stage, _one_line(err)) from None
             key = config_key(cfg)
             planned = Planned(stage, key, root / STORE / f"{stage.name}-{key}", overrides, cfg, source)
-            if not hasattr(OBJECTIVES[cfg.objective.name], "PROVIDES"):  # (a reward model is a side branch)
+            if OBJECTIVES[cfg.objective.name].PROVIDES is None:  # (a reward model is a side branch)
                 line = planned
         done.append(planned)
         by_name[stage.name] = planned
@@ -222,7 +222,8 @@ def stage_commands(p: Planned, workdir: Path, variant: str) -> List[List[str]]:
 # the builder's command
 DATASETS = {"instructions": ["-m", "builders.instructions"],
             "preferences": ["-m", "builders.preferences"],
-            "tasks": ["-m", "builders.tasks", "build"]}
+            "tasks": ["-m", "builders.tasks", "build"],
+            "chat_zh": ["-m", "builders.chat_zh"]}
 
 
 def build_datasets(names: List[str], stream=sys.stdout) -> None:

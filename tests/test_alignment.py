@@ -317,7 +317,7 @@ def test_a_reward_models_checkpoint_holds_its_val_reward_mean_and_std(tmp_path, 
 @pytest.mark.parametrize("overrides,key,message", [
     (["stage=dpo"], "stage.init_from", "objective=dpo fine-tunes a pretrained model"),
     (["stage=rm", "stage.init_from=/x", "data=instructions"], "data.sources",
-     "objective=rm trains on sources of kind preference, not alpaca"),
+     "objective=rm trains on sources of kind preference, feedback, rated, hh, auto, not alpaca"),
     (["stage=dpo", "stage.init_from=/x", "data=preferences", "objective.beta=0"], "objective.beta", "must be > 0"),
     (["stage=dpo", "stage.init_from=/x", "data=preferences", "objective.loss=kto"], "objective.loss",
      "choose one of sigmoid, ipo, hinge"),

@@ -270,7 +270,7 @@ def test_latest_moves_after_every_rank_wrote_its_slices(monkeypatch, tmp_path):
 
     def rank(r):
         module = object.__new__(ShardedModule)
-        module.rank, module.run_dir, module.compiled = r, str(tmp_path), type("Compiled", (), {"network": None})
+        module.rank, module.run_dir, module.train_step = r, str(tmp_path), None
         module.save(str(tmp_path / "checkpoints"), 7, {}, None, "tokenizer.model", is_main=r == 0)
 
     threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]

@@ -1,6 +1,7 @@
 """Data pipeline, consumption side: the blended order, MindRecord loading, dp sharding, resuming, build_data."""
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -184,8 +185,13 @@ def test_build_data_bundle(prepared, tmp_path):
         expected = [tokens[i * SEQ:i * SEQ + SEQ + 1] for i in range(3 * len(bundle.val[name]))]
         assert np.array_equal(np.concatenate([b["input_ids"] for b in bundle.val[name]]), np.stack(expected))
         assert {"docs_read", "removed", "docs_kept", "train", "val"} <= set(bundle.meta["sources"][name])
-    with pytest.raises(DataError, match=r"source 'c' has \d+ validation rows.*fewer than one batch of 10"):
+    with pytest.raises(DataError, match=r"source 'c' has \d+ validation rows.*fewer than one batch of 10; set "
+                                        r"data.val_fraction=([\d.]+) .* or trainer.micro_batch_size=(\d+), or lower "
+                                        r"data.seq_len") as err:
         build_data(cfg, micro_batch_size=10)
+    fraction, rows = re.search(r"val_fraction=([\d.]+) .*micro_batch_size=(\d+)", str(err.value)).groups()
+    for fixed, batch in ((OmegaConf.merge(cfg, {"val_fraction": float(fraction)}), 10), (cfg, int(rows))):
+        assert len(build_data(fixed, micro_batch_size=batch).val["c"]) >= 1  # either setting it names works
     assert build_data(OmegaConf.merge(cfg, {"val_fraction": 0.0}), micro_batch_size=2).val == {}
 
 

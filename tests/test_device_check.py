@@ -129,6 +129,30 @@ def test_an_unknown_device_preset_is_one_line(monkeypatch, tmp_path, capsys):
         capsys.readouterr().err
 
 
+def test_generation_is_checked_against_the_same_checkpoint_and_fails_when_it_disagrees(monkeypatch, tmp_path, capsys):
+    """Both greedy runs read the device's own pretrained checkpoint (a CPU checkpoint's tokens would differ for any
+    device whose training differs); agreement under --min-agreement fails the check."""
+    machine = FakeMachine(off=0.01)
+    code, lines = _check_on(machine, monkeypatch, tmp_path, capsys, "--min-agreement", "0.8")
+    assert code == 1
+    generate = next(line for line in lines if line.startswith("generate"))
+    assert generate.endswith("greedy tokens agree with CPU fp32: 12 of 16, fewer than 80%")
+    workers = [c for c in machine.commands if "--generate-worker" in c]
+    assert {c[c.index("--generate-worker") + 1] for c in workers} == {str(tmp_path / "pretrain-ascend910b")}
+    assert {c[c.index("--target") + 1] for c in workers} == {"Ascend", "CPU"}
+
+
+def test_the_layout_check_starts_both_runs_from_the_same_weights(monkeypatch, tmp_path, capsys):
+    """A sharded build initialises its weights on the device at random: the dp2xtp2xpp2 run and its CPU reference
+    both start from the CPU pretraining's checkpoint, so their losses can agree."""
+    machine = FakeMachine(off=0.01)
+    assert _check_on(machine, monkeypatch, tmp_path, capsys)[0] == 0
+    layout_runs = [c for c in machine.commands if any(part.startswith("hydra.run.dir=") and "dp2xtp2xpp2" in part
+                                                      for part in c)]
+    assert len(layout_runs) == 2
+    assert all(f"stage.init_from={tmp_path / 'pretrain-cpu'}" in c for c in layout_runs)
+
+
 # --- scripts/gpu_runtime.py: what make device-check installs on a GPU host --------------------------------------
 
 spec = importlib.util.spec_from_file_location("gpu_runtime", os.path.join(ROOT, "scripts", "gpu_runtime.py"))

@@ -29,7 +29,7 @@ import pytest
 from conftest import ROOT
 
 ROOT = Path(ROOT)
-DOCS = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
+DOCS = [ROOT / "README.md", ROOT / "README.zh-CN.md"] + sorted((ROOT / "docs").glob("*.md"))
 PROGRAM = re.compile(r"^(?:scripts/venv\.sh )?(python3? (?:train\.py|prepare\.py|-m [\w.]+)\b.*)$")  # ("$ python ...":
 # a transcript, which may show a refusal on purpose, is not a command to check)
 
@@ -160,6 +160,16 @@ def test_every_documented_command_matches_the_code(path, number, command, tmp_pa
         text = help_text(module, rest)
         missing = [f for f in flags if f not in text]
         assert not missing, f"{path.name}:{number}: {module} does not take {', '.join(missing)}"
+
+
+def test_the_chinese_readme_mirrors_the_readme():
+    """README.zh-CN.md holds every command of README.md, and its sections in the same order (each checked above)."""
+    english, chinese = ({c.split(" #")[0].strip() for _, c in commands(ROOT / name)}
+                        for name in ("README.md", "README.zh-CN.md"))  # the commands, without their comments
+    missing = sorted(english - chinese)
+    assert not missing, f"README.zh-CN.md lacks: {missing}"
+    count = lambda name: sum(line.startswith("## ") for line in (ROOT / name).read_text(encoding="utf-8").splitlines())
+    assert count("README.zh-CN.md") == count("README.md") + 1  # and a section on the Chinese pipeline
 
 
 def test_the_check_fails_on_a_renamed_key(tmp_path):

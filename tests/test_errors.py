@@ -87,6 +87,9 @@ class World:
         os.symlink(self.path("data", "gone", "moved-away.jsonl"), self.path("data", "gone", "part.jsonl"))
         self.write("data/big.jsonl", "".join(json.dumps({"text": f"document {i} " + "lorem ipsum " * 60}) + "\n"
                                              for i in range(400)).encode())
+        self.write("data/alpaca_data.jsonl", json.dumps([{"instruction": "a", "output": "b"}] * 2, indent=4).encode())
+        feedback = [{"prompt": "p", "response1": "a", "response2": "b", "preference": k} for k in (1, 3)]
+        self.write("data/human_feedback.jsonl", "".join(json.dumps(r) + "\n" for r in feedback).encode())
         self.write("data/prompts_bad.jsonl", b'{"prompt": "a"}\n{"prompt": \n')
         self.write("data/prompts_field.jsonl", b'{"text": "a"}\n')
         self.write("data/task_bad.jsonl", b'{"context": "x"}\n')
@@ -168,6 +171,9 @@ class World:
         more = "".join(f", {k}: {v}" for k, v in extra.items())
         return f"data.sources=[{{name: mine, kind: {kind}, paths: ['{path}']{more}}}]"
 
+    def tokenizer(self) -> str:
+        return f"data.tokenizer.path={os.path.join(self.ckpt, 'tokenizer.model')}"
+
     def prepare(self, *overrides) -> List[str]:
         return [f"data.cache_dir={self.cache}", "data.num_workers=0", *overrides]
 
@@ -221,6 +227,14 @@ CASES = [
     C("start from LoRA adapters", "train", lambda w: w.train("stage=dpo", f"stage.init_from={w.lora}",
                                                              "data=preferences"),
       lambda w: [w.lora, "--merge-lora"], 1),
+    C("moe top-k above the experts", "train", lambda w: w.train("model=moe_tiny", "model.top_k=9"),
+      ["model.top_k", "num_experts=8"], 2, "a mixture of experts routing each token to more experts than it has"),
+    C("moe capacity factor not positive", "train", lambda w: w.train("model=moe_tiny", "model.capacity_factor=0"),
+      ["model.capacity_factor", "null for dropless"], 2),
+    C("moe ep not dividing the experts", "train",
+      lambda w: w.train("model=mixtral_8x7b", "device=ascend910b", "parallel=single", "parallel.dp=6", "parallel.ep=3",
+                        "dry_run=true"),
+      ["parallel.ep", "the 8 experts", "choose ep among 1, 2"], 2, "expert parallelism that does not divide the experts"),
     C("dpo without a checkpoint", "train", lambda w: w.train("stage=dpo"), ["stage.init_from"], 2,
       "an alignment stage without the model it starts from"),
     C("rm on instruction data", "train", lambda w: w.train("stage=rm", f"stage.init_from={w.ckpt}", "data=instructions"),
@@ -287,6 +301,21 @@ CASES = [
       lambda w: w.prepare(w.source("jsonl", w.path("data", "nothing*.jsonl"))), ["nothing*.jsonl"], 1),
     C("prepare: unknown kind", "prepare", lambda w: w.prepare(w.source("csv", w.path("data", "bad.jsonl"))),
       ["csv"], 1),
+    C("prepare: a JSON list as .jsonl", "prepare",
+      lambda w: w.prepare(w.source("alpaca", w.path("data", "alpaca_data.jsonl")), w.tokenizer()),
+      lambda w: [w.path("data", "alpaca_data.jsonl") + ":1", "name it .json"], 1, "a JSON list saved as .jsonl"),
+    C("prepare: feedback that prefers neither", "prepare",
+      lambda w: w.prepare(w.source("feedback", w.path("data", "human_feedback.jsonl")), w.tokenizer()),
+      lambda w: [w.path("data", "human_feedback.jsonl") + ":2", "'preference' is 3", "ties=drop"], 1,
+      "a feedback record whose preference is not 1 or 2"),
+    C("prepare: a record of another format", "prepare",
+      lambda w: w.prepare(w.source("preference", w.path("data", "human_feedback.jsonl")), w.tokenizer()),
+      lambda w: [w.path("data", "human_feedback.jsonl") + ":1", "no field 'chosen'", "set kind: feedback"], 1,
+      "records of another format than the source's kind"),
+    C("prepare: a template field that is not filled", "prepare",
+      lambda w: w.prepare(w.source("alpaca", w.path("inst_field", "train.jsonl")), w.tokenizer(),
+                          'data.template.prompt_no_input="### 指令: {instrction}\\n### 输出: "'),
+      ["data.template.prompt_no_input", "{instrction}", "{instruction}"], 1, "a template with a misspelt field"),
     C("prepare: truncated gzip mid-source", "prepare",
       lambda w: w.prepare(w.source("jsonl", w.path("data", "mid", "*.jsonl.gz"))),
       lambda w: [w.path("data", "mid", "b.jsonl.gz"), "cannot read it"], 1),

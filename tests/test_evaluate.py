@@ -18,6 +18,7 @@ from mindspore import Tensor
 
 import evaluation.__main__ as E
 from base.errors import ConfigError
+from base.objective import ObjectiveBase, ObjectivePlugin
 from base.paths import task_path
 from builders import instructions as I
 from builders import tasks as BT
@@ -407,7 +408,7 @@ class SecondHalfConfig:
     name: str = MISSING  # second_half
 
 
-class SecondHalf:
+class SecondHalf(ObjectiveBase):
     """An objective evaluation has never heard of: causal LM loss on the second half of each packed row only.
     What it exposes for evaluation is its `token_nll` hook."""
 
@@ -442,9 +443,9 @@ def second_half(monkeypatch):
     from data.packing import PACKED
     from plugins import register
 
-    module = SimpleNamespace(Config=SecondHalfConfig, check=lambda cfg: None, row_spec=lambda cfg: PACKED,
-                             Objective=SecondHalf)
-    monkeypatch.setitem(OBJECTIVES._items, "second_half", module)
+    module = SimpleNamespace(__name__="tests.second_half", Config=SecondHalfConfig, check=lambda cfg: None,
+                             row_spec=lambda cfg: PACKED, Objective=SecondHalf)
+    monkeypatch.setitem(OBJECTIVES._items, "second_half", ObjectivePlugin("second_half", module))
     register()  # its preset, objective=second_half
 
 
@@ -503,6 +504,10 @@ def test_alpaca_samples_are_generation_items_with_the_sft_prompt(tmp_path):
     task = T.load_task(path)
     assert task.kind == "generation" and task.items[0]["answer"] == "n 1: a small feline"
     assert task.items[0]["prompt"].endswith("### Input:\nDictionary: WordNet 3.0\n\n### Response:\n")
+    from data.samples import TEMPLATES  # prompted as the checkpoint was tuned: the article's template
+
+    assert T.load_task(path, template=TEMPLATES["alpaca_zh"]).items[0]["prompt"] == \
+        "### 指令: Define the word \"cat\".\n### 输入: Dictionary: WordNet 3.0\n### 输出: "
 
 
 def test_passkey_rows_hide_the_key_at_the_depth_and_score_by_likelihood(tok):
@@ -558,6 +563,9 @@ def test_an_sft_checkpoint_is_evaluated_on_the_documents_of_the_run_it_descends_
     base = OmegaConf.load(os.path.join(base_checkpoint, "config.yaml"))
     assert cfg.data.name == base.data.name and [s.name for s in cfg.data.sources] == [s.name for s in base.data.sources]
     assert cfg.objective.name == "clm"
+    (tmp_path / "a.txt").write_text("some text\n")
+    typed = compose_config(str(step), [f"data.sources=[{{name: mine, kind: text, paths: [{tmp_path / 'a.txt'}]}}]"])
+    assert typed.data.name == "command-line sources mine"  # what the report labels them, not the preset's name
     saved.stage.init_from = str(tmp_path / "gone")
     OmegaConf.save(saved, step / "config.yaml")
     with pytest.raises(ConfigError, match="is not there to say which documents it knows; give them, e.g. data="):

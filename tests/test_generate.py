@@ -1,4 +1,4 @@
-"""Generation with a KV cache (models/llama/generation.py) and `python -m generate`: cached logits equal the
+"""Generation with a KV cache (models/common/generation.py) and `python -m generate`: cached logits equal the
 training path's, greedy tokens equal transformers', sampling options, two compiled graphs, the CLI."""
 import json
 import subprocess
@@ -19,7 +19,7 @@ from conftest import ROOT, load_preset
 from data.tokenizer import Tokenizer
 from models import build_model
 from models.convert import export_hf, main as cli_convert
-from models.llama.generation import Generator, Sampler
+from models.common.generation import Generator, Sampler
 
 LINES = ["To be, or not to be, that is the question:", "Shall I compare thee to a summer's day?",
          "Now is the winter of our discontent", "Friends, Romans, countrymen, lend me your ears;"]
@@ -130,7 +130,8 @@ def test_greedy_tokens_equal_transformers_generate(ckpt, tmp_path, capsys):
     # the CLI on the Hugging Face directory (imported through models.convert.import_hf) continues the same way
     assert cli.main([str(tmp_path / "hf"), "--prompt", LINES[1], "--max-new-tokens", "10", "--temperature", "0",
                      "--ignore-eos"]) == 0
-    assert capsys.readouterr().out == tok.decode(prompts[1] + ours.samples[1].tokens[:10]) + "\n"
+    # (less a character its 10th token leaves unfinished: never shown broken)
+    assert capsys.readouterr().out == tok.decode(tok.whole_chars(prompts[1] + ours.samples[1].tokens[:10])) + "\n"
 
 
 @pytest.fixture(scope="module")
@@ -299,7 +300,7 @@ def test_an_instruction_is_prompted_as_the_checkpoints_training_template_renders
     saved.data = {"template": {"name": template}}
     OmegaConf.save(saved, copy / "config.yaml")
     t = template_of(saved)
-    expected = render({"instruction": "Name a colour.", "input": "", "output": ""}, "alpaca", t)[0][0]
+    expected = render({"instruction": "Name a colour.", "input": "", "output": ""}, t)[0][0]
     chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"instruction": "Name a colour."}) + "\n" + json.dumps({"messages": chat}) + "\n")

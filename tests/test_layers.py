@@ -36,8 +36,15 @@ LAYERS = {
 }
 NAMES = {layer: name for name, layer in
          {"base": 0, "pipeline": 1, "models": 2, "objectives": 3, "evaluation": 4, "trainer": 5, "entry": 6}.items()}
-# Llama's internals: outside models/llama/ only entry points reach them (through the family's package otherwise)
-FAMILY_INTERNALS = ("models.llama.", "models.bert.")
+
+
+def family_internals() -> tuple:
+    """Every registered family's internals (models.<family>.*, read from base/registry.py FAMILIES): outside its
+    folder only entry points reach them (through the family's package and models/common/ otherwise)."""
+    import models  # noqa: F401  (registers the families)
+    from base.registry import FAMILIES
+
+    return tuple(f"models.{name}." for name in FAMILIES)
 
 
 def project_modules(root: Path = ROOT):
@@ -69,7 +76,7 @@ def imports_of(path: Path, dotted: str):
 
 def violations(root: Path = ROOT) -> list:
     """One line per upward import, per same-layer folder cycle, per reach into a family's internals."""
-    out, edges = [], defaultdict(set)
+    out, edges, internals = [], defaultdict(set), family_internals()
     for top, dotted, path in project_modules(root):
         if top not in LAYERS:
             out.append(f"{path.relative_to(root)}: {top} is in no layer (add it to tests/test_layers.py LAYERS)")
@@ -84,7 +91,7 @@ def violations(root: Path = ROOT) -> list:
                 out.append(f"{where}: {NAMES[layer]} layer imports {module} ({NAMES[LAYERS[target]]} layer, above)")
             elif LAYERS[target] == layer:
                 edges[top].add((target, where))
-            if layer < 6 and module.startswith(FAMILY_INTERNALS) and not dotted.startswith(
+            if layer < 6 and module.startswith(internals) and not dotted.startswith(
                     module.split(".")[0] + "." + module.split(".")[1]):
                 out.append(f"{where}: imports {module}, a family's internals (use the family package's API)")
     for a, targets in edges.items():

@@ -1,5 +1,6 @@
 """LoRA as a model converter (adapters/lora.py): names, freezing, merge, matching, PEFT export, fp16, graph mode."""
 import math
+import os
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ import kernels
 from adapters.lora import LoraConfig, apply_lora, describe, lora_state, merge_lora, peft_adapter_files, scaling, \
     single_name, write_peft_adapter
 from adapters.twins import libraries_in
-from conftest import load_preset
+from conftest import ROOT, load_preset
 from models import build_model
 from objectives.clm import CausalLMLoss
 
@@ -62,6 +63,10 @@ def test_lora_llama_is_the_base_model_with_frozen_base_and_named_adapters():
     assert info["trainable"] == m.num_layers * per_layer == sum(p.size for p in model.trainable_params())
     assert info["total"] == sum(p.size for p in base.get_parameters()) + info["trainable"]
     assert describe(info).startswith(f"LoRA: {info['trainable']:,} trainable / {info['total']:,} total (")
+    preset = OmegaConf.load(os.path.join(ROOT, "conf", "peft", "lora.yaml"))
+    assert preset.r == LoraConfig().r and "target_modules" not in preset  # the dataclass's defaults: peft=lora's
+    with open(os.path.join(ROOT, "docs", "sft.md"), encoding="utf-8") as f:  # the guide shows what peft=lora prints
+        assert f"[peft] {describe(info)}\n" in f.read()
 
     weights = params(model)
     for t in info["targets"]:

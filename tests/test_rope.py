@@ -1,4 +1,4 @@
-"""RoPE scaling (models/llama/rope.py): the cos/sin tables equal transformers' LlamaRotaryEmbedding for the
+"""RoPE scaling (models/common/rope.py): the cos/sin tables equal transformers' LlamaRotaryEmbedding for the
 exported `rope_scaling`, each method's defining property holds, and bad settings give one clear error."""
 import numpy as np
 import pytest

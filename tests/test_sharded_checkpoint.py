@@ -96,6 +96,43 @@ def test_reshard_tp2pp2_to_tp4_equals_slicing_the_original(full_checkpoint, tmp_
     assert merge_checkpoint(str(tmp_path / "tp4")).keys() == tensors.keys()
 
 
+def test_optimizer_sharded_slices_are_split_again_over_their_dp_group(full_checkpoint, tmp_path):
+    """parallel.optimizer_shard: a tensor-parallel slice is cut once more along its first dimension over the dp
+    ranks that share it, a replicated tensor over the whole stage, a tensor under 64 KB stays whole (MindSpore's
+    parallel optimizer at its defaults); the strategy file says so, MindSpore's transform_checkpoints merges it
+    back to the original, and a reshard into that layout cuts what slicing the original cuts."""
+    path, tensors = full_checkpoint
+    reshard.split(path, str(tmp_path / "zero"), dp=2, tp=2, pp=1, sharded_optimizer=True)  # rank = dp_rank*2 + tp
+    rank3 = load_tensors(str(tmp_path / "zero" / "rank_3" / SLICE))
+    wq = tensors["model.layers.0.attention.wq.weight"]  # column-parallel [128, 128], 64 KB: tp half 1, then dp half 1
+    np.testing.assert_array_equal(rank3["model.layers.0.attention.wq.weight"], wq[64:][32:])
+    v = tensors["adam_v.model.layers.0.feed_forward.w2.weight"]  # row-parallel: columns over tp, rows over dp
+    np.testing.assert_array_equal(rank3["adam_v.model.layers.0.feed_forward.w2.weight"],
+                                  v[:, v.shape[1] // 2:][v.shape[0] // 2:])
+    norm = tensors["model.norm_out.weight"]  # 1 KB: under the threshold, whole on every rank
+    np.testing.assert_array_equal(rank3["model.norm_out.weight"], norm)
+    layouts = ms.parallel.build_searched_strategy(str(tmp_path / "zero" / STRATEGY))
+    wq_layout = layouts["0-model.layers.0.attention.wq.weight"]
+    assert (wq_layout.opt_weight_shard_size, wq_layout.opt_weight_shard_step) == (2, 2)
+    assert layouts["0-model.norm_out.weight"].opt_weight_shard_size == 0
+
+    reshard.merge(str(tmp_path / "zero"), str(tmp_path / "merged"))
+    merged = {**load_tensors(str(tmp_path / "merged" / checkpoint.WEIGHTS)),
+              **load_tensors(str(tmp_path / "merged" / checkpoint.OPTIMIZER))}
+    for name, array in tensors.items():
+        np.testing.assert_array_equal(merged[name], array, err_msg=name)
+
+    from distributed.sharded_checkpoint import reshard_checkpoint
+
+    reshard.split(path, str(tmp_path / "tp2"), dp=1, tp=2, pp=1)
+    layout = reshard_checkpoint(str(tmp_path / "tp2"), 2, 2, 1, str(tmp_path / "again"), llama_plan, True)
+    for rank in range(4):
+        got = load_tensors(str(tmp_path / "again" / f"rank_{rank}" / SLICE))
+        want = rank_slice(tensors, layout, rank, llama_plan, sharded_optimizer=True)
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=f"rank {rank} {name}")
+
+
 def test_bad_layouts_and_directories_give_one_clear_error(full_checkpoint, tmp_path):
     path, _ = full_checkpoint
     with pytest.raises(ValueError, match=r"lm_head.weight: dimension 0 \(size 4096\) does not split 3 ways"):

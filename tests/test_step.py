@@ -272,7 +272,8 @@ def test_one_graph_sharded_step_equals_the_two_graph_step():
     norm_a, _, _ = update_a(scale, ALLOW)
     model_b, optimizer_b, _, _ = setup(clip=0.05)
     step = ShardedTrainStep(CausalLMLoss(model_b), optimizer_b, 0.05, pp=1, micro_batches=1, optimizer_shard=False)
-    loss_b, norm_b, finite, _ = step(scale, x, x)
+    step.loss_scale.set_data(scale)  # a parameter: every input of the sharded graph is a batch column
+    loss_b, norm_b, finite, _ = step(x, x)
     assert bool(finite.asnumpy()) and float(norm_a.asnumpy()) > 0.05  # clipping was active
     np.testing.assert_allclose(loss_b.asnumpy(), loss_a[0].asnumpy(), rtol=1e-6)
     np.testing.assert_allclose(norm_b.asnumpy(), norm_a.asnumpy(), rtol=1e-5)
@@ -362,9 +363,10 @@ def test_the_sharded_step_keeps_the_objectives_metrics():
 
     model, optimizer, _, _ = setup()
     module = object.__new__(ShardedModule)
-    module.objective = _WithMetric()
-    module.compiled = ShardedTrainStep(module.objective.loss_cell(model), optimizer, 1.0, pp=1, micro_batches=1,
-                                       optimizer_shard=False)
+    module.objective, module.dp, module.pp, module.stage, module.fed = _WithMetric(), 1, 1, 0, set()
+    module.compiled = module.train_step = ShardedTrainStep(module.objective.loss_cell(model), optimizer, 1.0, pp=1,
+                                                           micro_batches=1, optimizer_shard=False)
+    module.compiled.dataset_strategy = lambda config: None  # (AutoParallel's: the plain cell has none)
     x = batch(4)
     result = module.step([(x.asnumpy(), x.asnumpy())], 1.0)
     assert set(result.metrics) == {"twice"} and result.metrics["twice"] == pytest.approx(2 * result.loss, rel=1e-6)

@@ -19,6 +19,7 @@ EXPECTED_LAYER = {  # tp2, dp1: per decoder layer
     "attention.wq.matmul": COL, "attention.wk.matmul": COL, "attention.wv.matmul": COL,
     "attention.wo.matmul": ROW, "attention.core.block.qk": HEADS, "attention.core.block.pv": HEADS,
     "feed_forward.w1.matmul": COL, "feed_forward.w3.matmul": COL, "feed_forward.w2.matmul": ROW,
+    "attention_residual": ((1, 1, 1), (1, 1, 1)), "ffn_residual": ((1, 1, 1), (1, 1, 1)),  # [B, S, h]: by batch
 }
 
 
@@ -78,6 +79,27 @@ def test_sequence_parallel_shards_every_norm_primitive_along_the_sequence(semi_a
         {f"{norm}.{op}": s for norm in NORMS for op, s in expected.items()}
     assert dict(model.cells_and_names())["model.norm_out"].scale.in_strategy == (act, (1,))
     assert plan["model.layers.0.attention.wq.matmul"] == COL  # the tensor-parallel part is unchanged
+
+
+def test_sequence_parallel_reduce_scatters_the_row_parallel_outputs(semi_auto_parallel):
+    """Megatron's sequence parallelism, MindFormers' way: the row-parallel matmuls (wo, w2) output [B*S, h] split
+    over dp*tp rows (out_strategy), so their partial sums are reduce-scattered into sequence slices, and the
+    residual adds between them keep [B, S, h] split (dp, tp, 1). Without an out_strategy MindSpore all-reduces the
+    whole activation, and without the adds' strategies it re-lays it out between every two annotated ops."""
+    model = build_model(load_preset("model", "tiny"), 64, "fp32", "CPU", seed=0, sharded=True)
+    plan = apply_tensor_parallel(model, llama_plan, dp=2, tp=2, sequence_parallel=True)
+    cells = dict(model.cells_and_names())
+    for i in range(4):
+        layer = f"model.layers.{i}"
+        for row in ("attention.wo", "feed_forward.w2"):
+            assert cells[f"{layer}.{row}"].matmul.out_strategy == ((4, 1),)
+        for add in ("attention_residual", "ffn_residual"):
+            assert plan[f"{layer}.{add}"] == ((2, 2, 1), (2, 2, 1))
+            assert getattr(cells[layer], add).in_strategy == ((2, 2, 1), (2, 2, 1))
+    assert not hasattr(cells["model.layers.0.attention.wq"].matmul, "out_strategy")  # column-parallel: MindSpore's
+    plain = build_model(load_preset("model", "tiny"), 64, "fp32", "CPU", seed=0, sharded=True)
+    apply_tensor_parallel(plain, llama_plan, dp=2, tp=2)
+    assert not hasattr(dict(plain.cells_and_names())["model.layers.0.feed_forward.w2"].matmul, "out_strategy")
 
 
 NORMS = [f"model.layers.{i}.{n}" for i in range(4) for n in ("attention_norm", "ffn_norm")] + ["model.norm_out"]

@@ -1,4 +1,4 @@
-"""The dry run's time model (planner/timing.py) against published training throughput: 13 runs on two kinds of
+"""The dry run's time model (planner/timing.py) against published training throughput: 14 runs on three kinds of
 hardware, each predicted within 30% of the tokens/s per device its authors report.
 
 The runs, their sources and how each maps onto the planner are in planner/published.py:
@@ -7,6 +7,8 @@ The runs, their sources and how each maps onto the planner are in planner/publis
   [MF] MindFormers' model library (MindFormers docs, Models table, r1.3): Llama 2 7B / 13B / 70B pretraining at 4K on
        Atlas 800T A2 (Ascend 910B), 4160 / 1691 / 337 tokens/s/p, with configs/llama2/pretrain_llama2_7b_bf16.yaml,
        finetune_llama2_13b_bf16.yaml and finetune_llama2_70b_bf16_32p.yaml.
+  [MC] Megatron-Core's MoE README: Mixtral 8x7B at 468 TFLOP/s per H100 with its reference mapping (TP 1, EP 8,
+       PP 4 on 64 GPUs): expert parallelism's memory and all-to-all terms (the moe family).
 What each fit depends on (docs/planning.md has the model):
   * one compute_efficiency for every device (0.56 of the dense bf16 peak), fitted to [N] alone: [N]'s ratios
     are a fit's residuals (0.90-1.10), [MF]'s are predictions on other hardware and another framework (0.91-1.07);

@@ -12,7 +12,7 @@ from base import checkpoint
 from base.errors import ConfigError
 from base.schema import global_batch_size, is_sharded, peak_tflops, pipeline_micro_batches
 from data import build_data
-from models import build_model
+from models import build_model, family
 from objectives import objective as objective_plugin
 from planner.layout import Layout
 from trainer.callbacks import Checkpointing, Evaluation, Sinks, TrainMetrics
@@ -59,14 +59,14 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     adapters = add_adapters(model, cfg) if cfg.peft.name != "none" else None  # LoRA: the base frozen
     objective = plugin.Objective(cfg.objective, data.tokenizer, t.seed)
     lm = model  # the language model itself, before an objective wraps it (what evaluation tasks score)
-    if hasattr(objective, "attach"):  # e.g. the reward model's head, DPO's frozen reference
+    if objective.attach is not None:  # e.g. the reward model's head, DPO's frozen reference
         model = objective.attach(model, cfg)
         if adapters:  # a LoRA run saves what it trains: the adapters and any head the objective added
             adapters = ({p.name for p in model.trainable_params()}, adapters[1])
     optimizer = build_optimizer(model.trainable_params(), cfg.optim, t.max_steps, cfg.device.target, sharded)
     module = ShardedModule(model, objective, optimizer, cfg, rt.rank, run_dir) if sharded else \
         local_module(model, objective, optimizer, cfg, rt.world_size, adapters)
-    val = {} if hasattr(objective, "next_inputs") else {  # a rollout objective: no val rows
+    val = {} if objective.next_inputs is not None else {  # a rollout objective: no val rows
         source: [objective.batch(b, -1 - i) for i, b in enumerate(batches)] for source, batches in data.val.items()}
     downstream = _downstream(cfg, lm, objective, data, val)  # (task files are read here: before any file is written)
 
@@ -77,7 +77,7 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
 
     def next_inputs() -> tuple:
         """The objective's inputs for the next micro-batch (a rollout objective samples its own from rows)."""
-        if hasattr(objective, "next_inputs"):
+        if objective.next_inputs is not None:
             return objective.next_inputs(draw)
         return objective.batch(*draw())
 
@@ -104,12 +104,15 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
         snapshot = {"tokens_seen": step * tokens_per_step, "run_id": state["run_id"], "optimizer": cfg.optim.name,
                     "data": data.train.state_dict(), "guard": guard.state_dict(), "rng": rng_state(),
                     "skipped_steps": skipped, "loss_scale": [scaler.scale, scaler.clean_steps] if scaler else None,
-                    **({"objective": objective.state_dict()} if hasattr(objective, "state_dict") else {})}
+                    **({"objective": objective.state_dict()} if objective.state_dict is not None else {})}
         module.save(ckpt_root, step, snapshot, cfg, str(data.tokenizer.path), rt.is_main)
         if rt.is_main:
             checkpoint.prune(ckpt_root, t.keep_last, t.keep_every)
 
-    progress = ConsoleProgress(t.max_steps, start, enabled=rt.is_main, keys=getattr(objective, "console", ()),
+    read_model = family(cfg.model.family).step_metrics  # the family's numbers: a router's load, dropped tokens
+    model_metrics = lambda: {} if read_model is None else read_model(model)
+    progress = ConsoleProgress(t.max_steps, start, enabled=rt.is_main,
+                               keys=(*objective.console, *model_metrics()),
                                bar=cfg.logger.progress_bar)
     sinks = Sinks((_file_sinks(cfg, run_dir, state["run_id"], start) if rt.is_main else []) + [progress])
     if rt.is_main:  # once everything is built: a start that fails (bad data, checkpoint) keeps the previous one
@@ -118,7 +121,8 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     speed = SpeedMonitor(cfg.model, cfg.data.seq_len, peak_tflops(cfg), rt.world_size)
     tokens_by_source = lambda: {s: n * dp * cfg.data.seq_len for s, n in data.train.samples_by_source().items()}
     extra = lambda: {"skipped_steps": skipped, **({"loss_scale": scaler.scale} if scaler else {}),
-                     **getattr(objective, "logged", {}),  # an objective's host-side numbers (PPO's rollout)
+                     **(objective.logged or {}),  # an objective's host-side numbers (PPO's rollout)
+                     **model_metrics(),
                      **({} if cfg.device.target == "CPU" else {"peak_device_memory_gb": _peak_device_memory_gb()})}
     train_metrics = TrainMetrics(sinks, t.log_every, t.max_steps, speed, tokens_per_step, tokens_by_source, extra)
     evaluation = Evaluation(sinks, t.eval_every, t.max_steps, module, val, *downstream)

@@ -132,27 +132,58 @@ def local_module(model, objective, optimizer, cfg, world_size: int = 1, adapters
                        one_graph=t.one_graph_step and t.grad_accum == 1 and world_size == 1)
 
 
-class ShardedModule(LocalModule):
+class ShardedModule:
     """Tensor/pipeline parallel or optimizer sharding (Ascend/GPU): the step is one semi-auto graph
     (trainer/step.py ShardedTrainStep under distributed/semi_auto.py), fed the whole pipeline batch at once;
-    its loss is not seen before the update, so `guard` is not asked (validation turns spike skipping off)."""
+    its loss is not seen before the update, so `guard` is not asked (validation turns spike skipping off).
+    Evaluation runs the loss cell's forward under the same layout (semi_auto.parallel_evaluation): no rank
+    holds or builds more than its slices. Only the last pipeline stage computes the loss: the step's outputs
+    are taken from its ranks (`last_stage_values`)."""
 
     def __init__(self, model, objective, optimizer, cfg, rank: int, run_dir: str):
-        from distributed.semi_auto import parallel_step, shard_model
-        from trainer.step import ShardedTrainStep
+        from distributed.semi_auto import parallel_evaluation, parallel_step, shard_model
+        from planner.layout import Layout
+        from trainer.step import PipelinedLoss, ShardedTrainStep
 
         self.model, self.objective, self.optimizer, self.rank, self.run_dir = model, objective, optimizer, rank, run_dir
-        self.loss_net = loss_cell(objective, model)
-        shard_model(model, cfg)
         p = cfg.parallel
-        self.compiled = parallel_step(ShardedTrainStep(self.loss_net, optimizer, cfg.optim.clip_grad_norm, p.pp,
-                                                       p.micro_batches, p.optimizer_shard), cfg, run_dir, rank)
+        self.dp, self.pp = p.dp, p.pp
+        self.stage = Layout.from_config(p, cfg.model.num_layers).coords(rank).pp
+        loss_net = loss_cell(objective, model)
+        shard_model(model, cfg)
+        self.train_step = ShardedTrainStep(loss_net, optimizer, cfg.optim.clip_grad_norm, p.pp, p.micro_batches,
+                                           p.optimizer_shard)
+        self.compiled = parallel_step(self.train_step, cfg, run_dir, rank)
+        self.eval_micro_batches = p.micro_batches if p.pp > 1 else 1  # PipelinedLoss sums their outputs
+        self.evaluation = parallel_evaluation(PipelinedLoss(loss_net, p.micro_batches) if p.pp > 1 else loss_net, cfg)
+        self.fed = set()  # the graphs whose dataset strategy is set
+
+    def _feed(self, graph, inputs: tuple) -> None:
+        """Set `graph`'s dataset strategy from the first batch it gets (semi_auto.batch_strategy)."""
+        from distributed.semi_auto import feed
+
+        if id(graph) not in self.fed:
+            feed(graph, inputs, self.dp)
+            self.fed.add(id(graph))
 
     def step(self, micro_batches: Sequence[tuple], loss_scale: float, guard=None) -> StepResult:
         (inputs,) = micro_batches  # validation: grad_accum == 1; the pipeline's micro-batches are in the batch
-        loss, *metrics, grad_norm, finite, lr = self.compiled(Tensor(loss_scale, ms.float32), *map(Tensor, inputs))
-        return StepResult(float(loss.asnumpy()), grad_norm, bool(finite.asnumpy()), lr,
-                          metrics=dict(zip(self.objective.metrics, (float(m.asnumpy()) for m in metrics))))
+        self._feed(self.compiled, inputs)
+        if float(self.train_step.loss_scale.asnumpy()) != loss_scale:
+            self.train_step.loss_scale.set_data(Tensor(loss_scale, ms.float32))
+        *outs, grad_norm, finite, lr = self.compiled(*map(Tensor, inputs))
+        loss, *metrics = last_stage_values([float(out.asnumpy()) for out in outs], self.stage == self.pp - 1,
+                                           self.pp)
+        return StepResult(loss, grad_norm, bool(finite.asnumpy()), lr, metrics=dict(zip(self.objective.metrics, metrics)))
+
+    def evaluate(self, batches: List[tuple]) -> Tuple[Dict[str, float], int]:
+        """As LocalModule.evaluate, through the sharded forward graph (pipeline outputs summed over the
+        micro-batches, hence divided by their count)."""
+        def forward(*inputs):
+            self._feed(self.evaluation, inputs)
+            return tuple(out / self.eval_micro_batches for out in self.evaluation(*inputs))
+
+        return batch_means(forward, self.objective, batches)
 
     def save(self, root: str, step: int, state: dict, cfg, tokenizer_file: str, is_main: bool) -> None:
         """Every rank writes its slices; once all have (a barrier over the run, every node), rank 0 writes state.json
@@ -163,7 +194,7 @@ class ShardedModule(LocalModule):
         from distributed.semi_auto import barrier, save_rank_slices
 
         step_dir = os.path.join(root, f"step_{step:06d}")
-        save_rank_slices(step_dir, self.compiled.network, self.rank, self.run_dir)
+        save_rank_slices(step_dir, self.train_step, self.rank, self.run_dir)
         barrier()
         if is_main:
             checkpoint.write_metadata(step_dir, step, state, cfg, tokenizer_file)
@@ -173,5 +204,21 @@ class ShardedModule(LocalModule):
         from distributed.semi_auto import load_rank_slices
 
         state = checkpoint.read_state(path)
+        self._feed(self.compiled, example_inputs)
         load_rank_slices(path, self.compiled, self.rank, tuple(map(Tensor, example_inputs)))
         return state
+
+
+def last_stage_values(values: List[float], on_last_stage: bool, pp: int, all_reduce=None) -> List[float]:
+    """A pipelined step's outputs as the last stage computed them, on every rank: only that stage runs the loss
+    cell (the other stages' outputs mean nothing, as MindFormers' loss callback warns), so the world sums each
+    value times "this rank is on the last stage" and divides by the last stage's rank count (its ranks hold the
+    same, global values). `all_reduce` (a sum over the world; MindSpore's by default) is a parameter for tests."""
+    if pp == 1:
+        return values
+    if all_reduce is None:
+        from mindspore.communication.comm_func import all_reduce as world_sum
+
+        all_reduce = lambda array: world_sum(Tensor(array))[0].asnumpy()
+    sums = all_reduce(np.array(values + [1.0], np.float32) * float(on_last_stage))
+    return [float(value) / float(sums[-1]) for value in sums[:-1]]

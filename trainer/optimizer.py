@@ -22,6 +22,7 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore.common.initializer import initializer
 
 from base.schema import OptimConfig
+from models import deferred_initialisation
 from trainer.schedules import WarmupConstant, WarmupCosine, WarmupStableDecay
 
 
@@ -59,6 +60,11 @@ def build_optimizer(params: List, cfg: OptimConfig, max_steps: int, device_targe
                     sharded: bool = False) -> nn.Optimizer:
     """The `optim` preset over `params`; `device_target` and `sharded` (the run's device.target and
     base.schema.is_sharded(parallel)) choose AdamW's kernel version where it applies (trainer/fused_adamw.py)."""
+    with deferred_initialisation(sharded):  # the moments too: each rank initialises its slices when it compiles
+        return _build_optimizer(params, cfg, max_steps, device_target, sharded)
+
+
+def _build_optimizer(params: List, cfg: OptimConfig, max_steps: int, device_target: str, sharded: bool):
     lr = build_schedule(cfg, max_steps)
     if cfg.name == "adamw":
         from trainer import fused_adamw
@@ -87,13 +93,20 @@ def _scaled_tensor(factor, grad):
     return grad * factor
 
 
+# The mark MindSpore's parallel pass looks for (mindspore/ops/function/clip_func.py, MindFormers' ClipGradNorm):
+# under tensor/pipeline parallelism or optimizer sharding it all-reduces a square sum so marked over the
+# parameter's shards and across the pipeline stages, so the norm is the global one on every rank; without it each
+# rank would clip by its own shard's norm. On one device it is a reshape to [1].
+_global_square_sum = ops.ExpandDims().add_prim_attr("grad_scale", True)
+
+
 @_square_sum.register("Tensor")
 def _square_sum_tensor(grad):
-    """Column sums first, then their sum: MindSpore's CPU ReduceSum of a whole matrix to a scalar is ~8x slower than
-    summing its columns and then the resulting vector (10.3 vs 1.5 ms for the [8192, 384] embedding's gradient:
-    kernels/probes/mindspore_ops.py)."""
+    """Column sums first, then their sum ([1], marked for the parallel pass above): MindSpore's CPU ReduceSum of a
+    whole matrix to a scalar is several times slower than summing its columns and then the resulting vector
+    (kernels/probes/mindspore_ops.py)."""
     rows = grad.reshape(-1, grad.shape[-1]) if grad.ndim else grad.reshape(1, 1)
-    return ops.reduce_sum(ops.reduce_sum(rows * rows, 0))
+    return _global_square_sum(ops.reduce_sum(ops.reduce_sum(rows * rows, 0)).astype(ms.float32), 0)
 
 
 class ClippedUpdates:

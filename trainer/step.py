@@ -23,7 +23,10 @@ Gradients accumulate in fp32 buffers (like Megatron's main_grad). With fp16 the 
 dynamic loss scale; a step whose gradients overflow is skipped and the scale backs off (DynamicLossScale).
 
 Tensor/pipeline parallel (Ascend/GPU): ShardedTrainStep does forward, backward, gradient reduction, clipping
-and the update in one graph, as MindSpore's pipeline pass needs; distributed/semi_auto.py compiles it.
+and the update in one graph, as MindSpore's pipeline pass needs; distributed/semi_auto.py compiles it. Its
+clipping norm is the global one: each gradient's square sum ends in the `grad_scale`-marked ExpandDims of
+trainer/optimizer.py, for which MindSpore's parallel pass sums the square sums over the tensor-parallel shards,
+the optimizer shards and the pipeline stages; the finite check reads that norm, so every rank decides alike.
 """
 from dataclasses import dataclass
 from typing import Optional
@@ -31,6 +34,9 @@ from typing import Optional
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 from mindspore.parallel.nn import Pipeline, PipelineGradReducer
+from mindspore.parallel.nn.parallel_grad_reducer import grad_scale, shard_grad_scale
+
+from models import deferred_initialisation
 
 # Per-parameter arithmetic goes through HyperMap: graph mode unrolls a Python loop over the ~75 parameters of
 # model=small into ~75 copies of its body, parsed and specialized one by one (ApplyUpdate took 15 s to compile
@@ -154,28 +160,68 @@ class ClipAndUpdate(nn.Cell):
         return norm, finite, lr
 
 
-class ShardedTrainStep(TrainStep):
-    """One optimizer step in one graph: (loss, *metrics, grad_norm, finite, lr) = step(loss_scale, *inputs).
+class PipelinedLoss(Pipeline):
+    """MindSpore's `Pipeline` for a loss cell that returns a tuple (loss, *metrics): the batch cut into
+    `micro_size` micro-batches, each output summed over them by that micro-batch's `pipeline_end` Add, as
+    MindFormers' PipelineCellWithMultiOutputs does. `Pipeline.construct` adds whole outputs with one Add, which
+    takes tensors, not tuples: "Failed calling Add with input=Tuple[Tensor]" at compile. The sums are of
+    micro-batch means; ShardedTrainStep divides by the micro-batch count."""
 
-    With pp > 1 the batch is split into `micro_batches` micro-batches (1F1B) by `Pipeline`, and
-    `PipelineGradReducer` accumulates their gradients (they are the accumulation: validation requires
-    trainer.grad_accum=1). The loss is the mean of the micro-batches' means: the loss-token weighting of the
-    two-graph step is not applied inside a pipeline.
+    def construct(self, *inputs):
+        total = None
+        for i in range(self.micro_size):
+            out = self.network(*self.micro_inputs[i](i, *inputs))
+            total = out if total is None else _map(self.add_list[i], total, out)
+        return total
+
+
+class PipelineGradients(PipelineGradReducer):
+    """The pipeline's accumulated gradients: MindSpore's pipeline pass adds every micro-batch's gradient into
+    the `accu_grads.*` buffers this cell holds; it reads them and zeroes them for the next step (with optimizer
+    sharding each rank's gradient slice comes out of the backward already accumulated: the buffers are only
+    zeroed). MindSpore 2.9's own `construct` reads `grads` in the branch without optimizer sharding before it is
+    assigned (NameError at compile); this is that method with the branch fixed, as MindFormers'
+    MFPipelineWithLossScaleCell computes it. Unscaling and clipping stay in ClipAndUpdate."""
+
+    def construct(self, grads):
+        scale = self.scale_sense * self.degree
+        if self.opt_shard:
+            return self.hyper_map(ops.partial(shard_grad_scale, scale), grads, self.accu_grads)
+        return self.hyper_map(ops.partial(grad_scale, scale), grads, self.grad_reducer(self.accu_grads))
+
+
+class ShardedTrainStep(TrainStep):
+    """One optimizer step in one graph: (loss, *metrics, grad_norm, finite, lr) = step(*inputs), the loss
+    scale a parameter (`loss_scale`, set by the host) so that every input of the graph is a batch column
+    (distributed/semi_auto.py gives each the dataset strategy (dp, 1, ...)).
+
+    With pp > 1 the batch is split into `micro_batches` micro-batches (1F1B) by PipelinedLoss, which sums the
+    micro-batches' losses; the sensitivity and the outputs are divided by their count, so the gradient and the
+    loss are the mean over micro-batches (MindFormers divides the same way), not their sum. PipelineGradients
+    reads the gradients the pipeline accumulated (they are the accumulation: validation requires
+    trainer.grad_accum=1). The mean is of micro-batch means: the loss-token weighting of the two-graph step is
+    not applied inside a pipeline. Only the last stage computes the loss: trainer/module.py ShardedModule
+    reports that stage's outputs.
     """
 
     def __init__(self, loss_net: nn.Cell, optimizer: nn.Optimizer, clip_grad_norm: float, pp: int,
                  micro_batches: int, optimizer_shard: bool):
-        super().__init__(Pipeline(loss_net, micro_batches) if pp > 1 else loss_net, optimizer, clip_grad_norm)
-        self.pipelined = pp > 1
+        pipelined = pp > 1
+        super().__init__(PipelinedLoss(loss_net, micro_batches) if pipelined else loss_net, optimizer,
+                         clip_grad_norm)
+        self.micro_batches = micro_batches if pipelined else 1
+        self.pipelined = pipelined
         self.allow = ms.Tensor(True)
-        self.reducer = PipelineGradReducer(optimizer.parameters, opt_shard=optimizer_shard) if pp > 1 else None
+        self.loss_scale = ms.Parameter(Tensor(1.0, ms.float32), name="loss_scale", requires_grad=False)
+        with deferred_initialisation(True):  # the accumulation buffers: each rank's slices, made when it compiles
+            self.reducer = PipelineGradients(optimizer.parameters, opt_shard=optimizer_shard) if pipelined else None
 
-    def construct(self, loss_scale, *inputs):
-        out, grads = self.value_and_grad(loss_scale, *inputs)
+    def construct(self, *inputs):
+        out, grads = self.value_and_grad(self.loss_scale / self.micro_batches, *inputs)
         if self.pipelined:
             grads = self.reducer(grads)
-        norm, finite, lr = self.update(grads, self.allow, 1.0 / loss_scale)
-        return out[1:] + (norm, finite, lr)
+        norm, finite, lr = self.update(grads, self.allow, 1.0 / self.loss_scale)
+        return tuple(value / self.micro_batches for value in out[1:]) + (norm, finite, lr)
 
 
 @dataclass

@@ -18,11 +18,12 @@ __all__ = ["Config", "build", "check", "describe", "flops_per_token", "hf", "lay
 CAUSAL = False  # bidirectional: a causal objective would let each position see its target
 
 
-def build(cfg: Config, seq_len: int, compute_dtype: str, use_flash: bool, seed: int):
-    """(input_ids, token_type_ids, attention_mask) [B, S] -> (MLM logits [B, S, vocab], NSP logits [B, 2]), fp32."""
+def build(cfg: Config, seq_len: int, compute_dtype: str, use_flash: bool, seed: int, sharded: bool = False):
+    """(input_ids, token_type_ids, attention_mask) [B, S] -> (MLM logits [B, S, vocab], NSP logits [B, 2]), fp32.
+    `sharded` (optimizer sharding): weights initialised by the sharded compile, each rank its slices."""
     from models.bert.model import BertForPreTraining
 
-    return BertForPreTraining(cfg, compute_dtype, seed)
+    return BertForPreTraining(cfg, compute_dtype, seed, deferred=sharded)
 
 
 def recompute_cells(model, mode: str) -> list:

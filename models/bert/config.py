@@ -4,19 +4,15 @@ Defaults follow BERT-base conventions (Devlin et al. 2019; Hugging Face `BertCon
 have no default and must come from a preset.
 """
 from dataclasses import dataclass
-from typing import Optional
 
 from omegaconf import MISSING
 
+from base.family import FamilyConfig
+
 
 @dataclass
-class BertConfig:
-    name: str = MISSING  # preset name, e.g. bert_base
+class BertConfig(FamilyConfig):
     family: str = "bert"  # model family tag: selects models/bert/ when building the model
-    vocab_size: int = MISSING  # rows of the word embedding = columns of the tied MLM decoder
-    hidden_size: int = MISSING  # model width h
-    num_layers: int = MISSING  # encoder layers L
-    num_heads: int = MISSING  # attention heads; head_dim = hidden_size // num_heads
     intermediate_size: int = MISSING  # width of the GELU MLP in each encoder layer (4h in BERT-base)
     max_position_embeddings: int = 512  # rows of the learned absolute position embedding (max sequence length)
     type_vocab_size: int = 2  # token-type (segment A/B) embedding rows
@@ -26,5 +22,3 @@ class BertConfig:
     attention_dropout: float = 0.1  # dropout on the attention probabilities
     init_std: float = 0.02  # std of the normal init of embeddings and linear weights (HF initializer_range)
     pad_token_id: int = 0  # id of [PAD] (Hugging Face pad_token_id / word-embedding padding_idx)
-    recompute: str = "none"  # none | full (whole encoder layer) | selective (attention core only)
-    flash_attention: Optional[bool] = None  # interface compatibility only: BERT uses plain attention; true is refused

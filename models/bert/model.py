@@ -28,17 +28,23 @@ Dropout (embeddings, attention probabilities, each sublayer output) is active on
 (`set_train(True)`); a rate of 0.0 builds no dropout op at all.
 """
 import math
+from typing import Optional
 
 import numpy as np
 
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
+from mindspore.common.initializer import Normal, initializer
 
 DTYPES = {"fp32": ms.float32, "fp16": ms.float16, "bf16": ms.bfloat16}
 MASK_VALUE = -1e9  # added (fp32) to the attention scores of padded keys
 
 
-def _normal(rng: np.random.Generator, shape, std: float) -> Parameter:
+def _normal(rng: Optional[np.random.Generator], shape, std: float) -> Parameter:
+    """N(0, std) weights from `rng`, or with rng None (a sharded build) by MindSpore's initializer when the sharded
+    compile initialises each rank's slices (models/llama/model.py _init says why)."""
+    if rng is None:
+        return Parameter(initializer(Normal(std), shape, ms.float32))
     return Parameter(Tensor(rng.normal(0.0, std, size=shape).astype(np.float32)))
 
 
@@ -319,13 +325,14 @@ class BertForPreTraining(nn.Cell):
     """(input_ids, token_type_ids, attention_mask), int32 [B, S] each -> (MLM logits fp32 [B, S, vocab],
     NSP logits fp32 [B, 2]). MLM logits are computed at every position; the loss picks the masked ones."""
 
-    def __init__(self, cfg, compute_dtype: str = "fp32", seed: int = 0):
+    def __init__(self, cfg, compute_dtype: str = "fp32", seed: int = 0, deferred: bool = False):
+        """`deferred`: the weights are initialised by the sharded compile, each rank its slices (_normal)."""
         super().__init__()
         if cfg.hidden_size % cfg.num_heads:
             raise ValueError(f"hidden_size {cfg.hidden_size} is not divisible by num_heads {cfg.num_heads}")
         if getattr(cfg, "flash_attention", None):
             raise ValueError("BERT has no flash-attention path (it uses plain attention with a padding mask)")
-        rng = np.random.default_rng(seed)  # numpy init: identical weights on every rank, independent of backend
+        rng = None if deferred else np.random.default_rng(seed)  # numpy: identical weights on every rank
         dtype = DTYPES[compute_dtype]
         self.bert = BertModel(cfg, rng, dtype)
         self.cls = BertPreTrainingHeads(cfg, rng, dtype)

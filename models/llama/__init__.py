@@ -12,7 +12,9 @@ from typing import Set
 
 from base.errors import ConfigError, require
 from base.schema import use_flash_attention
-from models.llama import hf, rope
+from models.common import rope
+from models.common.checks import check_attention_shape
+from models.llama import hf
 from models.llama.accounting import flops_per_token, layer_activation_factors, linear_shapes, \
     matmul_parameter_count, parameter_count, stage_parameters
 from models.llama.config import LlamaConfig as Config
@@ -23,16 +25,16 @@ __all__ = ["Config", "apply_kernels", "attention_kind", "build", "check", "descr
 CAUSAL = True  # decoder-only: objectives that need bidirectional attention refuse it
 
 
-def build(cfg: Config, seq_len: int, compute_dtype: str, use_flash: bool, seed: int):
+def build(cfg: Config, seq_len: int, compute_dtype: str, use_flash: bool, seed: int, sharded: bool = False):
     """The model cell: tokens [B, S] -> fp32 logits [B, S, vocab], plain MindSpore ops (apply_kernels swaps in the
-    CPU kernels' twins after)."""
+    CPU kernels' twins after). `sharded`: weights initialised by the sharded compile, each rank its slices."""
     if cfg.impl == "mindformers":
         from models.llama.mindformers import MindFormersLlama
 
-        return MindFormersLlama(cfg, seq_len, compute_dtype, use_flash, seed)
+        return MindFormersLlama(cfg, seq_len, compute_dtype, use_flash, seed)  # (validation: never sharded)
     from models.llama.model import LlamaForCausalLM
 
-    model = LlamaForCausalLM(cfg, compute_dtype, use_flash, seed)
+    model = LlamaForCausalLM(cfg, compute_dtype, use_flash, seed, deferred=sharded)
     model.model.set_rope_length(seq_len)  # dynamic NTK: the tables of the training length
     return model
 
@@ -150,12 +152,7 @@ def check(cfg) -> None:
             require(ok, key, f"model.{kind}=fused {why}; set model.{kind}=auto or plain")
         path, why = kernels.library(library)
         require(path is not None, f"model.{kind}", f"fused: {why}; or set model.{kind}=plain")
-    require(m.hidden_size % m.num_heads == 0, "model.num_heads",
-            f"hidden_size={m.hidden_size} is not divisible by num_heads={m.num_heads}")
-    require((m.hidden_size // m.num_heads) % 2 == 0, "model.num_heads",
-            f"head_dim={m.hidden_size // m.num_heads} must be even for RoPE")
-    require(m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads",
-            f"num_heads={m.num_heads} is not a multiple of num_kv_heads={m.num_kv_heads}")
+    check_attention_shape(m)
     for key in ("num_heads", "num_kv_heads", "vocab_size", "intermediate_size"):
         require(m[key] % p.tp == 0, "parallel.tp", f"tp={p.tp} does not divide model.{key}={m[key]}")
 
@@ -211,7 +208,7 @@ def describe(m, count) -> list:
 
 def generator(model):
     """The model's generator (generation.py: a KV cache in two compiled graphs), made once and kept on it."""
-    from models.llama.generation import generator as llama_generator
+    from models.common.generation import generator as llama_generator
 
     return llama_generator(model)
 

@@ -5,15 +5,7 @@ Used by the dry run (planner/dry_run.py), the memory plan (planner/memory.py) an
 """
 from typing import Any, Dict, List, Tuple
 
-
-def _head_dim(m: Any) -> int:
-    return m.hidden_size // m.num_heads
-
-
-def _attention_weights(m: Any) -> int:
-    """wq and wo are h x h; wk and wv are h x (kv_heads * head_dim), smaller under grouped-query attention."""
-    h, kv_dim = m.hidden_size, m.num_kv_heads * _head_dim(m)
-    return 2 * h * h + 2 * h * kv_dim
+from models.common.accounting import _attention_weights, _head_dim, stage_parameters_of
 
 
 def _ffn_weights(m: Any) -> int:
@@ -81,13 +73,7 @@ def stage_parameters(m: Any, p: Any) -> List[int]:
     matmul weight split over tp (norms replicated), the vocab-parallel embedding on the first stage, the head
     (a second copy of a tied one when pp > 1) and the final norm on the last."""
     counts, norms = parameter_count(m), 2 * m.hidden_size
-    layer = (counts["per_layer"] - norms) // p.tp + norms
-    params = [m.num_layers // p.pp * layer] * p.pp
-    params[0] += counts["embedding"] // p.tp
-    if not m.tie_embeddings or p.pp > 1:
-        params[-1] += m.vocab_size * m.hidden_size // p.tp
-    params[-1] += counts["final_norm"]
-    return params
+    return stage_parameters_of(m, p, counts, (counts["per_layer"] - norms) // p.tp + norms)
 
 
 def layer_activation_factors(m: Any) -> Tuple[float, float]:

@@ -6,43 +6,22 @@ RoPE pairing, so no weight is permuted. RoPE scaling maps to config.json's `rope
 yarn, llama3: transformers builds equal tables); fixed NTK (a raised base) is exported as the raised
 `rope_theta` itself, which is the same function.
 """
-import re
-from typing import Dict, Optional
+from typing import Dict
 
 import numpy as np
 
 from base.errors import UserError
-from models.llama import rope
+from models.common import rope
+from models.common.hf import BOS_ID, DECODER_NAMES, EOS_ID, PAD_ID, _rename, save_tokenizer  # noqa: F401
 
 ARCHITECTURES = ("LlamaForCausalLM",)  # config.json architectures this adapter imports
-HF_NAMES = {  # mindlab / MindFormers -> Hugging Face; {i} is the layer index
-    "model.tok_embeddings.embedding_weight": "model.embed_tokens.weight",
-    "model.layers.{i}.attention.wq.weight": "model.layers.{i}.self_attn.q_proj.weight",
-    "model.layers.{i}.attention.wk.weight": "model.layers.{i}.self_attn.k_proj.weight",
-    "model.layers.{i}.attention.wv.weight": "model.layers.{i}.self_attn.v_proj.weight",
-    "model.layers.{i}.attention.wo.weight": "model.layers.{i}.self_attn.o_proj.weight",
-    "model.layers.{i}.feed_forward.w1.weight": "model.layers.{i}.mlp.gate_proj.weight",
-    "model.layers.{i}.feed_forward.w2.weight": "model.layers.{i}.mlp.down_proj.weight",
-    "model.layers.{i}.feed_forward.w3.weight": "model.layers.{i}.mlp.up_proj.weight",
-    "model.layers.{i}.attention_norm.weight": "model.layers.{i}.input_layernorm.weight",
-    "model.layers.{i}.ffn_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
-    "model.norm_out.weight": "model.norm.weight",
-    "lm_head.weight": "lm_head.weight",
-    "score.weight": "score.weight",  # a reward model's scalar head (objectives/rm.py)
-}
+HF_NAMES = {**DECODER_NAMES,  # mindlab / MindFormers -> Hugging Face; {i} is the layer index
+            "model.layers.{i}.feed_forward.w1.weight": "model.layers.{i}.mlp.gate_proj.weight",
+            "model.layers.{i}.feed_forward.w2.weight": "model.layers.{i}.mlp.down_proj.weight",
+            "model.layers.{i}.feed_forward.w3.weight": "model.layers.{i}.mlp.up_proj.weight"}
 # config.json of a reward model (objective=rm): transformers' sequence classifier with one label, which
 # scores the last token that is not padding, as objectives/rm.py reads the eos closing the response
 REWARD_MODEL = {"architectures": ["LlamaForSequenceClassification"], "num_labels": 1}
-# special token ids of data/tokenizer.py's sentencepiece models
-PAD_ID, BOS_ID, EOS_ID = 0, 2, 3  # unk is 1
-
-
-def _rename(name: str, table: Dict[str, str]) -> str:
-    for source, target in table.items():
-        match = re.fullmatch(re.escape(source).replace(r"\{i\}", r"(?P<i>\d+)"), name)
-        if match:
-            return target.format(**match.groupdict())
-    raise ValueError(f"no conversion rule for parameter {name!r}")
 
 
 def to_hf(weights: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
@@ -125,17 +104,6 @@ def config_from_hf(hf: dict, where: str) -> dict:
     if scaling:
         model["rope_scaling"] = scaling
     return model
-
-
-def save_tokenizer(tokenizer_file: str, out_dir: str, chat_template: Optional[str] = None) -> None:
-    """The sentencepiece model as a Hugging Face LlamaTokenizer (tokenizer.model + its config files), with the
-    training template as its chat template (`apply_chat_template` then renders what SFT trained on)."""
-    from transformers import LlamaTokenizer
-
-    tokenizer = LlamaTokenizer(vocab_file=tokenizer_file, add_bos_token=False, add_eos_token=False, legacy=False,
-                               pad_token="<pad>")
-    tokenizer.chat_template = chat_template
-    tokenizer.save_pretrained(out_dir)
 
 
 def save_generation_config(m, out_dir: str) -> None:

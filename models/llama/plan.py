@@ -9,9 +9,12 @@ Tensor parallelism, MindSpore's way: `shard()` strategies on the model's primiti
     tp and by batch over dp, the compressed causal mask replicated, a packed-sample mask by batch (MindFormers'
     FlashAttention.shard, BNSD); GQA's kv heads are split over tp like the query heads (validation: tp | kv heads)
     embedding: vocab-parallel gather
-    sequence parallel (optional): RMSNorm's primitives (Ascend's fused RmsNorm where device_ops.py put it) split
-    the sequence over tp, so activations outside attention/MLP are not replicated; MindSpore inserts the
-    all-gather / reduce-scatter around them
+    sequence parallel (optional): RMSNorm's primitives (Ascend's fused RmsNorm where device_ops.py put it) and
+    the residual adds split the sequence over tp, so activations outside attention/MLP are not replicated; the
+    row-parallel matmuls get the output strategy (dp * tp, 1) (`output_strategies`, MindFormers'
+    out_strategy_matmul), so MindSpore reduce-scatters their partial sums into sequence slices instead of
+    all-reducing them whole, and all-gathers the sequence before the column-parallel matmuls. Without it the
+    residual adds are split by batch over dp, as the activations they add
     LoRA adapters (adapters/lora.py) follow their base: on a column-parallel linear B [out, r] is split by
     rows like W and A is replicated; on a row-parallel one A [r, in] is split by columns like W (its partial
     products are summed by the AllReduce MindSpore inserts) and B is replicated
@@ -28,7 +31,8 @@ import re
 from typing import Dict, Iterable, List, Optional, Tuple
 
 from models.llama.device_ops import FusedRMSNorm
-from models.llama.model import AttentionBlock, Embedding, FlashCoreAttention, Linear, LlamaForCausalLM, RMSNorm
+from models.llama.model import (AttentionBlock, DecoderLayer, Embedding, FlashCoreAttention, Linear, LlamaForCausalLM,
+                                RMSNorm)
 
 COLUMN = ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3", "lm_head")
 ROW = ("attention.wo", "feed_forward.w2")
@@ -47,6 +51,10 @@ def tensor_parallel_strategies(model: LlamaForCausalLM, dp: int, tp: int,
             elif isinstance(cell, RMSNorm):  # 1/rms is [batch, sequence, 1]: split as x
                 plan.update({f"{name}.square": (act,), f"{name}.mean": (act,), f"{name}.add": (act, ()),
                              f"{name}.rsqrt": (act,), f"{name}.normalize": (act, act), f"{name}.scale": (act, (1,))})
+    act = (dp, tp if sequence_parallel else 1, 1)
+    for name, cell in model.cells_and_names():
+        if isinstance(cell, DecoderLayer):
+            plan[f"{name}.attention_residual"] = plan[f"{name}.ffn_residual"] = (act, act)
     heads = (dp, tp, 1, 1)  # [batch, heads, sequence, head_dim]
     for name, cell in model.cells_and_names():
         lora = hasattr(cell, "lora_A")
@@ -70,6 +78,15 @@ def tensor_parallel_strategies(model: LlamaForCausalLM, dp: int, tp: int,
     if model.tie_embeddings:
         plan["head_matmul"] = ((dp, 1), (tp, 1))
     return plan
+
+
+def output_strategies(model: LlamaForCausalLM, dp: int, tp: int, sequence_parallel: bool = False) -> Dict[str, Tuple]:
+    """`<cell path>.<primitive>` -> output strategy, where one is set: under sequence parallelism the row-parallel
+    matmuls' [batch x sequence, hidden] outputs split over dp x tp (a reduce-scatter, not an all-reduce)."""
+    if not sequence_parallel:
+        return {}
+    return {f"{name}.matmul": ((dp * tp, 1),) for name, cell in model.cells_and_names()
+            if isinstance(cell, Linear) and name.endswith(ROW)}
 
 
 def weight_split(name: str, ndim: int, tp: int) -> Tuple[int, ...]:

@@ -1,8 +1,11 @@
-"""Generation for the native Llama: a static-shape KV cache in two compiled graphs, sampling in them.
+"""Generation for a decoder of models/common's blocks (the native Llama, the mixture of experts): a static-shape KV
+cache in two compiled graphs, sampling in them. The model is a CausalLM (models/common/causal_lm.py) whose trunk
+`model` has `tok_embeddings`, `layers` (each with its models/common/attention.py `attention`), the RoPE tables `cos`
+and `set_rope_length`, and whose `cached(tokens, positions, bias, k_caches, v_caches, slot)` is the inference step.
 
     result = model.generate([[ids...], [ids...]], 128, temperature=0.8, top_p=0.95, eos_id=3, seed=0)
 
-Device side (graph mode), through `LlamaForCausalLM.cached` (models/llama/model.py), in the model's compute dtype:
+Device side (graph mode), through the model's `cached` (e.g. models/llama/model.py), in the model's compute dtype:
 - **cache**: per layer K and V of [B, n_kv_heads, L, head_dim] (the kv heads: GQA is not repeated into the
   cache), L = P + max_new_tokens: Parameters of the two graphs below, written in place (graph inputs and outputs
   would copy the whole cache at every step: MindSpore's ops return new tensors). One set per (B, L), kept for the

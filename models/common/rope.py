@@ -21,11 +21,35 @@ exported `rope_scaling` (tests/test_rope.py compares them; MindFormers' `FreqsMg
            below original / high_freq_factor kept, a smooth blend between.
 """
 import math
+from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import numpy as np
 
 TYPES = ("none", "linear", "ntk", "dynamic", "yarn", "llama3")
+
+
+@dataclass
+class RopeScalingConfig:
+    """Long-context RoPE scaling (this file has the formulas): the model was pretrained at
+    max_position_embeddings positions and serves max_position_embeddings x factor."""
+    type: str = "none"  # none | linear | ntk (fixed NTK-aware) | dynamic (dynamic NTK) | yarn | llama3
+    factor: float = 1.0  # context extension ratio; > 1 for every type but none
+    # yarn: ramp between extrapolation (> beta_fast rotations in the original window) and interpolation
+    # (< beta_slow rotations); attention temperature: attention_factor, else from mscale / mscale_all_dim
+    # (both set, DeepSeek-V2 style), else 0.1 ln(factor) + 1. truncate: integer ramp bounds (the paper's code).
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: Optional[float] = None
+    mscale: Optional[float] = None
+    mscale_all_dim: Optional[float] = None
+    truncate: bool = True
+    # llama3: wavelengths above max_position_embeddings / low_freq_factor are interpolated, below
+    # max_position_embeddings / high_freq_factor kept (Llama 3.1: factor 8, 1, 4)
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+
+
 F32 = np.float32
 
 

@@ -1,0 +1,53 @@
+"""Run by tests/test_semi_auto.py under msrun: the tp/pp training path of trainer/loop.py on CPU, called
+directly (train.py's validation refuses tp/pp on CPU), to show how far it gets here. Prints one line
+`probe: <outcome>` and exits 0 when the first step stops at MindSpore's parallel compiler; then, from the model as
+the trainer sharded it, `probe-model: {json}`: the modules its cells come from, whether every strategy of the
+family's plan is set on its primitive (inputs and, under sequence parallelism, outputs), and the pipeline stage of
+each part (null: none set). The work runs under `__main__` only: the data workers re-import this script."""
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]  # the repo, as pytest.ini does, and conftest's helpers
+from conftest import compose_cfg  # noqa: E402
+
+import distributed.semi_auto as semi_auto  # noqa: E402
+from models import plan_of  # noqa: E402
+from trainer.loop import train  # noqa: E402
+
+sharded = {}
+shard_model = semi_auto.shard_model
+
+
+def recording(model, config):
+    """The trainer's shard_model, keeping the model it laid out (trainer/module.py ShardedModule calls it)."""
+    shard_model(model, config)
+    sharded["model"] = model
+
+
+def main() -> None:
+    cfg = compose_cfg("model=tiny", "data.seq_len=64", "trainer.micro_batch_size=2", "trainer.max_steps=1",
+                      "trainer.eval_batches=1", "logger.progress_bar=false",
+                      "trainer.eval_at_start=false", *sys.argv[2:])  # the step's graph compiles first
+    semi_auto.shard_model = recording
+    try:
+        train(cfg, sys.argv[1])
+        print("probe: the sharded step ran", flush=True)
+    except RuntimeError as err:
+        print(f"probe: {str(err).splitlines()[0]}", flush=True)
+    model, p = sharded["model"], cfg.parallel
+    cells = dict(model.cells_and_names())
+    plan = plan_of(cfg.model.family).tensor_parallel_strategies(model, p.dp, p.tp, p.sequence_parallel)
+    outputs = plan_of(cfg.model.family).output_strategies(model, p.dp, p.tp, p.sequence_parallel)
+    primitive = lambda path: getattr(cells[path.rpartition(".")[0]], path.rpartition(".")[2])
+    applied = [path for path, strategy in plan.items() if primitive(path).in_strategy == strategy and
+               getattr(primitive(path), "out_strategy", None) == outputs.get(path)]
+    parts = plan_of(cfg.model.family).pipeline_parts(model)
+    stages = {path: getattr(cells[path], "pipeline_stage", None) for path in parts}
+    print("probe-model: " + json.dumps({"modules": sorted({type(c).__module__ for c in cells.values()}),
+                                        "strategies": len(plan), "applied": len(applied), "stages": stages}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

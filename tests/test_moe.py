@@ -1,0 +1,313 @@
+"""The mixture-of-experts family against transformers 4.57.1 on the same weights: MixtralForCausalLM (top-2,
+renormalised) and Qwen2MoeForCausalLM (fine-grained top-4 not renormalised, a sigmoid-gated shared expert): logits,
+every layer's router logits, the load-balancing loss, greedy tokens with the KV cache; the HF round trip; the
+capacity factor's dropped tokens against a hand count; the config's refusals."""
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from mindspore import Tensor
+
+from base.errors import ConfigError
+from models import family
+
+SHAPE = dict(name="moe_test", vocab_size=96, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+             max_position_embeddings=64, init_std=0.2)
+MIXTRAL = dict(SHAPE, num_experts=4, top_k=2, expert_intermediate_size=24, aux_loss_coef=0.02)
+QWEN = dict(SHAPE, num_experts=6, top_k=4, expert_intermediate_size=16, norm_topk_prob=False,
+            shared_expert_intermediate_size=40, shared_expert_gate=True, aux_loss_coef=0.001)
+
+
+def config(**keys):
+    return OmegaConf.merge(OmegaConf.structured(family("moe").Config), keys)
+
+
+def built(keys, seed=0):
+    cfg = config(**keys)
+    return cfg, family("moe").build(cfg, 16, "fp32", False, seed)
+
+
+def weights_of(model) -> dict:
+    return {p.name: p.asnumpy() for p in model.get_parameters()}
+
+
+def hf_model(cfg, weights):
+    import torch
+    import transformers
+
+    fam = family("moe")
+    hf_cfg = fam.hf.hf_config(cfg)
+    cls = getattr(transformers, hf_cfg["architectures"][0])
+    config_cls = cls.config_class
+    model = cls(config_cls(**{k: v for k, v in hf_cfg.items() if k not in ("architectures", "model_type")},
+                           attn_implementation="eager")).eval()
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in fam.hf.to_hf(weights).items()}, strict=True)
+    return model
+
+
+@pytest.fixture(scope="module", params=["mixtral", "qwen2_moe"])
+def pair(request):
+    keys = MIXTRAL if request.param == "mixtral" else QWEN
+    cfg, model = built(keys)
+    return request.param, cfg, model, hf_model(cfg, weights_of(model))
+
+
+def test_logits_router_logits_and_balance_loss_equal_transformers(pair):
+    import torch
+
+    name, cfg, model, hf = pair
+    tokens = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, 12)).astype(np.int32)
+    with torch.no_grad():
+        out = hf(torch.from_numpy(tokens.astype(np.int64)), output_router_logits=True)
+    np.testing.assert_allclose(model(Tensor(tokens)).asnumpy(), out.logits.numpy(), atol=2e-5, rtol=1e-4)
+    routers = model.router_logits(Tensor(tokens)).asnumpy()
+    np.testing.assert_allclose(routers, np.stack([r.numpy() for r in out.router_logits]), atol=2e-5, rtol=1e-4)
+    # the auxiliary loss: transformers' load_balancing_loss_func over all layers, times router_aux_loss_coef
+    hidden, aux = model.model.with_aux(Tensor(tokens))
+    want = cfg.aux_loss_coef * float(out.aux_loss)
+    assert float(aux.asnumpy()) == pytest.approx(want, rel=1e-4)
+    stats = family("moe").step_metrics(model)
+    assert stats["router_balance"] == pytest.approx(float(out.aux_loss), rel=1e-4)
+    assert stats["dropped_share"] == 0.0 and stats["expert_load_max"] >= 1.0
+
+
+def test_greedy_tokens_with_the_kv_cache_equal_transformers(pair):
+    import torch
+
+    name, cfg, model, hf = pair
+    prompts = [[5, 17, 33, 2, 9], [40, 41, 7]]
+    ours = family("moe").generator(model).generate(prompts, 10, eos_id=None)
+    width = max(map(len, prompts))
+    ids, mask = torch.zeros((2, width), dtype=torch.long), torch.zeros((2, width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):], mask[i, width - len(p):] = torch.tensor(p), 1
+    with torch.no_grad():
+        theirs = hf.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=10, pad_token_id=0,
+                             eos_token_id=None)
+    for i in range(2):
+        assert ours.samples[i].tokens == theirs[i, width:].tolist()
+
+
+def test_hf_export_import_round_trip(pair):
+    name, cfg, model, _ = pair
+    fam = family("moe")
+    weights = {k: v for k, v in weights_of(model).items() if k != "model.router_stats"}
+    hf_cfg = fam.hf.hf_config(cfg)
+    back = fam.hf.from_hf(fam.hf.to_hf(weights), hf_cfg)
+    assert sorted(back) == sorted(weights)
+    for k in weights:
+        np.testing.assert_array_equal(back[k], weights[k])
+    again = config(name="back", **fam.hf.config_from_hf(hf_cfg, "config.json"))
+    for key in ("num_experts", "top_k", "expert_intermediate_size", "norm_topk_prob", "shared_expert_intermediate_size",
+                "shared_expert_gate", "num_kv_heads"):
+        assert again[key] == cfg[key], key
+
+
+def test_capacity_factor_drops_what_a_hand_count_says():
+    """capacity 1.0 at 24 tokens, top 2 of 4: each expert holds ceil(24 x 2 / 4) = 12 assignments, first choices
+    queued before second ones; what exceeds is dropped (counted by hand from the router's choices)."""
+    keys = dict(MIXTRAL, capacity_factor=1.0)
+    cfg, model = built(keys, seed=3)
+    tokens = np.random.default_rng(2).integers(0, cfg.vocab_size, (2, 12)).astype(np.int32)
+    routers = model.router_logits(Tensor(tokens)).asnumpy()  # dropless routing: the same choices per layer ...
+    model.model.with_aux(Tensor(tokens))
+    stats = family("moe").step_metrics(model)
+    # ... for layer 0 only (layer 1's input depends on layer 0's drops): check layer 0 with a one-layer model
+    one = dict(keys, num_layers=1)
+    cfg1, model1 = built(one, seed=3)
+    routers = model1.router_logits(Tensor(tokens)).asnumpy()[0]
+    chosen = np.argsort(-routers, axis=-1, kind="stable")[:, :2]  # [T, 2]
+    queue = np.zeros(4, int)
+    dropped = 0
+    for rank in range(2):
+        for t in range(chosen.shape[0]):
+            e = chosen[t, rank]
+            dropped += queue[e] >= 12
+            queue[e] += 1
+    model1(Tensor(tokens))  # construct: the compiled graph
+    got = family("moe").step_metrics(model1)
+    assert got["dropped_share"] == pytest.approx(dropped / (24 * 2))
+    assert got["expert_load_max"] == pytest.approx(queue.max() / queue.mean())
+    assert 0 <= stats["dropped_share"] < 1
+
+
+@pytest.mark.parametrize("keys, key", [
+    (dict(top_k=5), "model.top_k"),
+    (dict(capacity_factor=0.0), "model.capacity_factor"),
+    (dict(shared_expert_gate=True), "model.shared_expert_gate"),
+])
+def test_bad_moe_configs_are_refused_naming_the_key(keys, key):
+    cfg = OmegaConf.create({"model": config(**dict(MIXTRAL, **keys)), "parallel": {"tp": 1, "pp": 1, "name": "single"},
+                            "dry_run": False})
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        family("moe").check(cfg)
+
+
+def test_active_parameters_of_the_presets():
+    """Mixtral 8x7B: 46.7B parameters, 12.9B active (Jiang et al. 2024); Qwen1.5-MoE-A2.7B 14.3B and 2.7B (its
+    model card, with q/k/v biases this family has not: 0.6M)."""
+    from conftest import load_preset
+
+    fam = family("moe")
+    mixtral = fam.parameter_count(load_preset("model", "mixtral_8x7b"))
+    assert mixtral["total"] == 46_702_792_704 and round(mixtral["active"] / 1e9, 1) == 12.9
+    qwen = fam.parameter_count(load_preset("model", "qwen_moe_a2.7b"))
+    assert round(qwen["total"] / 1e9, 1) == 14.3 and round(qwen["active"] / 1e9, 1) == 2.7
+    assert fam.parameter_count(load_preset("model", "mixtral_8x22b"))["total"] > 100e9
+
+
+def test_a_dense_checkpoint_given_to_a_moe_model_is_one_line_naming_the_file(tmp_path):
+    """A Llama checkpoint as stage.init_from of model=moe_tiny: base/checkpoint.py's refusal, naming the file, a
+    dense weight the MoE has not and the fix."""
+    import mindspore as ms
+
+    from base import checkpoint
+    from base.errors import CheckpointError
+    from conftest import load_preset
+
+    dense = family("llama").build(load_preset("model", "tiny"), 16, "fp32", False, 0)
+    ms.save_checkpoint(dense, str(tmp_path / "model.safetensors"), format="safetensors")
+    _, moe = built(dict(MIXTRAL, vocab_size=4096, hidden_size=128, num_heads=4, num_kv_heads=2))
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: holds \d+ weights this model does not have "
+                                              r"\(e\.g\. model\.layers\.0\.feed_forward\.w1\.weight\).*set model="):
+        checkpoint.load_weights(str(tmp_path / "model.safetensors"), moe)
+
+
+@pytest.fixture
+def moe_and_ids(pynative):
+    """model=moe_tiny's shape, small, and rows of 13 tokens, in PyNative (a loss cell run twice)."""
+    _, model = built(dict(MIXTRAL, z_loss_coef=0.01), seed=5)
+    ids = np.random.default_rng(4).integers(4, MIXTRAL["vocab_size"], (4, 13)).astype(np.int32)
+    return model, ids
+
+
+def _with_and_without_aux(cell, *inputs):
+    """(the loss cell's loss, the same without the auxiliary loss): the objective adds it where HAS_AUX."""
+    with_aux = float(cell(*map(Tensor, inputs))[0].asnumpy())
+    cell.has_aux = False
+    without = float(cell(*map(Tensor, inputs))[0].asnumpy())
+    return with_aux, without
+
+
+def aux_of(model, ids) -> float:
+    return float(model.model.with_aux(Tensor(ids))[1].asnumpy())
+
+
+def test_clm_and_sft_losses_add_the_routers_auxiliary_loss(moe_and_ids):
+    from objectives.clm import CausalLMLoss
+    from objectives.sft import ResponseLoss
+
+    model, ids = moe_and_ids
+    loss, plain = _with_and_without_aux(CausalLMLoss(model), ids, ids)
+    assert loss - plain == pytest.approx(aux_of(model, ids[:, :-1]), rel=1e-4) and aux_of(model, ids) > 0
+    labels = ids.copy()
+    labels[:, :6] = -100  # the prompt
+    positions = np.tile(np.arange(13, dtype=np.int32), (4, 1))
+    loss, plain = _with_and_without_aux(ResponseLoss(model), ids, labels, positions, np.zeros_like(ids))
+    expected = float(model.model.with_aux(Tensor(ids[:, :-1]), Tensor(positions[:, :-1]),
+                                          Tensor(np.zeros_like(ids)[:, :-1]))[1].asnumpy())
+    assert loss - plain == pytest.approx(expected, rel=1e-4)
+
+
+def test_dpo_rm_and_ppo_losses_add_the_routers_auxiliary_loss(moe_and_ids):
+    from objectives.dpo import Config as DpoConfig, PrecomputedPreferenceLoss
+    from objectives.ppo import Config as PpoConfig, PPOLoss, PolicyWithValue
+    from objectives.rm import PairwiseLoss, RewardModel
+
+    model, ids = moe_and_ids
+    chosen, rejected = ids[:2], ids[2:]
+    dpo = PrecomputedPreferenceLoss(model, DpoConfig(name="dpo"))
+    loss, plain = _with_and_without_aux(dpo, chosen, chosen, rejected, rejected, np.zeros(2, np.float32),
+                                        np.zeros(2, np.float32))
+    assert loss - plain == pytest.approx(aux_of(model, ids[:, :-1]), rel=1e-4)
+    ends = np.array([12, 12], np.int32)
+    rm = PairwiseLoss(RewardModel(model, seed=0), 0.0)
+    loss, plain = _with_and_without_aux(rm, chosen, ends, rejected, ends, np.zeros(2, np.float32))
+    assert loss - plain == pytest.approx(aux_of(model, ids), rel=1e-4)
+    ppo = PPOLoss(PolicyWithValue(model), PpoConfig(name="ppo"))
+    zeros = np.zeros((4, 12), np.float32)
+    loss, plain = _with_and_without_aux(ppo, ids, zeros + 1, zeros, zeros, zeros, zeros)
+    assert loss - plain == pytest.approx(aux_of(model, ids[:, :-1]), rel=1e-4)
+
+
+def test_lora_adapts_the_attention_projections_of_a_moe_model_by_default():
+    """peft=lora's default target_modules on the moe family: the attention projections (the routed experts are
+    stacked Parameters, the router and shared expert are not named); everything else frozen."""
+    from adapters.lora import LoraConfig, apply_lora
+
+    _, model = built(QWEN)
+    before = model(Tensor(np.array([[3, 4, 5]], np.int32))).asnumpy()
+    apply_lora(model, LoraConfig(), seed=0)
+    trained = sorted(p.name for p in model.trainable_params())
+    assert trained == sorted(f"model.layers.{i}.attention.{w}.lora_{ab}.weight" for i in range(2)
+                             for w in ("wq", "wk", "wv", "wo") for ab in "AB")
+    np.testing.assert_allclose(model(Tensor(np.array([[3, 4, 5]], np.int32))).asnumpy(), before, atol=1e-6)
+
+
+# --- expert parallelism: validation, layout, memory, time, the advisor ------------------------------------------
+
+def _validated(overrides):
+    from base.validate import validate
+    from conftest import compose_cfg
+
+    validate(compose_cfg(*overrides))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["parallel.ep=3", "parallel.dp=6"], "ep=3 does not divide the 8 experts (model.num_experts); choose ep among 1, 2"),
+    (["parallel.ep=4", "parallel.dp=2"], "ep=4 does not divide dp=2"),
+    (["model=mixtral_8x7b", "parallel.ep=0"], "must be >= 1"),
+])
+def test_expert_parallel_is_validated_as_mindformers_expert_parallel(overrides, message):
+    base = ["model=mixtral_8x7b", "device=ascend910b", "parallel=single", "dry_run=true"]
+    with pytest.raises(ConfigError, match="parallel.ep: " + message.replace("(", r"\(").replace(")", r"\)")):
+        _validated(base + overrides)
+    with pytest.raises(ConfigError, match=r"parallel.ep: model.family=llama has no experts to split"):
+        _validated(["model=7b", "device=ascend910b", "parallel=single", "parallel.dp=2", "parallel.ep=2",
+                    "dry_run=true"])
+
+
+def test_expert_groups_are_ep_consecutive_dp_ranks():
+    from planner.layout import Layout
+
+    layout = Layout(dp=4, tp=2, pp=1, num_layers=2, ep=2)
+    assert layout.ep_groups() == [[0, 2], [1, 3], [4, 6], [5, 7]]  # rank = dp_rank * tp + tp_rank
+    assert "ep groups (4 x 2 ranks): [0 2] [1 3] [4 6] [5 7]" in layout.describe(max_groups=8)
+
+
+def test_memory_counts_the_experts_of_a_device_and_time_adds_the_all_to_alls():
+    """Mixtral 8x7B at pp 4: a stage's 8 layers hold 8 x 8 experts of 3 x 4096 x 14336 weights; ep 2 halves them
+    (by hand); the all-to-all: 2 passes x (dispatch + combine) x 8 layers x micro-batches, each moving top_k = 2
+    copies of the micro-batch's [b, s, h] bf16 activations, half of them to the other rank of the group."""
+    from types import SimpleNamespace
+
+    from conftest import load_preset
+    from planner.timing import step_time
+
+    m, fam = load_preset("model", "mixtral_8x7b"), family("moe")
+    layout = dict(dp=8, tp=1, pp=4, sequence_parallel=False, optimizer_shard=True, micro_batches=16)
+    one, two = (fam.stage_parameters(m, SimpleNamespace(ep=ep, **layout)) for ep in (1, 2))
+    assert one[1] - two[1] == 8 * 8 * 3 * 4096 * 14336 // 2
+    from conftest import compose_cfg
+
+    device = compose_cfg("device=ascend910b").device
+    times = {ep: step_time(m, SimpleNamespace(ep=ep, **layout), device, 4096, 1, 16, "bf16", "none")
+             for ep in (1, 2)}
+    assert not [c for c in times[1].comms if c.kind == "ep"]
+    (a2a,) = [c for c in times[2].comms if c.kind == "ep"]
+    assert a2a.collective == "all-to-all x 512" and a2a.link == "intra-node"
+    assert a2a.bytes == 512 * 2 * 0.5 * 4096 * 4096 * 2
+    # on the critical path: each micro-batch's share lengthens the pipeline's slot (the bubble: pp - 1 slots)
+    assert times[2].bubble - times[1].bubble == pytest.approx(3 * a2a.seconds / 16, rel=1e-9)
+
+
+def test_the_advisor_searches_expert_parallelism():
+    from conftest import compose_cfg
+    from planner.advisor import Search
+
+    search = Search(compose_cfg("model=mixtral_8x7b", "device=ascend910b", "nodes=4", "dry_run=true"))
+    assert search.expert_splits(8) == [1, 2, 4, 8] and search.expert_splits(6) == [1, 2]
+    eps = {c.ep for c in search.candidates(32, 1024)}
+    assert eps == {1, 2, 4, 8}
+    dense = Search(compose_cfg("model=7b", "device=ascend910b", "dry_run=true"))
+    assert dense.expert_splits(8) == [1]
