@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from base.checkpoint import inherit
 from base.errors import ConfigError, UserError, entry_point, user_error_in
 from base.outputs import check_run_dir
-from base.schema import REPO_ROOT
+from base.schema import REPO_ROOT, world_size
 from plugins import register
 from base.validate import validate
 from trainer.runtime import launched_rank, launched_world_size
@@ -74,7 +74,7 @@ def run(cfg: DictConfig):
 
 def run_job(cfg: DictConfig):
     p = cfg.parallel
-    processes = p.dp * p.tp * p.pp
+    processes = world_size(p)
     relaunch = launched_world_size() == 1 and processes > 1 and not cfg.dry_run  # e.g. parallel=dp2 on one box
     typed = {o.key_or_group for o in OverridesParser.create().parse_overrides(list(HydraConfig.get().overrides.task))}
     for note in inherit(cfg, typed):  # the model's shape and template from stage.init_from's checkpoint

@@ -9,6 +9,7 @@ presets start from `base_model_<family>`), `objective` (each objective's Config 
 the preset `objective=<name>`: no YAML) and `peft` (adapters/). register() finds them in base/registry.py, where
 the plug-ins put themselves; this module imports none of them.
 """
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
@@ -33,6 +34,14 @@ class ParallelConfig:
     # expert parallel: a mixture of experts' experts split over ep of the dp ranks (MindFormers' expert_parallel:
     # dp % ep == 0, experts % ep == 0); tokens reach their experts by all-to-all
     ep: int = 1
+    # context parallel: each sequence split over cp devices (planner/context_parallel.py): ring passes K/V blocks
+    # around the cp group (load-balanced causal chunks), ulysses all-to-alls the sequence shards into head shards,
+    # hybrid runs ulysses inside a node and the ring across nodes
+    cp: int = 1
+    cp_algo: str = "ring"  # ring | ulysses | hybrid
+    vp: int = 1  # virtual pipeline stages per device (interleaved 1F1B): the bubble / vp
+    zero3: bool = False  # with optimizer_shard: gradients sharded over dp too, weights all-gathered per micro-batch
+    tp_overlap: bool = False  # tensor-parallel collectives overlapped with the matmuls (fine-grained interleave)
 
 
 
@@ -196,7 +205,12 @@ class DeviceConfig:
     # link bandwidth per device, one direction, GB/s (10^9 bytes): between devices of a node and across nodes;
     # 0: unknown, the dry run then predicts no communication time
     intra_node_gb_per_s: float = 0.0
-    inter_node_gb_per_s: float = 0.0
+    inter_node_gb_per_s: float = 0.0  # of one NIC (a rail)
+    # NICs per node (0: one per device). A group crossing nodes with r of its ranks on each node uses
+    # nics_per_node x r / devices_per_node rails at once (NCCL/HCCL build one ring per rail; the node's other
+    # groups, running at the same time, share the rest)
+    nics_per_node: int = 0
+    hbm_gb_per_s: float = 0.0  # device memory bandwidth, GB/s: attention without flash is bound by it (0: unknown)
 
 
 @dataclass
@@ -271,9 +285,25 @@ class Config:
 
 
 def is_sharded(parallel) -> bool:
-    """Whether the layout needs MindSpore's semi-auto parallel (distributed/semi_auto.py): tp, pp, or
+    """Whether the layout needs MindSpore's semi-auto parallel (distributed/semi_auto.py): tp, pp, cp, or
     optimizer sharding over dp. Plain data parallelism runs without it (distributed/data_parallel.py)."""
-    return parallel.tp > 1 or parallel.pp > 1 or (parallel.optimizer_shard and parallel.dp > 1)
+    return parallel.tp > 1 or parallel.pp > 1 or parallel.cp > 1 or (parallel.optimizer_shard and parallel.dp > 1)
+
+
+def world_size(parallel) -> int:
+    """Devices of a layout: dp x tp x cp x pp."""
+    return parallel.dp * parallel.tp * parallel.cp * parallel.pp
+
+
+def ulysses_degree(cp: int, cp_algo: str, tp: int, devices_per_node: int) -> int:
+    """How many of the cp ranks Ulysses spreads the heads over: all of them (ulysses), none (ring), or under
+    hybrid those of the cp group inside one node (ranks are tp fastest, then cp: planner/layout.py); the ring
+    runs over the rest."""
+    if cp_algo == "ring":
+        return 1
+    if cp_algo == "ulysses":
+        return cp
+    return max(1, math.gcd(cp, devices_per_node // tp if tp <= devices_per_node else 1))
 
 
 def use_flash_attention(model_cfg, device_target: str) -> bool:
@@ -317,6 +347,12 @@ def checkpoint_tokenizer(init_from: Optional[str]) -> Optional[str]:
     return os.path.join(directory, "tokenizer.model")
 
 
+def extension_factor(seq_len: int, pretrained: int, least: float) -> float:
+    """stage=long_context's RoPE factor: `least` (the recipe's YaRN x8), or the ratio of data.seq_len to the
+    pretrained length when that is larger, so any sequence length the stage is asked for fits its window."""
+    return float(max(least, seq_len / pretrained))
+
+
 def register() -> None:
     """Put the schema in Hydra's ConfigStore and define `${repo:}` (this checkout's root) for paths. The plug-ins'
     own schemas come from base/registry.py: an entry point imports the plug-in packages first (plugins.py)."""
@@ -325,6 +361,7 @@ def register() -> None:
     OmegaConf.register_new_resolver("repo", lambda: REPO_ROOT, replace=True)
     OmegaConf.register_new_resolver("tokenizer_of", checkpoint_tokenizer, replace=True)
     OmegaConf.register_new_resolver("loss_scale_for", loss_scale_for, replace=True)
+    OmegaConf.register_new_resolver("extension_factor", extension_factor, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
     for group, node in [("parallel", ParallelConfig), ("data", DataConfig), ("stage", StageConfig),

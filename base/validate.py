@@ -12,9 +12,10 @@ from omegaconf import DictConfig, OmegaConf
 from base.errors import ConfigError, require as _require
 from base.paths import task_path
 from base.registry import FAMILIES, FORMATS, OBJECTIVES
-from base.schema import OPTIMIZERS, Config, global_batch_size, is_sharded
+from base.schema import OPTIMIZERS, Config, global_batch_size, is_sharded, ulysses_degree
+from base.schema import world_size as devices_of
 
-__all__ = ["ConfigError", "validate"]
+__all__ = ["ConfigError", "validate", "validate_layout"]
 CHOICES = {
     "model.recompute": ("none", "full", "selective"),
     "optim.schedule": ("cosine", "wsd", "constant"),
@@ -25,6 +26,7 @@ CHOICES = {
     "logger.name": ("console", "wandb"),
     "logger.mode": ("auto", "online", "offline", "disabled"),
     "trainer.mode": ("graph", "pynative"),
+    "parallel.cp_algo": ("ring", "ulysses", "hybrid"),
     "data.tokenizer.model_type": ("bpe", "unigram"),
 }
 
@@ -37,7 +39,8 @@ def _get(cfg: DictConfig, key: str):
 
 
 def validate(cfg: DictConfig, world_size: int = 1) -> None:
-    """Raise ConfigError for the first rule `cfg` breaks. `world_size`: processes actually launched."""
+    """Raise ConfigError for the first rule `cfg` breaks. `world_size`: processes actually launched. The dry run
+    checks the same rules but the machine's (this host's devices and processes): what it prints can start."""
     _check_known_keys(cfg)
     for key, allowed in CHOICES.items():
         value = _get(cfg, key)
@@ -51,6 +54,7 @@ def validate(cfg: DictConfig, world_size: int = 1) -> None:
     _check_optim(cfg)
     _check_data(cfg)
     _check_eval_tasks(cfg)
+    _check_target(cfg)
     if not cfg.dry_run:
         _check_machine(cfg, world_size)
         _require(not cfg.stage.needs_init or cfg.stage.init_from or cfg.stage.allow_random_init,
@@ -60,6 +64,15 @@ def validate(cfg: DictConfig, world_size: int = 1) -> None:
     _require(cfg.precision.compute_dtype in peaks, "precision", f"device={cfg.device.name} gives no "
              f"{cfg.precision.compute_dtype} peak (device.peak_tflops has {', '.join(peaks)}); use precision=auto or "
              f"one of {', '.join(peaks)}")
+
+
+def validate_layout(cfg: DictConfig) -> None:
+    """The rules a layout (cfg.parallel) can break, in validate's order: the dry run's layout search puts each of
+    its grid points through these on the composed config, so a layout it prints passes validate."""
+    _check_parallel(cfg)
+    _check_plugins(cfg)
+    _check_eval_tasks(cfg)
+    _check_target(cfg)
 
 
 def _check_known_keys(cfg: DictConfig) -> None:
@@ -125,7 +138,8 @@ def _check_device(cfg: DictConfig) -> None:
     _require(0 <= d.reserved_gb < d.memory_gb, "device.reserved_gb",
              f"must be in [0, device.memory_gb={d.memory_gb}), got {d.reserved_gb}")
     _require(d.devices_per_node >= 1, "device.devices_per_node", f"must be >= 1, got {d.devices_per_node}")
-    for key in ("intra_node_gb_per_s", "inter_node_gb_per_s"):
+    _require(d.nics_per_node >= 0, "device.nics_per_node", f"must be >= 0 (0: one per device), got {d.nics_per_node}")
+    for key in ("intra_node_gb_per_s", "inter_node_gb_per_s", "hbm_gb_per_s"):
         _require(d[key] >= 0, f"device.{key}", f"must be >= 0 (0: unknown), got {d[key]}")
 
 
@@ -136,12 +150,12 @@ def _check_nodes(cfg: DictConfig) -> None:
     _require(nodes is None or nodes >= 1, "nodes", f"must be >= 1 (the nodes of {per_node} x {cfg.device.name} the "
              f"run spans), got {nodes}")
     if p.name == "auto":
-        _require(p.dp == p.tp == p.pp == 1, "parallel", "parallel=auto chooses dp, tp and pp itself; for a layout of "
-                 "your own start from a preset (parallel=single parallel.dp=...)")
+        _require(p.dp == p.tp == p.pp == p.cp == 1, "parallel", "parallel=auto chooses dp, tp, cp and pp itself; for a "
+                 "layout of your own start from a preset (parallel=single parallel.dp=...)")
         _require(cfg.dry_run or nodes is None, "parallel", f"parallel=auto with nodes={nodes} is a question for the "
                  "dry run: add dry_run=true, then start the layout it recommends (its command lines)")
         return
-    devices = p.dp * p.tp * p.pp
+    devices = devices_of(p)
     _require(nodes is not None or cfg.node_rank == 0, "node_rank", f"{cfg.node_rank} needs nodes (the run's node count)")
     if nodes is None:
         return
@@ -174,9 +188,19 @@ def _check_expert_parallel(p, m) -> None:
 
 def _check_parallel(cfg: DictConfig) -> None:
     p, m = cfg.parallel, cfg.model
-    for key in ("dp", "tp", "pp", "micro_batches"):
+    for key in ("dp", "tp", "pp", "cp", "vp", "micro_batches"):
         _require(p[key] >= 1, f"parallel.{key}", f"must be >= 1, got {p[key]}")
     _require(m.num_layers % p.pp == 0, "parallel.pp", f"pp={p.pp} does not divide model.num_layers={m.num_layers}")
+    _check_context_parallel(cfg)
+    if p.vp > 1:  # Megatron's interleaved schedule: pp x vp equal chunks, micro-batches in rounds of pp
+        _require(p.pp > 1, "parallel.vp", "virtual pipeline stages interleave a pipeline: needs pp > 1")
+        _require(m.num_layers % (p.pp * p.vp) == 0, "parallel.vp", f"pp x vp = {p.pp * p.vp} does not divide "
+                 f"model.num_layers={m.num_layers}")
+        _require(p.micro_batches % p.pp == 0, "parallel.micro_batches", f"the interleaved schedule feeds "
+                 f"micro-batches in rounds of pp={p.pp}; {p.micro_batches} is not a multiple")
+    _require(not p.zero3 or p.optimizer_shard, "parallel.zero3", "shards gradients on top of optimizer sharding: "
+             "set parallel.optimizer_shard=true")
+    _require(not p.tp_overlap or p.tp > 1, "parallel.tp_overlap", "overlaps tensor-parallel collectives: needs tp > 1")
     _require(p.pp == 1 or p.micro_batches >= p.pp, "parallel.micro_batches",
              f"{p.micro_batches} micro-batches cannot fill {p.pp} pipeline stages; use at least {p.pp}")
     _require(not p.sequence_parallel or p.tp > 1, "parallel.sequence_parallel", "needs tp > 1")
@@ -192,7 +216,21 @@ def _check_parallel(cfg: DictConfig) -> None:
         _require(not t.eval_tasks, "trainer.eval_tasks", "tasks are scored by the whole model on one device, which a "
                  "tp/pp/optimizer_shard run never builds; set trainer.eval_tasks=[] and score a merged checkpoint "
                  "(python -m distributed.reshard merge, then python -m evaluation)")
-    _require(not p.optimizer_shard or p.dp > 1, "parallel.optimizer_shard", "needs dp > 1")
+    _require(not p.optimizer_shard or p.dp * p.cp > 1, "parallel.optimizer_shard", "needs dp x cp > 1")
+
+
+def _check_context_parallel(cfg: DictConfig) -> None:
+    """cp splits each sequence: the ring into 2 x cp load-balanced causal chunks, Ulysses the heads after its
+    all-to-all (each tp shard's heads over cp), hybrid both (planner/context_parallel.py)."""
+    p, m, s = cfg.parallel, cfg.model, cfg.data.seq_len
+    if p.cp == 1:
+        return
+    _require(s % (2 * p.cp) == 0, "parallel.cp", f"cp={p.cp} splits data.seq_len={s} into 2 x cp = {2 * p.cp} "
+             "load-balanced causal chunks; choose a cp with seq_len divisible by 2 x cp")
+    ulysses = ulysses_degree(p.cp, p.cp_algo, p.tp, cfg.device.devices_per_node)
+    for key in ("num_heads", "num_kv_heads"):
+        _require(m[key] % (p.tp * ulysses) == 0, "parallel.cp_algo", f"{p.cp_algo} splits the heads over tp x "
+                 f"{ulysses} = {p.tp * ulysses}, which does not divide model.{key}={m[key]}; use cp_algo=ring")
 
 
 def _check_batch(cfg: DictConfig) -> None:
@@ -295,10 +333,35 @@ def devices_here(target: str) -> int:
         logging.disable(logging.NOTSET)
 
 
-def _check_machine(cfg: DictConfig, world_size: int) -> None:
+def _check_target(cfg: DictConfig) -> None:
+    """The config against its device target (the preset's, not this host's): the run and the dry run both check
+    these, so a planned layout can start on the device it was planned for."""
+    p, d, target = cfg.parallel, cfg.device, cfg.device.target
+    devices = devices_of(p)
+    if target == "CPU" and (p.tp > 1 or p.pp > 1 or p.cp > 1):
+        cp = f" x cp={p.cp}" if p.cp > 1 else ""
+        raise ConfigError("parallel", f"parallel={p.name} (dp={p.dp} x tp={p.tp}{cp} x pp={p.pp}) needs "
+                          f"{devices} Ascend/GPU devices, found CPU (device={d.name}): MindSpore runs tensor, context "
+                          "and pipeline parallelism only on Ascend/GPU. On such nodes set device=ascend910b|h100|a100; "
+                          "here add that device= and dry_run=true to see its layout and memory plan")
+    _require(target != "CPU" or not is_sharded(p), "parallel.optimizer_shard", "optimizer sharding runs in "
+             "MindSpore's semi-auto parallel mode, which needs Ascend/GPU; set parallel.optimizer_shard=false on CPU")
+    _require(cfg.precision.compute_dtype != "bf16" or target != "CPU", "precision",
+             "bf16 needs Ascend/GPU: MindSpore's CPU kernels have no bf16 matmul; use precision=fp32 or fp16")
+    _require(not cfg.model.flash_attention or target == "Ascend", "model.flash_attention",
+             f"ops.flash_attention_score has no {target} kernel; set model.flash_attention=null (auto) or false")
+    _require(p.cp == 1 or target == "Ascend", "parallel.cp", f"context parallelism shards FlashAttentionScore over "
+             f"the sequence (its ring attention), which has no {target} kernel; set parallel.cp=1")
+    _require(p.cp == 1 or cfg.model.get("flash_attention", True) is not False, "model.flash_attention",
+             "context parallelism splits flash attention; set model.flash_attention=null (auto) or true")
+    _require(not p.tp_overlap or target == "Ascend", "parallel.tp_overlap", f"overlaps tensor-parallel communication "
+             f"through MindSpore's Ascend passes (parallel_speed_up_json), which {target} does not run; set it false")
+
+
+def _check_machine(cfg: DictConfig, launched: int) -> None:
     """The config against this machine, before anything is started (train.py relaunches under msrun after it)."""
     p, d, target = cfg.parallel, cfg.device, cfg.device.target
-    devices = p.dp * p.tp * p.pp
+    devices = devices_of(p)
     if target != "CPU":
         here = devices_here(target)
         _require(here > 0, "device", f"device={d.name}: this machine has no {target} devices; plan with dry_run=true "
@@ -307,17 +370,6 @@ def _check_machine(cfg: DictConfig, world_size: int) -> None:
         _require(local <= here, "parallel", f"parallel={p.name} runs {local} workers on this node, which has {here} "
                  f"{target} devices" + ("" if cfg.nodes else f"; across nodes set nodes={-(-devices // here)} "
                                         "(README: Across nodes)") + ", or add dry_run=true for its plan")
-    if target == "CPU" and (p.tp > 1 or p.pp > 1):
-        raise ConfigError("parallel", f"parallel={p.name} (dp={p.dp} x tp={p.tp} x pp={p.pp}) needs {devices} "
-                          f"Ascend/GPU devices, found CPU (device={d.name}): MindSpore runs tensor and pipeline "
-                          "parallelism only on Ascend/GPU. On such nodes set device=ascend910b|h100|a100; here add "
-                          "dry_run=true to see its layout and memory plan.")
-    _require(target != "CPU" or not is_sharded(p), "parallel.optimizer_shard", "optimizer sharding runs in "
-             "MindSpore's semi-auto parallel mode, which needs Ascend/GPU; set parallel.optimizer_shard=false on CPU")
-    _require(cfg.precision.compute_dtype != "bf16" or target != "CPU", "precision",
-             "bf16 needs Ascend/GPU: MindSpore's CPU kernels have no bf16 matmul; use precision=fp32 or fp16")
-    _require(not cfg.model.flash_attention or target == "Ascend", "model.flash_attention",
-             f"ops.flash_attention_score has no {target} kernel; set model.flash_attention=null (auto) or false")
-    _require(devices == world_size, "parallel",
-             f"parallel={p.name} needs dp x tp x pp = {devices} processes but {world_size} were launched; "
+    _require(devices == launched, "parallel",
+             f"parallel={p.name} needs dp x tp x cp x pp = {devices} processes but {launched} were launched; "
              f"start it with msrun --worker_num={devices} --local_worker_num={devices} --join=True train.py ...")

@@ -1,14 +1,14 @@
-"""The dry run as a layout advisor (planner/advisor.py) for 7b, 13b and 70b at 4k and 32k tokens on 1, 2, 4 and 16
-nodes of Ascend 910B and of H100: the fastest layout that fits each, its predicted throughput and memory, and how
+"""The dry run as a layout advisor (planner/advisor.py) for 7b, 13b and 70b at 4k, 32k and 128k tokens on 1, 2, 4 and
+16 nodes of Ascend 910B and of H100: the fastest layout that fits each, its predicted throughput and memory, and how
 long the dry run took. Pure Python: nothing is built.
 
     scripts/venv.sh python -m benchmarks.dry_run_table            # the table, also written into benchmarks/RESULTS.md
     scripts/venv.sh python -m benchmarks.dry_run_table --presets  # the memory plan of every conf/parallel preset
 
-Each cell is what `python train.py model=M device=D nodes=N data.seq_len=S dry_run=true` prints (32k adds
-stage=long_context: YaRN x8 over Llama 2's 4096 positions): the same composed and validated config, the same
+Each cell is what `python train.py model=M device=D nodes=N data.seq_len=S dry_run=true` prints (32k and 128k add
+stage=long_context: YaRN x8 and x32 over Llama 2's 4096 positions): the same composed and validated config, the same
 report; the time is that call's, in this process (Hydra's composition included, MindSpore's import not).
-The global batch is the advisor's default, 4M tokens (1,024 sequences at 4k, 128 at 32k).
+The global batch is the advisor's default, 4M tokens (1,024 sequences at 4k, 128 at 32k, 32 at 128k).
 """
 import boot  # noqa: F401  (first: MindSpore before anything that loads protobuf)
 
@@ -31,7 +31,8 @@ from planner.memory import GIB
 MODELS = ("7b", "13b", "70b")
 DEVICES = ("ascend910b", "h100")
 NODES = (1, 2, 4, 16)
-LENGTHS = {"4k": ["data.seq_len=4096"], "32k": ["stage=long_context", "data.seq_len=32768"]}
+LENGTHS = {"4k": ["data.seq_len=4096"], "32k": ["stage=long_context", "data.seq_len=32768"],
+           "128k": ["stage=long_context", "data.seq_len=131072"]}
 
 
 def advise(device: str, model: str, length: str, nodes: int) -> list:

@@ -2,11 +2,16 @@
 the plain model from outside (the model file holds no parallel code). Used when base.schema.is_sharded.
 
     shard_model(model, cfg)        the family's plan (models/<family>/plan.py): shard() strategies on its
-                                   primitives, pipeline_stage on its parts
+                                   primitives (context parallel: the sequence split over cp, ring attention's
+                                   prim attributes), pipeline_stage (and pipeline_segment: the virtual stage
+                                   under vp) on its parts
     parallel_step(step, cfg, ...)  trainer/step.py's ShardedTrainStep (forward, backward, gradient reduction,
                                    clipping and AdamW in one graph) under
-                                   `AutoParallel` with .pipeline(stages) and .hsdp() (optimizer sharding over dp),
-                                   and the per-rank strategy file MindSpore writes when it compiles
+                                   `AutoParallel` with .pipeline(stages, interleave=vp > 1) and .hsdp()
+                                   (optimizer sharding over dp; optimizer_level level3 under zero3: the
+                                   gradients too), tensor-parallel overlap through MindSpore's
+                                   parallel_speed_up_json (Ascend), and the per-rank strategy file MindSpore
+                                   writes when it compiles
     parallel_evaluation(loss, cfg)   the loss cell's forward under the same layout: evaluation on the slices
     batch_strategy / feed          the dataset strategy: a batch's rows over dp, the same rows for a tp group
     save_rank_slices / load_rank_slices   checkpoints as per-rank slices + strategy (sharded_checkpoint.py)
@@ -16,6 +21,7 @@ Only Ascend and GPU compile sharded graphs; on CPU MindSpore stops at its first 
 "Invalid communication backend: CPU for semi_auto_parallel/auto_parallel mode" — tests/test_semi_auto.py runs
 this path under msrun on CPU up to exactly that point. The first sharded step has not been executed here.
 """
+import json
 import os
 
 import mindspore as ms
@@ -25,39 +31,56 @@ from mindspore.parallel.auto_parallel import AutoParallel
 from omegaconf import DictConfig
 
 from base.checkpoint import CheckpointError
+from base.schema import ulysses_degree
 from distributed.sharded_checkpoint import SLICE, STRATEGY
 from models import plan_of
+
+# parallel.tp_overlap: the weight-gradient matmuls overlap their collectives, and matmuls are interleaved with the
+# tensor-parallel communication (keys of MindSpore's parallel_speed_up_json, mindspore/context.py)
+TP_OVERLAP = {"matmul_grad_comm_overlap": True, "interleaved_matmul_comm": True}
 
 
 def shard_model(model: nn.Cell, cfg: DictConfig) -> None:
     p, plan = cfg.parallel, plan_of(cfg.model.family)
-    apply_tensor_parallel(model, plan, p.dp, p.tp, p.sequence_parallel)
+    apply_tensor_parallel(model, plan, p.dp, p.tp, p.sequence_parallel, p.cp, p.cp_algo,
+                          cfg.device.devices_per_node)
     if p.pp > 1:
-        assign_stages(model, plan, p.pp)
+        assign_stages(model, plan, p.pp, p.vp)
 
 
-def apply_tensor_parallel(model: nn.Cell, plan, dp: int, tp: int, sequence_parallel: bool = False) -> dict:
+def apply_tensor_parallel(model: nn.Cell, plan, dp: int, tp: int, sequence_parallel: bool = False, cp: int = 1,
+                          cp_algo: str = "ring", devices_per_node: int = 8) -> dict:
     """Shard the model's primitives as the family's plan says (call under SEMI_AUTO_PARALLEL), with the output
     strategies the plan gives (sequence parallelism's reduce-scatters); returns the input strategies applied,
-    `<cell path>.<primitive>` -> one tuple per input."""
+    `<cell path>.<primitive>` -> one tuple per input. Context parallelism: the plan's context_parallel_attributes
+    (ring attention) set on the primitives too."""
     cells = dict(model.cells_and_names())
-    strategies = plan.tensor_parallel_strategies(model, dp, tp, sequence_parallel)
-    outputs = plan.output_strategies(model, dp, tp, sequence_parallel)
+    ulysses = ulysses_degree(cp, cp_algo, tp, devices_per_node)
+    strategies = plan.tensor_parallel_strategies(model, dp, tp, sequence_parallel, cp, ulysses)
+    outputs = plan.output_strategies(model, dp, tp, sequence_parallel, cp)
     for path, strategy in strategies.items():
         owner, _, primitive = path.rpartition(".")
         getattr(cells[owner], primitive).shard(strategy, out_strategy=outputs.get(path))
+    for path, attributes in plan.context_parallel_attributes(model, cp, ulysses).items():
+        owner, _, primitive = path.rpartition(".")
+        for name, value in attributes.items():
+            getattr(cells[owner], primitive).add_prim_attr(name, value)
     return strategies
 
 
-def assign_stages(model: nn.Cell, plan, pp: int) -> dict:
-    """Set `pipeline_stage` on the parts the family's plan lists; returns cell path -> stage."""
+def assign_stages(model: nn.Cell, plan, pp: int, vp: int = 1) -> dict:
+    """Set `pipeline_stage` on the parts the family's plan lists, and under vp virtual stages their
+    `pipeline_segment`: the layers cut into pp x vp chunks, chunk c on stage c % pp, segment c // pp (MindSpore's
+    interleaved pipeline); returns cell path -> stage."""
     parts = plan.pipeline_parts(model)
     num_layers = len(model.layers())
-    stages = {path: plan.stage_of(path, num_layers, pp) for path in parts}
+    chunks = {path: plan.stage_of(path, num_layers, pp * vp) for path in parts}
     cells = dict(model.cells_and_names())
-    for path, stage in stages.items():
-        cells[path].pipeline_stage = stage
-    return stages
+    for path, chunk in chunks.items():
+        cells[path].pipeline_stage = chunk % pp
+        if vp > 1:
+            cells[path].pipeline_segment = chunk // pp
+    return {path: chunk % pp for path, chunk in chunks.items()}
 
 
 def parallel_step(step: nn.Cell, cfg: DictConfig, run_dir: str, rank: int) -> AutoParallel:
@@ -66,9 +89,14 @@ def parallel_step(step: nn.Cell, cfg: DictConfig, run_dir: str, rank: int) -> Au
     p = cfg.parallel
     compiled = AutoParallel(step, parallel_mode="semi_auto")
     if p.pp > 1:
-        compiled.pipeline(stages=p.pp)
+        compiled.pipeline(stages=p.pp, interleave=p.vp > 1)
     if p.optimizer_shard:
-        compiled.hsdp()
+        compiled.hsdp(optimizer_level="level3" if p.zero3 else "level1")
+    if p.tp_overlap:  # Ascend only (base/validate.py): MindSpore's matmul/communication overlap passes
+        speed_up = os.path.join(run_dir, "parallel_speed_up.json")
+        with open(speed_up, "w") as f:
+            json.dump(TP_OVERLAP, f)
+        ms.set_context(ascend_config={"parallel_speed_up_json_path": speed_up})
     compiled.save_param_strategy_file(os.path.join(run_dir, "strategy", f"rank_{rank}.ckpt"))
     return compiled
 

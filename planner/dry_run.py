@@ -9,12 +9,12 @@ explains the model behind each number.
 """
 import os
 import textwrap
-from typing import Any, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 from base.errors import ConfigError
 from base.paths import REPO_ROOT
 from base.registry import FAMILIES, OBJECTIVES, PEFT
-from base.schema import global_batch_size, peak_tflops, pipeline_micro_batches
+from base.schema import global_batch_size, peak_tflops, pipeline_micro_batches, world_size
 from planner.advisor import MAX_DEVICES, Option, Search, best_of, candidate_of, format_table, global_batch, summary_row
 from planner.launch import format_launch
 from planner.layout import Layout
@@ -46,10 +46,17 @@ def header(cfg: Any, devices: int) -> str:
             f"device={_presets('device')} nodes=N precision={_presets('precision')}")
 
 
-def _model_section(m: Any) -> str:
+def _model_name(m: Any, overrides: Optional[Sequence[str]]) -> str:
+    """The preset's name, with the command line's model.* overrides when there are any (the shape planned is not
+    the preset's then)."""
+    changed = [o.lstrip("+~") for o in overrides or () if o.lstrip("+~").startswith("model.")]
+    return f"{m.name} with {' '.join(changed)}" if changed else m.name
+
+
+def _model_section(m: Any, overrides: Optional[Sequence[str]] = None) -> str:
     fam = FAMILIES[m.family]
     total = fam.parameter_count(m)["total"]
-    return "\n".join([f"model {m.name}: {_count(total)} parameters ({total:,})",
+    return "\n".join([f"model {_model_name(m, overrides)}: {_count(total)} parameters ({total:,})",
                       *fam.describe(m, _count)])
 
 
@@ -75,7 +82,7 @@ def _attention(cfg: Any) -> str:
     """The attention kind the composed Config's model would build on its device (its family's attention_kind)."""
     p = cfg.parallel
     return FAMILIES[cfg.model.family].attention_kind(cfg.model, cfg.device.target, cfg.precision.compute_dtype,
-                                                     p.tp * p.pp > 1)
+                                                     p.tp * p.cp * p.pp > 1)
 
 
 def _needs(cfg: Any) -> ObjectiveMemory:
@@ -108,7 +115,7 @@ def planned_devices(cfg: Any) -> int:
     p = cfg.parallel
     if p.name == "auto":
         return (cfg.nodes or 1) * cfg.device.devices_per_node
-    return p.dp * p.tp * p.pp
+    return world_size(p)
 
 
 def dry_run_report(cfg: Any, overrides: Optional[Sequence[str]] = None) -> str:
@@ -117,10 +124,10 @@ def dry_run_report(cfg: Any, overrides: Optional[Sequence[str]] = None) -> str:
     devices = planned_devices(cfg)
     if cfg.parallel.name == "auto" and devices > 1:
         return advisor_report(cfg, devices, overrides)
-    return layout_report(cfg)
+    return layout_report(cfg, overrides)
 
 
-def layout_report(cfg: Any) -> str:
+def layout_report(cfg: Any, overrides: Optional[Sequence[str]] = None) -> str:
     """A fixed layout: the plan, its predicted time and communication, and what fits instead when it does not."""
     m, p = cfg.model, cfg.parallel
     layout = Layout.from_config(p, m.num_layers)
@@ -128,16 +135,18 @@ def layout_report(cfg: Any) -> str:
     pipeline = f" x {pipeline_micro_batches(cfg)} pipeline micro-batches" if p.pp > 1 else ""
     time = step_time(m, p, cfg.device, cfg.data.seq_len, cfg.trainer.micro_batch_size,
                      pipeline_micro_batches(cfg) * cfg.trainer.grad_accum, cfg.precision.compute_dtype, m.recompute,
-                     _needs(cfg).sequences)
+                     _needs(cfg).sequences, plain_attention=_attention(cfg) == "plain")
     sections = [
         header(cfg, layout.world_size) + "\n"
-        f"dry run: model {m.name} x parallel {p.name} on {layout.world_size} x {cfg.device.name}\n"
+        f"dry run: model {_model_name(m, overrides)} x parallel {p.name} on {layout.world_size} x {cfg.device.name}\n"
         f"  batch: micro_batch_size {cfg.trainer.micro_batch_size}{pipeline} x dp {p.dp} x grad_accum "
         f"{cfg.trainer.grad_accum}, seq_len {cfg.data.seq_len}\n"
         f"  compute {cfg.precision.compute_dtype}, recompute {m.recompute}, attention {_attention(cfg)}"
-        f"{f' (heads split over tp={p.tp})' if p.tp > 1 else ''}, optimizer_shard {p.optimizer_shard}, "
-        f"sequence_parallel {p.sequence_parallel}",
-        _model_section(m),
+        f"{f' (heads split over tp={p.tp})' if p.tp > 1 else ''}, optimizer_shard {p.optimizer_shard}"
+        f"{' (zero3)' if p.zero3 else ''}, sequence_parallel {p.sequence_parallel}"
+        f"{f', cp {p.cp} ({p.cp_algo})' if p.cp > 1 else ''}{f', vp {p.vp}' if p.vp > 1 else ''}"
+        f"{', tp_overlap' if p.tp_overlap else ''}",
+        _model_section(m, overrides),
         _compute_section(cfg, layout.world_size),
         "layout\n" + textwrap.indent(layout.describe(), "  "),
         format_time(time, cfg.device, cfg.precision.compute_dtype),
@@ -186,8 +195,9 @@ def advisor_report(cfg: Any, devices: int, overrides: Optional[Sequence[str]] = 
     table = format_table([summary_row(i + 1, o, usable) for i, o in enumerate(ranked[:SHOWN_LAYOUTS])])
     intro = "\n".join([
         header(cfg, devices),
-        f"layouts for model {cfg.model.name} on {devices} x {d.name}: {batch:,} sequences x {cfg.data.seq_len} = "
-        f"{batch * cfg.data.seq_len:,} tokens per step ({given})",
+        f"layouts for model {_model_name(cfg.model, overrides)} on {devices} x {d.name}: {batch:,} sequences x "
+        f"{cfg.data.seq_len} = {batch * cfg.data.seq_len:,} tokens per step ({given})",
+        *_restrictions(search),
         f"  {sum(o.fits for o in options)} of {len(options)} layouts fit in {usable / 2 ** 30:g} GiB usable per device"
         f"{reserved} with {FRAGMENTATION:.0%} for fragmentation; the fastest {min(len(ranked), SHOWN_LAYOUTS)} (of "
         f"layouts alike but for recompute or optimizer sharding, those beaten on both time and memory left out):",
@@ -197,15 +207,25 @@ def advisor_report(cfg: Any, devices: int, overrides: Optional[Sequence[str]] = 
         f"model={cfg.model.name}", f"device={d.name}", f"data.seq_len={cfg.data.seq_len}"]
     return "\n\n".join([
         intro,
-        _model_section(cfg.model),
+        _model_section(cfg.model, overrides),
         _best_section(cfg, best),
         format_plan(best.plan, d),
         format_time(best.time, d, cfg.precision.compute_dtype),
         "layout\n" + textwrap.indent(Layout(best.candidate.dp, best.candidate.tp, best.candidate.pp,
-                                             cfg.model.num_layers, best.candidate.ep).describe(), "  "),
+                                             cfg.model.num_layers, best.candidate.cp, best.candidate.vp,
+                                             best.candidate.ep).describe(), "  "),
         format_launch(user, best.candidate, d, devices // d.devices_per_node if devices > d.devices_per_node else 1,
                       cfg.precision.compute_dtype),
     ])
+
+
+def _restrictions(search: Search) -> List[str]:
+    """One line: the rules that removed grid points from the search, by the key that refused them, with the first
+    refusal's message and how many points the key removed."""
+    if not search.refused:
+        return []
+    reasons = sorted(search.refused.values(), key=lambda item: -item[1])
+    return ["  the rules removed: " + "; ".join(f"{n} grid points, e.g. {why}" for why, n in reasons)]
 
 
 def _best_section(cfg: Any, best: Option) -> str:
@@ -213,5 +233,5 @@ def _best_section(cfg: Any, best: Option) -> str:
     pipeline = f"{c.micro_batches} pipeline micro-batches" if c.pp > 1 else (
         f"grad_accum {c.micro_batches}" if c.micro_batches > 1 else "no accumulation")
     return (f"the fastest: {c.describe()}, micro_batch_size {c.micro_batch_size}, {pipeline}, recompute {c.recompute}, "
-            f"attention {FAMILIES[cfg.model.family].attention_kind(cfg.model, cfg.device.target, cfg.precision.compute_dtype, c.tp * c.pp > 1)}\n"
+            f"attention {FAMILIES[cfg.model.family].attention_kind(cfg.model, cfg.device.target, cfg.precision.compute_dtype, c.tp * c.cp * c.pp > 1)}\n"
             f"  overrides: {' '.join(c.overrides())}")

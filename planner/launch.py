@@ -8,6 +8,7 @@ never leaves its node; data-parallel and pipeline neighbours may.
 import shlex
 from typing import Any, List, Sequence
 
+from base.schema import ulysses_degree
 from planner.advisor import Candidate
 
 MASTER_PORT = 8118  # scripts/slurm_msrun.sbatch's default
@@ -39,17 +40,27 @@ def commands(overrides: Sequence[str], c: Candidate, devices_per_node: int) -> L
             f"sbatch --nodes={nodes} scripts/slurm_msrun.sbatch {args}"]
 
 
-def mindformers_parallel_config(c: Candidate, dtype: str) -> str:
-    """The same layout in a MindFormers YAML (its run_*.yaml keys), for comparing with its published recipes."""
+def mindformers_parallel_config(c: Candidate, dtype: str, devices_per_node: int = 8) -> str:
+    """The same layout in a MindFormers YAML (its run_*.yaml keys), for comparing with its published recipes:
+    context_parallel with its algorithm (colossalai_cp: the ring; ulysses_cp; hybrid_cp with the Ulysses degree
+    inside it), the interleaved pipeline (pipeline_config and pp_interleave_num), ZeRO-3 (MindSpore's
+    parallel_optimizer_config optimizer_level) and tensor-parallel overlap (fine_grain_interleave)."""
     recompute = {"none": "recompute: False\n  select_recompute: False",
                  "selective": "recompute: False\n  select_recompute: True",
                  "full": "recompute: True\n  select_recompute: False"}[c.recompute]
+    algo = {"ring": "colossalai_cp", "ulysses": "ulysses_cp", "hybrid": "hybrid_cp"}[c.cp_algo]
+    context = [f"  context_parallel: {c.cp}", f"  context_parallel_algo: {algo}"] if c.cp > 1 else []
+    if c.cp > 1 and c.cp_algo == "hybrid":
+        context.append(f"  ulysses_degree_in_cp: {ulysses_degree(c.cp, c.cp_algo, c.tp, devices_per_node)}")
     return "\n".join([
         "parallel:",
         f"  enable_parallel_optimizer: {c.optimizer_shard}",
+        *(["  parallel_optimizer_config:", "    optimizer_level: level3"] if c.zero3 else []),
+        *(["  pipeline_config:", "    pipeline_interleave: True", "    pipeline_scheduler: '1f1b'"] if c.vp > 1 else []),
         "parallel_config:",
         f"  data_parallel: {c.dp}",
         f"  model_parallel: {c.tp}",
+        *context,
         f"  pipeline_stage: {c.pp}",
         *([f"  expert_parallel: {c.ep}"] if c.ep > 1 else []),
         f"  use_seq_parallel: {c.sequence_parallel}",
@@ -63,10 +74,13 @@ def mindformers_parallel_config(c: Candidate, dtype: str) -> str:
         "model:",
         "  model_config:",
         f"    compute_dtype: \"{MINDFORMERS_DTYPE[dtype]}\"",
+        *([f"    pp_interleave_num: {c.vp}"] if c.vp > 1 else []),
+        *(["    fine_grain_interleave: 2"] if c.tp_overlap else []),
     ])
 
 
 def format_launch(user: Sequence[str], c: Candidate, device: Any, nodes: int, dtype: str) -> str:
     overrides = run_overrides(user, c, nodes)
     return "\n".join(["launch it:", *commands(overrides, c, device.devices_per_node),
-                      "the same layout as a MindFormers config:", mindformers_parallel_config(c, dtype)])
+                      "the same layout as a MindFormers config:",
+                      mindformers_parallel_config(c, dtype, device.devices_per_node)])

@@ -1,4 +1,4 @@
-"""Per-device memory plan for training a model family under a dp x tp x pp layout. The family says what a
+"""Per-device memory plan for training a model family under a dp x tp x cp x pp layout. The family says what a
 device holds (`stage_parameters`) and what a layer keeps for its backward (`layer_activation_factors`, in
 models/<family>/accounting.py); the rules below are written out for the Llama decoder.
 
@@ -12,7 +12,11 @@ Conventions (bytes per device):
     inside the matmuls), divided by dp when optimizer_shard: MindSpore's optimizer parallel (semi-auto,
     distributed/semi_auto.py) stores each parameter as its dp slice and all-gathers it in the forward
     (the transient gathered copy is not counted).
-  * Grads: accumulated in fp32, 4 B/param.
+    The weights repeat on every rank of the dp x cp group (context parallelism splits the sequence, not the
+    weights), so sharding divides by dp x cp (Megatron's dp-cp group; MindSpore's optimizer parallel shards over
+    all ranks holding the same slice).
+  * Grads: accumulated in fp32, 4 B/param; divided by dp x cp under zero3 (ZeRO-3 / FSDP: MindSpore's
+    optimizer_level level3, each rank keeps the reduce-scattered slice of the gradients).
   * Optimizer: AdamW m and v in fp32, 8 B/param, divided by dp when optimizer_shard.
   * Activations: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
     Models", section 4, adapted to this decoder rather than taken as an estimate: its 34*s*b*h +
@@ -33,8 +37,12 @@ Conventions (bytes per device):
     This is what a layer has to keep; an eager implementation keeps more. models/llama/model.py, under bf16,
     keeps its residual stream and RMSNorm in fp32, the softmax in fp32 plus its bf16 copy, and K, V
     repeated to all heads under GQA: read the activations as a lower bound for it.
+  * Context parallelism: every activation and the logits are / cp (each rank holds s / cp of each sequence;
+    Ulysses' heads-split attention core holds all of s for a / cp of the heads: the same bytes). The ring's
+    K/V blocks in flight (two, double-buffered) are not counted: 2 x 2 x s/cp x kv x head_dim per layer, under 1%.
   * Pipeline (1F1B): stage i holds min(pp - i, micro_batches) micro-batches in flight, so the first
-    stage holds the most.
+    stage holds the most. Interleaved (vp virtual stages): the first stage holds 1 + (pp - 1) / (pp x vp) times
+    as much (Narayanan et al. 2021, section 2.2.2: the warm-up runs further ahead).
   * Logits: the last stage holds one micro-batch of fp32 logits, s*b*V/t*4 bytes (vocab-parallel).
   * The objective (its optional `memory(cfg)`, objectives/__init__.py) says what it changes: how many
     sequences the trained model runs per micro-batch sample (a preference pair is 2), how many fp32
@@ -86,8 +94,10 @@ class MemoryPlan:
     optimizer_states: float  # AdamW m, v as configured (sharded over dp when optimizer_shard)
     optimizer_states_unsharded: float
     optimizer_states_sharded: float
-    dp: int
+    dp: int  # ranks the sharded states are split over (dp x cp)
     optimizer_shard: bool
+    zero3: bool  # gradients sharded too
+    dp_only: int  # dp alone
     recompute: str
     activations: float  # with `recompute`, all micro-batches in flight
     activations_by_recompute: Dict[str, float]  # the same for each of RECOMPUTE_MODES
@@ -108,18 +118,20 @@ def layer_activation_bytes(m: Any, p: Any, seq_len: int, micro_batch_size: int, 
     s, b, h, a, t = seq_len, micro_batch_size, m.hidden_size, m.num_heads, p.tp
     sbh = s * b * h * DTYPE_BYTES[compute_dtype]
     if recompute == "full":
-        return sbh / t if p.sequence_parallel else sbh
+        return (sbh / t if p.sequence_parallel else sbh) / p.cp
     replicated, sharded = FAMILIES[m.family].layer_activation_factors(m)
     if recompute == "none" and not flash_attention:
         sharded += a * s / h  # softmax output
     if p.sequence_parallel:
-        return sbh * (replicated + sharded) / t
-    return sbh * (replicated + sharded / t)
+        return sbh * (replicated + sharded) / t / p.cp
+    return sbh * (replicated + sharded / t) / p.cp
 
 
 def _stage_activations(p: Any, stage: int, layers: int, per_layer: Dict[str, float]) -> Dict[str, float]:
     """Activations of a stage for each recompute mode: its layers times its micro-batches in flight (1F1B)."""
     in_flight = min(p.pp - stage, p.micro_batches)
+    if p.vp > 1:
+        in_flight *= 1 + (p.pp - 1) / (p.pp * p.vp)
     activations = {mode: in_flight * layers * per_layer[mode] for mode in RECOMPUTE_MODES}
     activations["full"] += per_layer["none"]  # the layer being recomputed in the backward, one micro-batch
     return activations
@@ -127,15 +139,16 @@ def _stage_activations(p: Any, stage: int, layers: int, per_layer: Dict[str, flo
 
 def _stage_plan(p: Any, stage: int, params: int, activations: Dict[str, float], recompute: str,
                 logits: float, extra: Tuple[Tuple[str, float, str], ...], trained: float = 1.0) -> MemoryPlan:
+    shards = p.dp * p.cp
     optimizer_unsharded = 8.0 * params * trained
-    optimizer_sharded = optimizer_unsharded / p.dp
+    optimizer_sharded = optimizer_unsharded / shards
     optimizer = optimizer_sharded if p.optimizer_shard else optimizer_unsharded
-    grads = 4.0 * params * trained
-    weights = 4.0 * params / p.dp if p.optimizer_shard else 4.0 * params
+    grads = 4.0 * params * trained / (shards if p.zero3 else 1)
+    weights = 4.0 * params / shards if p.optimizer_shard else 4.0 * params
     return MemoryPlan(
         stage=stage, num_stages=p.pp, params=params, weights=weights, grads=grads,
         optimizer_states=optimizer, optimizer_states_unsharded=optimizer_unsharded,
-        optimizer_states_sharded=optimizer_sharded, dp=p.dp, optimizer_shard=p.optimizer_shard,
+        optimizer_states_sharded=optimizer_sharded, dp=shards, optimizer_shard=p.optimizer_shard, zero3=p.zero3, dp_only=p.dp,
         recompute=recompute, activations=activations[recompute], activations_by_recompute=activations,
         logits=logits, extra=extra,
         total=weights + grads + optimizer + activations[recompute] + logits + sum(n for _, n, _ in extra),
@@ -159,7 +172,7 @@ def memory_plan(model_cfg: Any, parallel_cfg: Any, seq_len: int, micro_batch_siz
     sequences = micro_batch_size * objective.sequences
     per_layer = {mode: layer_activation_bytes(m, p, seq_len, sequences, compute_dtype, mode, flash_attention)
                  for mode in RECOMPUTE_MODES}
-    logits = objective.logits * 4.0 * seq_len * sequences * m.vocab_size / p.tp
+    logits = objective.logits * 4.0 * seq_len * sequences * m.vocab_size / p.tp / p.cp
     last = p.pp - 1
     plans = [_stage_plan(p, stage, params + (objective.params_delta if stage == last else 0),
                          _stage_activations(p, stage, m.num_layers // p.pp, per_layer), recompute,
@@ -190,7 +203,8 @@ def format_plan(plan: MemoryPlan, device: Any) -> str:
         return f"{n / scale:.2f}"
 
     shard = "sharded" if plan.optimizer_shard else "replicated"
-    optimizer_note = (f"{shard} over dp={plan.dp} (unsharded {size(plan.optimizer_states_unsharded)}, "
+    over = f"dp={plan.dp}" if plan.dp == plan.dp_only else f"dp x cp = {plan.dp}"
+    optimizer_note = (f"{shard} over {over} (unsharded {size(plan.optimizer_states_unsharded)}, "
                       f"sharded {size(plan.optimizer_states_sharded)})")
     by_mode = ", ".join(f"{mode} {size(plan.activations_by_recompute[mode])}" for mode in RECOMPUTE_MODES)
     fraction = needed_bytes(plan) / usable_bytes(device)
@@ -198,9 +212,9 @@ def format_plan(plan: MemoryPlan, device: Any) -> str:
     verdict = (f"+{FRAGMENTATION:.0%} fragmentation = {size(needed_bytes(plan))} of {size(usable_bytes(device))} usable"
                f"{reserved} ({fraction:.0%}): {'fits' if fraction <= 1 else 'DOES NOT FIT'}")
     rows = [
-        ("weights (fp32)", plan.weights, f"sharded over dp={plan.dp}" if plan.optimizer_shard else ""),
-        ("grads (fp32)", plan.grads, "" if plan.trained == 1 else f"{plan.trained:.2%} of the parameters train "
-                                                                  "(the adapters; the base is frozen)"),
+        ("weights (fp32)", plan.weights, f"sharded over {over}" if plan.optimizer_shard else ""),
+        ("grads (fp32)", plan.grads, f"sharded over {over} (zero3)" if plan.zero3 else
+         "" if plan.trained == 1 else f"{plan.trained:.2%} of the parameters train (the adapters; the base is frozen)"),
         ("AdamW m, v (fp32)", plan.optimizer_states, optimizer_note),
         ("activations", plan.activations, f"recompute={plan.recompute} ({by_mode})"),
         ("logits (fp32)", plan.logits, "last stage" if plan.logits else ""),

@@ -1,16 +1,14 @@
 """Published training runs the dry run's time model (planner/timing.py) is held against, and the fit of its one
-free number, device.compute_efficiency. tests/test_time_published.py asserts each prediction within 30%.
+free number, device.compute_efficiency. tests/test_time_published.py asserts each run's out-of-sample prediction
+within 30%: the run predicted with the efficiency fitted to all the other runs (leave-one-out), so no run is
+predicted by a fit it took part in.
 
-    scripts/venv.sh python -m benchmarks.published_runs   # predicted vs published tokens/s per device, and the fit
+    scripts/venv.sh python -m benchmarks.published_runs   # the table, the fits and the errors (benchmarks/RESULTS.md)
 
-The runs and the fit live here, beside the time model, because tests/test_time_published.py asserts them; the
-benchmark prints the table.
-
-Each run is mapped onto the planner's terms (a Llama-family shape, a dp x tp x pp layout, micro-batches, recompute)
-and predicted with the device preset of its hardware (conf/device/), whose compute_efficiency is the same 0.56 for
-every device. That number is fitted here to the Megatron-LM rows alone (the efficiency at which the geometric mean of
-their predicted/published ratios is 1); the MindFormers rows, on other hardware and another framework, are
-predicted with it, not fitted.
+Each run is mapped onto the planner's terms (a Llama-family shape, a dp x tp x cp x pp layout with its options,
+micro-batches, recompute) and predicted with the device preset of its hardware (conf/device/), links included (a
+group crossing nodes rides the rails of its ranks on a node). The presets carry the efficiency fitted to every run
+(the geometric mean of the predicted/published ratios is 1).
 
 [N] Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM"
     (arXiv:2104.04473), Table 1: GPT models, vocabulary 51,200, sequence 2,048, on Selene (DGX A100 80 GB nodes:
@@ -20,7 +18,9 @@ predicted with it, not fitted.
     recomputed forward included). Published tokens/s per GPU = achieved FLOP/s / (F / (B s)).
     Mapping: a GPT layer has 12 h^2 matmul weights, as a SwiGLU of width 8h/3 (the planner's Llama family; FLOPs
     equal, the width rounded to an integer), multi-head attention, tied embeddings; dp = GPUs / (tp pp);
-    full recompute. Assumed (the table does not say): micro-batch size 1, the non-interleaved 1F1B schedule.
+    full recompute, attention without a flash kernel (FlashAttention came a year later). Assumed (the table does
+    not say): micro-batch size 1, the non-interleaved 1F1B schedule (the paper proposes the interleaved one;
+    whether Table 1's runs used it is not checked here).
 [MF] MindFormers' model library (mindspore.cn, MindFormers docs, "模型库" / Models, the r1.3 tables), training
     performance of Llama 2 at 4K on Atlas 800T A2 (Ascend 910B), tokens/s/p, each with its configuration file:
       7B  4160  configs/llama2/pretrain_llama2_7b_bf16.yaml: data_parallel 8, model_parallel 1, pipeline_stage 1,
@@ -33,14 +33,39 @@ predicted with it, not fitted.
                 part of the layers ([8,4,4,1,1,1,1,1] per stage), use_flash_attention True, bfloat16
     Mapping: the Llama 2 presets (conf/model/), gradient accumulation as micro-batches of one step, select_recompute
     as selective everywhere (it adds the attention core's forward only: < 2% here).
+[MT] MindSpore Transformers' performance tuning guide (MindSpore docs, "性能调优指南", typical case "Llama2-13B极致性能
+    优化"), Llama 2 13B tuned on Atlas 800T A2: DP 8, MP 1, PP 1 with full recompute, about 1860 tokens/s/p; two
+    nodes as DP 8, MP 1, PP 2, micro 128 with full recompute, 2136; the same with selective recompute of the layers'
+    operators, 2189. Assumed: sequence 4096 (the Llama 2 configs'), batch size 1, the optimizer parallel on (the
+    configs' default). Not used: the guide's later steps (per-stage recompute lists, graph-kernel fusion: 2210-2562),
+    which the planner cannot express, and its passing 7B / 70B figures (2465 / 1974 tokens/s/p), which name no
+    layout (1974 for a 70B would need 2.6 times a 910B's peak).
+[L3] Llama Team 2024, "The Llama 3 Herd of Models" (arXiv:2407.21783), Table 4: Llama 3 405B (126 layers, hidden
+    16,384, 128 heads, 8 KV heads, FFN 53,248, vocabulary 128,256) on H100 80 GB (700 W) servers of 8, 400 Gb/s per
+    GPU between them, BF16: TP 8, CP 1 / 1 / 16, PP 16, DP 64 / 128 / 8, sequence 8,192 / 8,192 / 131,072, batch per
+    DP group 32 / 16 / 16, 430 / 400 / 380 TFLOPs per GPU. Published tokens/s per GPU = TFLOPs / the planner's
+    FLOPs per token of the shape (section 3.3.2 reports MFU, so the paper counts model FLOPs; its attention
+    accounting is not given). Mapping: micro-batch size 1 (batch per DP group as micro-batches), FSDP that keeps
+    the gathered weights through the step (section 3.3.2) as optimizer sharding, no recompute (8K pre-training
+    without activation checkpointing, section 3.3.2), CP as the ring (the paper all-gathers K and V: the same
+    bytes). Assumed: the interleaved schedule at vp 2 (the paper interleaves, Figure 6, but gives no depth). The
+    planner splits 126 layers as 7 per stage for the tensor-parallel collectives (the paper: 8 on the middle
+    stages, one fewer on the first and the last).
+[TT] torchtitan, docs/performance.md (github.com/pytorch/torchtitan, its 2024 version): Llama 3 8B / 70B at 8,192
+    and Llama 2 13B / 70B at 4,096 with FSDP2 (ZeRO-3) on 64 A100 80 GB, local batch 1-2, tokens per second per
+    GPU ("WPS"): 8B selective op 2973, 70B full 331; 13B batch 2 without checkpointing 2162, 70B batch 2 full 353.
+    Assumed (not stated): DGX A100-like nodes, the a100 preset's NVLink and 8 x 200 Gb/s rails.
+Not used: NeMo's and Megatron-Bridge's H100 tables (docs/source/performance/performance_summary.md of NVIDIA/NeMo,
+docs/performance-summary.md of NVIDIA-NeMo/Megatron-Bridge): their Llama rows are FP8, which the planner has no
+peak for; torchtitan's H100 benchmarks (benchmarks/llama3_h100_202412_torchtitan.md): 500 W HBM2e parts whose peak
+the authors say they do not know (between SXM's and NVL's).
 [MC] Megatron-Core's MoE README (NVIDIA/Megatron-LM, megatron/core/transformer/moe/README.md): "468 TFLOPS for
     Mixtral 8X7B bf16 training" (MCore v0.9), with its reference parallel mapping for Mixtral 8x7B (dropless,
     all-to-all dispatcher, BF16, 64 H100 80 GB in 8-GPU nodes: NVLink 4 inside, 8 x 400 Gb/s InfiniBand between;
     sequence 4,096, TP 1, EP 8, PP 4, VP 8, micro-batch 1, global batch 256, distributed optimizer). Published
     tokens/s per GPU = 468e12 / the moe family's FLOPs per token (6 x the active matmul weights + attention: 82.9G).
-    Mapping: the mixtral_8x7b preset, dp 16, ep 8, optimizer_shard, no recompute; the planner has no interleaved
-    (virtual) pipeline, so its bubble is VP 8's times 8: the prediction errs low.
-Not used: torchtitan's figures (docs/performance.md). Its A100 runs (64 GPUs, FSDP) do not state the network
+    Mapping: the mixtral_8x7b preset, dp 16, ep 8, vp 8, optimizer_shard, no recompute.
+Also not used for the MoE rows: torchtitan's figures (docs/performance.md). Its A100 runs (64 GPUs, FSDP) do not state the network
 between nodes, which decides them; its H100 runs are on power-capped 500 W HBM2e parts whose peak torchtitan says it
 does not know, and its Llama 3.1 8B there (5,762 tokens/s per GPU on 8 GPUs, FSDP) implies an efficiency of 0.36
 where these rows give 0.50-0.63 (docs/planning.md). The Llama 2 paper's GPU-hours give no layout.
@@ -49,21 +74,22 @@ import math
 import os
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Callable, List, Tuple
+from typing import Callable, Dict, List, Tuple
 
 from omegaconf import OmegaConf
 
 from base.registry import FAMILIES
 from base.schema import REPO_ROOT, DeviceConfig
+from planner.advisor import Plain, plain
 from planner.timing import step_time
 
 
 @dataclass(frozen=True)
 class Run:
     name: str
-    source: str  # N | MF (the module docstring)
+    source: str  # N | MF | MT | L3 | TT (the module docstring)
     device: str  # conf/device preset
-    model: dict  # the family's shape (a conf/model preset's keys)
+    model: object  # the family's shape: a dict, or a Llama 2 conf/model preset's name
     dp: int
     tp: int
     pp: int
@@ -74,6 +100,12 @@ class Run:
     micro_batches: int
     recompute: str
     published: float  # tokens/s per device
+    cp: int = 1
+    cp_algo: str = "ring"
+    vp: int = 1
+    zero3: bool = False
+    tp_overlap: bool = False
+    plain_attention: bool = False  # no flash kernel: the scores go through memory (planner/timing.py score_traffic)
     family: str = "llama"
     ep: int = 1
 
@@ -87,7 +119,23 @@ def megatron(name: str, heads: int, hidden: int, layers: int, tp: int, pp: int, 
     shape = dict(vocab_size=vocab, hidden_size=hidden, num_layers=layers, num_heads=heads, num_kv_heads=heads,
                  intermediate_size=round(8 * hidden / 3), tie_embeddings=True)
     return Run(f"Megatron-LM GPT {name}", "N", "a100", shape, dp, tp, pp, tp > 1, False, s, 1, batch // dp, "full",
-               teraflops * 1e12 / flops_per_token)
+               teraflops * 1e12 / flops_per_token, plain_attention=True)
+
+
+LLAMA3 = dict(vocab_size=128256, num_kv_heads=8, tie_embeddings=False)
+LLAMA3_8B = dict(LLAMA3, hidden_size=4096, num_layers=32, num_heads=32, intermediate_size=14336)
+LLAMA3_70B = dict(LLAMA3, hidden_size=8192, num_layers=80, num_heads=64, intermediate_size=28672)
+LLAMA3_405B = dict(LLAMA3, hidden_size=16384, num_layers=126, num_heads=128, intermediate_size=53248)
+
+
+def flops(shape: dict, seq_len: int) -> float:
+    """The planner's model FLOPs per token of a shape (the family's flops_per_token; importing this module needs
+    the plug-ins registered)."""
+    return FAMILIES["llama"].flops_per_token(model_of(shape), seq_len)
+
+
+def model_of(shape: dict, name: str = "published", family: str = "llama"):
+    return OmegaConf.merge(OmegaConf.structured(FAMILIES[family].Config(name=name)), shape)
 
 
 def preset(name: str) -> dict:
@@ -110,8 +158,25 @@ RUNS: List[Run] = [
     Run("MindFormers Llama 2 13B", "MF", "ascend910b", preset("13b"), 8, 1, 1, False, True, 4096, 4, 1, "full", 1691),
     Run("MindFormers Llama 2 70B", "MF", "ascend910b", preset("70b"), 1, 4, 8, True, True, 4096, 1, 256, "selective",
         337),
+    *(Run(f"MindSpore Transformers Llama 2 13B {name}", "MT", "ascend910b", preset("13b"), 8, 1, pp, False, True,
+          4096, 1, micro, recompute, published)
+      for name, pp, micro, recompute, published in [("dp8", 1, 1, "full", 1860),
+                                                     ("dp8 pp2", 2, 128, "full", 2136),
+                                                     ("dp8 pp2 selective", 2, 128, "selective", 2189)]),
+    *(Run(f"Llama 3 405B {name}", "L3", "h100", LLAMA3_405B, dp, 8, 16, True, True, seq, 1, per_dp, "none",
+          teraflops * 1e12 / flops(LLAMA3_405B, seq), cp=cp, vp=2)
+      for name, dp, cp, seq, per_dp, teraflops in [("8K on 8,192", 64, 1, 8192, 32, 430),
+                                                   ("8K on 16,384", 128, 1, 8192, 16, 400),
+                                                   ("128K cp16 on 16,384", 8, 16, 131072, 16, 380)]),
+    *(Run(f"torchtitan {name}", "TT", "a100", shape, 64, 1, 1, False, True, seq, batch, 1, recompute, published,
+          zero3=True)
+      for name, shape, seq, batch, recompute, published in [
+          ("Llama 3 8B FSDP", LLAMA3_8B, 8192, 1, "selective", 2973),
+          ("Llama 3 70B FSDP", LLAMA3_70B, 8192, 1, "full", 331),
+          ("Llama 2 13B FSDP", "13b", 4096, 2, "none", 2162),
+          ("Llama 2 70B FSDP", "70b", 4096, 2, "full", 353)]),
     Run("Megatron-Core Mixtral 8x7B", "MC", "h100", preset("mixtral_8x7b"), 16, 1, 4, False, True, 4096, 1, 16, "none",
-        468e12 / 82_933_972_992, family="moe", ep=8),
+        468e12 / 82_933_972_992, family="moe", ep=8, vp=8),
 ]
 
 
@@ -123,17 +188,31 @@ def device(name: str):
 
 
 def model(run: Run):
-    return OmegaConf.merge(OmegaConf.structured(FAMILIES[run.family].Config(name=run.name)), run.model)
+    return model_of(preset(run.model) if isinstance(run.model, str) else run.model, run.name, run.family)
+
+
+_INPUTS: Dict[str, Tuple[Plain, Plain, SimpleNamespace]] = {}
+
+
+def _inputs(run: Run) -> Tuple[Plain, Plain, SimpleNamespace]:
+    """The run's model, device preset and layout as the time model reads them (plain, and kept by the run's name:
+    the fits call it thousands of times)."""
+    if run.name in _INPUTS:
+        return _INPUTS[run.name]
+    layout = SimpleNamespace(dp=run.dp, tp=run.tp, pp=run.pp, sequence_parallel=run.sequence_parallel,
+                             optimizer_shard=run.optimizer_shard, micro_batches=run.micro_batches, cp=run.cp,
+                             cp_algo=run.cp_algo, vp=run.vp, zero3=run.zero3, tp_overlap=run.tp_overlap, ep=run.ep)
+    _INPUTS[run.name] = plain(model(run)), plain(device(run.device)), layout
+    return _INPUTS[run.name]
 
 
 def predict(run: Run, efficiency: float = None):
     """planner/timing.py's step for the run, with its device preset (or another compute_efficiency)."""
-    d = device(run.device)
+    m, d, layout = _inputs(run)
     if efficiency is not None:
-        d.compute_efficiency = efficiency
-    layout = SimpleNamespace(dp=run.dp, tp=run.tp, pp=run.pp, ep=run.ep, sequence_parallel=run.sequence_parallel,
-                             optimizer_shard=run.optimizer_shard, micro_batches=run.micro_batches)
-    return step_time(model(run), layout, d, run.seq_len, run.micro_batch_size, run.micro_batches, "bf16", run.recompute)
+        d = Plain(d, compute_efficiency=efficiency)
+    return step_time(m, layout, d, run.seq_len, run.micro_batch_size, run.micro_batches, "bf16", run.recompute,
+                     plain_attention=run.plain_attention)
 
 
 def ratio(run: Run, efficiency: float = None) -> float:
@@ -148,7 +227,21 @@ def solve(f: Callable[[float], float], low: float = 0.05, high: float = 1.0) -> 
     return (low + high) / 2
 
 
-def fit(runs: List[Run]) -> Tuple[float, List[float]]:
-    """The efficiency whose predictions have a geometric-mean ratio of 1 over `runs`, and each run's own."""
-    fitted = solve(lambda e: math.exp(sum(math.log(ratio(r, e)) for r in runs) / len(runs)))
-    return fitted, [solve(lambda e, r=r: ratio(r, e)) for r in runs]
+def fit(runs: List[Run]) -> float:
+    """The efficiency whose predictions have a geometric-mean ratio of 1 over `runs`."""
+    return solve(lambda e: math.exp(sum(math.log(ratio(r, e)) for r in runs) / len(runs)))
+
+
+def own(run: Run) -> float:
+    """The efficiency at which the run alone is predicted exactly."""
+    return solve(lambda e: ratio(run, e))
+
+
+def leave_one_out(runs: List[Run]) -> List[Tuple[Run, float, float]]:
+    """(run, the efficiency fitted to the other runs, the run's predicted/published ratio at it): each run
+    predicted out of sample."""
+    out = []
+    for i, run in enumerate(runs):
+        efficiency = fit(runs[:i] + runs[i + 1:])
+        out.append((run, efficiency, ratio(run, efficiency)))
+    return out

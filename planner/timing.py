@@ -4,34 +4,47 @@ explains each term and the published runs that hold it (tests/test_time_publishe
 For one device of the busiest pipeline stage, with M micro-batches per step (the pipeline's micro-batches, or
 gradient accumulation without pp):
 
-    t_micro   = compute + tensor-parallel collectives + pipeline send/recv, for one micro-batch on one stage
-    compute   = hardware FLOPs of the micro-batch / (tp x pp) / (peak of the compute dtype x compute_efficiency)
-    step      = (M + pp - 1) x t_micro + the data-parallel reduction left after its overlap
-    bubble    = (pp - 1) x t_micro: the 1F1B schedule's fill and drain (Narayanan et al. 2021, section 2.2;
-                mindlab's pipeline is not interleaved, which would divide it by the virtual stages)
+    t_micro   = compute + the exposed tensor- and context-parallel traffic + pipeline send/recv, for one
+                micro-batch on one stage
+    compute   = hardware FLOPs of the micro-batch / (tp x cp x pp) / (peak of the compute dtype x compute_efficiency)
+    step      = M x t_micro + bubble + the data-parallel reduction left after its overlap
+    bubble    = (pp - 1) / vp x t_micro: the 1F1B schedule's fill and drain, shortened vp times by the interleaved
+                schedule's virtual stages (Narayanan et al. 2021, sections 2.2.1-2.2.2)
 
 Hardware FLOPs are the family's model FLOPs per token (6N + attention), plus what recompute repeats: full
-recompute a whole forward (+1/3), selective the attention core's forward. MFU counts model FLOPs only.
+recompute a whole forward (+1/3), selective the attention core's forward. MFU counts model FLOPs only. Attention
+without a flash kernel also moves its [a, s, s] scores through the device's memory (score_traffic), which at 2K
+tokens and a small hidden size costs as much as a quarter of the matmuls' time.
 
 Collectives are rings: an all-reduce of S bytes over n ranks moves 2(n-1)/n x S per device, an all-gather or a
 reduce-scatter (n-1)/n x S, at the bandwidth of the slowest link the group spans: inside a node when its ranks
-(Megatron's order, planner/layout.py) fit in device.devices_per_node, else across nodes. Latency is ignored.
+(Megatron's order, planner/layout.py) fit in device.devices_per_node, else across nodes over the rails the group
+can use (`link`: a dp group with 8 ranks on each node rides all 8 NICs, one with 1 rank per node one NIC). Latency
+is ignored.
   * tensor parallel (Megatron-LM): per layer, 2 all-reduces of the [b, s, h] activation in the forward and 2 in
     the backward (all-gather + reduce-scatter pairs under sequence parallelism: the same bytes), 2 more when
-    full recompute repeats the forward. On the critical path: nothing else runs while a layer waits for them.
+    full recompute repeats the forward. On the critical path: nothing else runs while a layer waits for them,
+    unless tp_overlap (MindFormers' fine_grain_interleave, Megatron's --tp-comm-overlap) hides them under the
+    matmuls: then only what exceeds the matmuls' time is exposed.
+  * context parallel: the ring's K/V blocks (overlapped with the attention of the block in hand) or Ulysses'
+    all-to-alls (exposed), per layer and pass (_context_parallel). Each rank computes s / cp of every sequence.
   * pipeline parallel: per micro-batch and stage, the activation forward and its gradient backward, [b, s, h]
     (/ tp under sequence parallelism, which passes the sequence shards). On the critical path.
-  * data parallel: once per step, the fp32 gradients of the device's parameters: an all-reduce, or under
-    optimizer sharding a reduce-scatter and then an all-gather of the updated fp32 weights (the same bytes).
-    Overlapped: the gradients' reduction with the last micro-batch's backward, the weights' all-gather with the
-    first micro-batch's forward; only what exceeds them is added to the step.
+  * data parallel (over dp x cp: the cp ranks hold the same weights): once per step, the fp32 gradients of the
+    device's parameters: an all-reduce, or under optimizer sharding a reduce-scatter and then an all-gather of the
+    updated fp32 weights (the same bytes). Overlapped: the gradients' reduction with the last micro-batch's
+    backward, the weights' all-gather with the first micro-batch's forward; only what exceeds them is added to
+    the step. zero3 gathers the weights for every micro-batch's forward and backward instead (prefetched under
+    the step's compute).
 Not counted: the optimizer update, the vocabulary-parallel embedding's and logits' collectives, a frozen
 reference model's forward (DPO, PPO), stages of unequal cost (layers are split evenly; the head is ignored).
 """
 from dataclasses import dataclass
-from typing import Any, List, Tuple
+from typing import Any, Callable, List, Tuple
 
 from base.registry import FAMILIES
+from base.schema import ulysses_degree
+from planner.layout import Layout, Span
 from planner.memory import DTYPE_BYTES, stage_parameters
 
 GRAD_BYTES = 4  # mindlab accumulates and reduces gradients in fp32 (planner/memory.py)
@@ -40,12 +53,12 @@ GRAD_BYTES = 4  # mindlab accumulates and reduces gradients in fp32 (planner/mem
 @dataclass(frozen=True)
 class Comm:
     """One kind of communication in a step, on one device."""
-    kind: str  # tp | dp | pp
+    kind: str  # tp | cp | dp | pp
     collective: str  # what runs, e.g. "all-reduce x 320"
     bytes: float  # moved per device per step (ring volume)
     link: str  # intra-node | inter-node
     seconds: float  # at the link's bandwidth (0 when the device preset gives none)
-    exposed: float  # of those, on the step's critical path
+    exposed: float  # of those, on the step's critical path (tp, cp, pp: per micro-batch; dp: per step)
 
 
 @dataclass(frozen=True)
@@ -73,11 +86,18 @@ class StepTime:
         return self.bubble / self.step
 
 
-def link(device: Any, span: int) -> Tuple[str, float]:
-    """(name, bytes/s) of the slowest link a group of `span` consecutive ranks crosses."""
-    if span <= device.devices_per_node:
+def link(device: Any, span: Span) -> Tuple[str, float]:
+    """(name, bytes/s) of the slowest link a group crosses. Across nodes its ring runs over the rails it can use:
+    nics_per_node x (its ranks on a node) / devices_per_node NICs, the node's other groups, busy at the same time,
+    taking the rest (NCCL and HCCL build a ring per rail); never faster than the links inside a node."""
+    if not span.crosses_nodes:
         return "intra-node", device.intra_node_gb_per_s * 1e9
-    return "inter-node", device.inter_node_gb_per_s * 1e9
+    nics = device.nics_per_node or device.devices_per_node
+    rails = nics * span.per_node / device.devices_per_node
+    bandwidth = device.inter_node_gb_per_s * 1e9 * rails
+    if device.intra_node_gb_per_s:
+        bandwidth = min(bandwidth, device.intra_node_gb_per_s * 1e9)
+    return f"inter-node ({rails:g} rails)" if rails != 1 else "inter-node", bandwidth
 
 
 def hardware_flops_per_token(m: Any, seq_len: int, recompute: str) -> float:
@@ -89,58 +109,132 @@ def hardware_flops_per_token(m: Any, seq_len: int, recompute: str) -> float:
 
 
 def step_time(m: Any, p: Any, device: Any, seq_len: int, micro_batch_size: int, micro_batches: int,
-              compute_dtype: str, recompute: str, sequences: float = 1.0) -> StepTime:
-    """The step of layout `p` (dp, tp, pp, optimizer_shard, sequence_parallel) feeding `micro_batches` micro-batches
-    of `micro_batch_size` samples through each data-parallel replica; `sequences`: sequences the trained model runs
-    per sample (2 for a preference pair)."""
+              compute_dtype: str, recompute: str, sequences: float = 1.0, plain_attention: bool = False) -> StepTime:
+    """The step of layout `p` (dp, tp, cp, pp, vp and the flags of base/schema.py's ParallelConfig) feeding
+    `micro_batches` micro-batches of `micro_batch_size` samples through each data-parallel replica; `sequences`:
+    sequences the trained model runs per sample (2 for a preference pair); `plain_attention`: the attention
+    materialises its scores (no flash kernel), whose memory traffic is added (score_traffic)."""
     peak = device.peak_tflops[compute_dtype] * 1e12
     tokens = micro_batch_size * sequences * seq_len  # one micro-batch of one replica
-    compute = hardware_flops_per_token(m, seq_len, recompute) * tokens / (p.tp * p.pp) / (
-        peak * device.compute_efficiency)
-    activation = tokens * m.hidden_size * DTYPE_BYTES[compute_dtype]  # [b, s, h] in the compute dtype
+    flops = hardware_flops_per_token(m, seq_len, recompute)
+    fam = FAMILIES[m.family]
+    rate = peak * device.compute_efficiency
+    shard = p.tp * p.cp * p.pp
+    compute = flops * tokens / shard / rate
+    if plain_attention:
+        compute += score_traffic(m, p, device, seq_len, micro_batch_size * sequences, recompute, compute_dtype)
+    dense = 6 * fam.matmul_parameter_count(m) * tokens / shard / rate  # the matmuls' part (tp overlap hides under it)
+    attention_core = (fam.flops_per_token(m, seq_len) - 6 * fam.matmul_parameter_count(m)) * tokens / shard / rate
+    activation = tokens / p.cp * m.hidden_size * DTYPE_BYTES[compute_dtype]  # this rank's [b, s/cp, h]
+    grid = Layout(dp=p.dp, tp=p.tp, pp=p.pp, num_layers=m.num_layers, cp=p.cp, vp=p.vp, ep=p.ep)
     layers = m.num_layers // p.pp
+    passes = 3 if recompute == "full" else 2  # forward, backward, and the recomputed forward
     comms: List[Comm] = []
 
-    def add(kind: str, collective: str, volume: float, span: int, window: float = 0.0) -> float:
+    def add(kind: str, collective: str, volume: float, span: Span, window: float = 0.0) -> float:
         name, bandwidth = link(device, span)
         seconds = volume / bandwidth if bandwidth else 0.0
-        comms.append(Comm(kind, collective, volume, name, seconds, max(0.0, seconds - window)))
-        return seconds
+        exposed = max(0.0, seconds - window)
+        comms.append(Comm(kind, collective, volume, name, seconds, exposed))
+        return exposed
 
     per_micro = compute
     if p.tp > 1:
-        passes = 3 if recompute == "full" else 2
         count = 2 * passes * layers * micro_batches
         kind = "all-gather + reduce-scatter" if p.sequence_parallel else "all-reduce"
-        per_micro += add("tp", f"{kind} x {count}", count * 2 * (p.tp - 1) / p.tp * activation, p.tp) / micro_batches
+        overlap = " (overlapped with the matmuls)" if p.tp_overlap else ""
+        per_micro += add("tp", f"{kind} x {count}{overlap}", count * 2 * (p.tp - 1) / p.tp * activation,
+                         grid.span("tp", device.devices_per_node),
+                         micro_batches * dense if p.tp_overlap else 0.0) / micro_batches
+    if p.cp > 1:
+        per_micro += _context_parallel(m, p, grid, device, tokens, layers, passes, micro_batches, attention_core,
+                                       compute_dtype, add) / micro_batches
     experts = FAMILIES[m.family].experts
     if experts is not None and p.ep > 1:  # each token's top_k copies to their experts' ranks and back
-        top_k, passes = experts(m)[1], 3 if recompute == "full" else 2
+        top_k = experts(m)[1]
         count = 2 * passes * layers * micro_batches  # dispatch and combine, per forward and backward pass
         sent = count * top_k * (p.ep - 1) / p.ep * activation / (p.tp if p.sequence_parallel else 1)
-        per_micro += add("ep", f"all-to-all x {count}", sent, p.ep * p.tp) / micro_batches
+        per_micro += add("ep", f"all-to-all x {count}", sent, grid.span("ep", device.devices_per_node)) / micro_batches
     if p.pp > 1:
         message = activation / (p.tp if p.sequence_parallel else 1)
-        per_micro += add("pp", f"send/recv x {2 * micro_batches}", 2 * micro_batches * message,
-                         p.dp * p.tp * p.pp) / micro_batches
-    if p.dp > 1:
+        sends = 2 * micro_batches * p.vp
+        per_micro += add("pp", f"send/recv x {sends}", sends * message,
+                         grid.span("pp", device.devices_per_node)) / micro_batches
+    reduce_span = grid.span("dpcp", device.devices_per_node)
+    if p.dp * p.cp > 1:
         grads = max(stage_parameters(m, p)) * GRAD_BYTES
-        ring = (p.dp - 1) / p.dp * grads
-        span, backward, forward = p.dp * p.tp, 2 / 3 * compute, 1 / 3 * compute
-        if p.optimizer_shard:
-            add("dp", "reduce-scatter (gradients)", ring, span, backward)
-            add("dp", "all-gather (weights)", ring, span, forward)
+        n = p.dp * p.cp
+        ring = (n - 1) / n * grads
+        backward, forward = 2 / 3 * compute, 1 / 3 * compute
+        if p.zero3:  # the weights gathered for every micro-batch's forward and backward, prefetched under the
+            # step's compute that the gradients' reduce-scatter (under the last backward) leaves to them
+            scatter = add("dp", "reduce-scatter (gradients)", ring, reduce_span, backward)
+            busy = comms[-1].seconds - scatter
+            add("dp", f"all-gather (weights) x {2 * micro_batches}", 2 * micro_batches * ring, reduce_span,
+                max(0.0, micro_batches * compute - busy))
+        elif p.optimizer_shard:
+            add("dp", "reduce-scatter (gradients)", ring, reduce_span, backward)
+            add("dp", "all-gather (weights)", ring, reduce_span, forward)
         else:
-            add("dp", "all-reduce (gradients)", 2 * ring, span, backward)
-    bubble = (p.pp - 1) * per_micro
+            add("dp", "all-reduce (gradients)", 2 * ring, reduce_span, backward)
+    bubble = (p.pp - 1) / p.vp * per_micro
     step = micro_batches * per_micro + bubble + sum(c.exposed for c in comms if c.kind == "dp")
+    devices = p.dp * p.tp * p.cp * p.pp
     return StepTime(
         compute=micro_batches * compute, bubble=bubble, comms=tuple(comms), step=step,
         tokens_per_step=int(micro_batches * micro_batch_size * seq_len * p.dp),
-        devices=p.dp * p.tp * p.pp, model_flops_per_token=FAMILIES[m.family].flops_per_token(m, seq_len) * sequences,
+        devices=devices, model_flops_per_token=fam.flops_per_token(m, seq_len) * sequences,
         peak_tflops=device.peak_tflops[compute_dtype],
         links_known=bool(device.intra_node_gb_per_s and (device.inter_node_gb_per_s or
-                                                         p.dp * p.tp * p.pp <= device.devices_per_node)))
+                                                         devices <= device.devices_per_node)))
+
+
+SCORE_PASSES = 11  # reads and writes of the [a, s, s] scores in a forward and backward (see score_traffic)
+
+
+def score_traffic(m: Any, p: Any, device: Any, seq_len: int, samples: float, recompute: str,
+                  compute_dtype: str) -> float:
+    """Seconds one device of a stage spends moving plain attention's scores through its memory, per micro-batch:
+    the [a/tp, s, s/cp] scores of each layer are written by QK^T, read and written by the softmax and read by PV in
+    the forward (4 passes), and in the backward read for dV, dP written, read with P by the softmax's gradient,
+    dS written and read for dQ and dK (7): SCORE_PASSES, 4 more when full recompute repeats the forward. Memory
+    bound: elementwise at device.hbm_gb_per_s (0: unknown, not counted). Flash attention keeps the scores on
+    chip, and the matmul FLOPs stay in the compute term either way."""
+    if not device.hbm_gb_per_s:
+        return 0.0
+    passes = SCORE_PASSES + (4 if recompute == "full" else 0)
+    scores = m.num_heads / p.tp * seq_len * seq_len / p.cp * samples * (m.num_layers // p.pp)
+    return passes * scores * DTYPE_BYTES[compute_dtype] / (device.hbm_gb_per_s * 1e9)
+
+
+def _context_parallel(m: Any, p: Any, grid: Layout, device: Any, tokens: float, layers: int, passes: int,
+                      micro_batches: int, attention_core: float, compute_dtype: str, add: Callable) -> float:
+    """The cp group's traffic for all micro-batches, and what of it is exposed (planner/context_parallel.py).
+
+    Ring: per layer and pass, cp_ring - 1 send/recv steps of this rank's K and V block ([b, s/cp, kv/tp] each),
+    twice in the backward (the blocks and their gradients); each step overlaps with the attention of the block in
+    hand, so only what exceeds the attention core's time is exposed. Ulysses: per layer and pass, all-to-alls of
+    Q, K, V in and the output back over its u ranks ((u-1)/u of the bytes leave each rank), on the critical path.
+    Hybrid: Ulysses over the cp ranks inside a node, the ring over the rest (of the same block size)."""
+    per_node = device.devices_per_node
+    u = ulysses_degree(p.cp, p.cp_algo, p.tp, per_node)
+    ring_ranks = p.cp // u
+    head_dim = m.hidden_size // m.num_heads
+    width = DTYPE_BYTES[compute_dtype] * tokens / p.cp / p.tp * head_dim  # bytes per head of this rank's shard
+    exposed = 0.0
+    if u > 1:
+        span = Layout(dp=1, tp=p.tp, pp=1, num_layers=1, cp=u).span("cp", per_node)
+        volume = (u - 1) / u * 2 * (m.num_heads + m.num_kv_heads) * width  # Q, K, V in; the output back
+        count = 4 * passes * layers * micro_batches
+        exposed += add("cp", f"all-to-all x {count} (Ulysses over {u})", count / 4 * volume, span)
+    if ring_ranks > 1:
+        stride_cp = Layout(dp=1, tp=p.tp * u, pp=1, num_layers=1, cp=ring_ranks)
+        span = stride_cp.span("cp", per_node)
+        block = 2 * m.num_kv_heads * width  # K and V
+        steps = (ring_ranks - 1) * (passes + 1) * layers * micro_batches  # the backward passes twice the bytes
+        window = micro_batches * attention_core * (ring_ranks - 1) / ring_ranks
+        exposed += add("cp", f"ring send/recv x {steps} (K/V blocks over {ring_ranks})", steps * block, span, window)
+    return exposed
 
 
 def format_time(t: StepTime, device: Any, compute_dtype: str) -> str:
@@ -158,5 +252,5 @@ def format_time(t: StepTime, device: Any, compute_dtype: str) -> str:
         gib = c.bytes / 2 ** 30
         rows.append(f"  {c.kind} {c.collective}: {gib:,.0f}" if gib >= 100 else f"  {c.kind} {c.collective}: {gib:.3g}")
         rows[-1] += (f" GiB per device over {c.link} links, "
-                    f"{c.seconds:.3g} s" + (f" ({c.exposed:.3g} s not overlapped)" if c.kind == "dp" else ""))
+                    f"{c.seconds:.3g} s" + (f" ({c.exposed:.3g} s not overlapped)" if c.exposed < c.seconds else ""))
     return "\n".join(rows)

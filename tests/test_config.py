@@ -79,8 +79,10 @@ def test_optimizer_keys_belong_to_their_preset():
 @pytest.mark.parametrize("model", ["tiny", "small", "125m", "350m", "1b", "7b", "13b", "70b"])
 @pytest.mark.parametrize("parallel", ["single", "dp2", "dp8", "tp8pp2", "tp8pp4", "tp4pp2dp2", "tp8dp4"])
 def test_layout_presets_against_model_presets(model, parallel):
-    """Legal pairs pass (in dry-run, where no devices are needed); illegal ones name the rule they break."""
-    cfg = compose_cfg(f"model={model}", f"parallel={parallel}", "dry_run=true", "trainer.micro_batch_size=16")
+    """Legal pairs pass (in dry-run on the device they are for, where no devices are needed); illegal ones name the
+    rule they break."""
+    cfg = compose_cfg(f"model={model}", f"parallel={parallel}", "device=ascend910b", "dry_run=true",
+                      "trainer.micro_batch_size=16")
     p, m = cfg.parallel, cfg.model
     legal = m.num_heads % p.tp == 0 and m.num_kv_heads % p.tp == 0 and m.num_layers % p.pp == 0 \
         and m.vocab_size % p.tp == 0 and m.intermediate_size % p.tp == 0
@@ -102,7 +104,7 @@ def test_cli_refuses_tensor_parallel_on_cpu_with_one_clear_message(tmp_path, mon
                                                    ("70b", "tp8pp4", 68_976_648_192)])
 def test_dry_run_prints_the_plan(tmp_path, monkeypatch, model, parallel, params):
     code, out, err = train_main(tmp_path, monkeypatch, f"model={model}", f"parallel={parallel}",
-                               "stage=pretrain", "dry_run=true")
+                               "device=ascend910b", "stage=pretrain", "dry_run=true")
     assert code == 0, err
     assert f"({params:,})" in out
     for section in ("layout", "memory per device", "FLOPs per token", "tp groups"):

@@ -42,7 +42,7 @@ def layout():
 
 def test_coords(layout):
     assert layout.world_size == 16
-    assert [tuple(layout.coords(r)) for r in range(16)] == TP4PP2DP2
+    assert [tuple(layout.coords(r))[:3] for r in range(16)] == TP4PP2DP2
     assert all(layout.rank(*layout.coords(r)) == r for r in range(16))
     assert layout.coords(13) == Coords(pp=1, dp=1, tp=1)
 
@@ -54,8 +54,8 @@ def test_groups(layout):
 
 
 def test_stages(layout):
-    assert layout.layers_of_stage(0) == range(0, 20)
-    assert layout.layers_of_stage(1) == range(20, 40)
+    assert layout.layers_of_stage(0) == list(range(0, 20))
+    assert layout.layers_of_stage(1) == list(range(20, 40))
     assert layout.ranks_of_stage(1) == range(8, 16)
 
 

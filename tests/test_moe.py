@@ -285,7 +285,8 @@ def test_memory_counts_the_experts_of_a_device_and_time_adds_the_all_to_alls():
     from planner.timing import step_time
 
     m, fam = load_preset("model", "mixtral_8x7b"), family("moe")
-    layout = dict(dp=8, tp=1, pp=4, sequence_parallel=False, optimizer_shard=True, micro_batches=16)
+    layout = dict(dp=8, tp=1, pp=4, sequence_parallel=False, optimizer_shard=True, micro_batches=16, cp=1,
+                  cp_algo="ring", vp=1, zero3=False, tp_overlap=False)
     one, two = (fam.stage_parameters(m, SimpleNamespace(ep=ep, **layout)) for ep in (1, 2))
     assert one[1] - two[1] == 8 * 8 * 3 * 4096 * 14336 // 2
     from conftest import compose_cfg

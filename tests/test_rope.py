@@ -116,4 +116,5 @@ def test_long_context_stage_needs_init_from_and_sets_the_recipe():
     assert (cfg.data.name, cfg.objective.packing, cfg.model.rope_scaling.type) == ("long_docs", "documents", "yarn")
     assert cfg.data.tokenizer.path == "/ckpt/step_000300/tokenizer.model" and cfg.optim.weight_decay == 0.0
     # the planner's dry run needs no checkpoint; 7b (4096 pretrained) x 8 holds 32k
-    validate(compose_cfg("stage=long_context", "model=7b", "parallel=tp8pp2", "data.seq_len=32768", "dry_run=true"))
+    validate(compose_cfg("stage=long_context", "model=7b", "parallel=tp8pp2", "data.seq_len=32768", "device=ascend910b",
+                         "nodes=2", "dry_run=true"))

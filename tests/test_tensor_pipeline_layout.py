@@ -147,3 +147,31 @@ def test_lora_adapters_are_split_like_their_base_linear(semi_auto_parallel):
     for path, strategy in tensor_parallel_strategies(model, dp=1, tp=2).items():
         if ".lora_" in path:
             assert weight_split(path.removesuffix(".matmul") + ".weight", 2, 2) == strategy[1], path
+
+
+@pytest.mark.parametrize("algo, ulysses, ring", [("ring", 1, 2), ("ulysses", 2, 1)])
+def test_context_parallel_splits_the_tokens_and_flash_attentions_sequence_or_heads(semi_auto_parallel, algo, ulysses,
+                                                                                   ring):
+    """cp 2 with dp 1, tp 2: the linears' [batch x sequence] rows over dp x cp; flash attention's heads over tp x the
+    Ulysses ranks and its sequence over the ring's, with MindSpore's ring attention attributes set on the primitive
+    only when the ring has more than one rank (as MindFormers' FlashAttention does)."""
+    cfg = OmegaConf.merge(load_preset("model", "tiny"), {"num_kv_heads": 4})
+    model = build_model(cfg, 64, "bf16", "Ascend", seed=0, sharded=True)
+    plan = apply_tensor_parallel(model, llama_plan, dp=1, tp=2, cp=2, cp_algo=algo)
+    split = (1, 2 * ulysses, ring, 1)
+    assert plan["model.layers.0.attention.core.causal"] == (split, split, split, (1, 1))
+    assert plan["model.layers.0.attention.wq.matmul"] == ((2, 1), (2, 1)) == plan["lm_head.matmul"]
+    assert plan["model.layers.0.attention.wo.matmul"] == ((2, 2), (1, 2))
+    assert plan["model.tok_embeddings.gather"] == ((2, 1), (1, 2))
+    causal = dict(model.cells_and_names())["model.layers.0.attention.core"].causal
+    assert causal.attrs.get("enable_ring_attention", False) is (ring > 1)
+
+
+def test_interleaved_stages_take_every_pp_th_chunk(semi_auto_parallel):
+    """pp 2 x vp 2 over 4 layers: chunks of one layer, chunk c on stage c % 2 in segment c // 2."""
+    model = build_model(load_preset("model", "tiny"), 64, "fp32", "CPU", seed=0, sharded=True)
+    stages = assign_stages(model, llama_plan, pp=2, vp=2)
+    assert [stages[f"model.layers.{i}"] for i in range(4)] == [0, 1, 0, 1]
+    cells = dict(model.cells_and_names())
+    assert [cells[f"model.layers.{i}"].pipeline_segment for i in range(4)] == [0, 0, 1, 1]
+    assert stages["model.tok_embeddings"] == 0 and stages["lm_head"] == 1

@@ -19,6 +19,12 @@ Tensor parallelism, MindSpore's way: `shard()` strategies on the model's primiti
     rows like W and A is replicated; on a row-parallel one A [r, in] is split by columns like W (its partial
     products are summed by the AllReduce MindSpore inserts) and B is replicated
 
+Context parallelism (cp, of which `ulysses` ranks split heads and cp / ulysses run the ring): the tokens split over
+dp x cp in the linears (their [batch x sequence, hidden] input), the sequence over cp x tp under sequence
+parallelism, the embedding's token ids by batch and sequence; flash attention takes the heads over tp x ulysses
+(MindSpore redistributes the sequence shards into head shards: Ulysses' all-to-all) and the sequence over the ring's
+ranks, with MindSpore's ring attention switched on by the primitive attributes of context_parallel_attributes.
+
 A strategy is one tuple per input, giving how many ways each dimension is split (dp on the batch, tp on the
 sharded dimension).
 
@@ -39,54 +45,68 @@ ROW = ("attention.wo", "feed_forward.w2")
 _LAYER = re.compile(r"^model\.layers\.(\d+)(\.|$)")
 
 
-def tensor_parallel_strategies(model: LlamaForCausalLM, dp: int, tp: int,
-                               sequence_parallel: bool = False) -> Dict[str, Tuple]:
-    """`<cell path>.<primitive>` -> strategy, for every primitive that tensor parallelism shards."""
+def tensor_parallel_strategies(model: LlamaForCausalLM, dp: int, tp: int, sequence_parallel: bool = False,
+                               cp: int = 1, ulysses: int = 1) -> Dict[str, Tuple]:
+    """`<cell path>.<primitive>` -> strategy, for every primitive that tensor (and context) parallelism shards."""
     plan = {}
+    ring = cp // ulysses
     if sequence_parallel:
-        act = (dp, tp, 1)  # [batch, sequence, hidden]: the batch over dp, the sequence over tp
+        act = (dp, cp * tp, 1)  # [batch, sequence, hidden]: the batch over dp, the sequence over cp and tp
         for name, cell in model.cells_and_names():
             if isinstance(cell, FusedRMSNorm):
                 plan[f"{name}.norm"] = (act, (1,))
             elif isinstance(cell, RMSNorm):  # 1/rms is [batch, sequence, 1]: split as x
                 plan.update({f"{name}.square": (act,), f"{name}.mean": (act,), f"{name}.add": (act, ()),
                              f"{name}.rsqrt": (act,), f"{name}.normalize": (act, act), f"{name}.scale": (act, (1,))})
-    act = (dp, tp if sequence_parallel else 1, 1)
+    act = (dp, cp * (tp if sequence_parallel else 1), 1)  # the residual stream: the sequence over cp (and tp)
     for name, cell in model.cells_and_names():
         if isinstance(cell, DecoderLayer):
             plan[f"{name}.attention_residual"] = plan[f"{name}.ffn_residual"] = (act, act)
     heads = (dp, tp, 1, 1)  # [batch, heads, sequence, head_dim]
+    tokens = dp * cp  # the linears' [batch x sequence] rows
     for name, cell in model.cells_and_names():
         lora = hasattr(cell, "lora_A")
         if isinstance(cell, Linear) and name.endswith(COLUMN):
-            plan[f"{name}.matmul"] = ((dp, 1), (tp, 1))
+            plan[f"{name}.matmul"] = ((tokens, 1), (tp, 1))
             if lora:
-                plan[f"{name}.lora_A.matmul"] = ((dp, 1), (1, 1))
-                plan[f"{name}.lora_B.matmul"] = ((dp, 1), (tp, 1))
+                plan[f"{name}.lora_A.matmul"] = ((tokens, 1), (1, 1))
+                plan[f"{name}.lora_B.matmul"] = ((tokens, 1), (tp, 1))
         elif isinstance(cell, Linear) and name.endswith(ROW):
-            plan[f"{name}.matmul"] = ((dp, tp), (1, tp))
+            plan[f"{name}.matmul"] = ((tokens, tp), (1, tp))
             if lora:
-                plan[f"{name}.lora_A.matmul"] = ((dp, tp), (1, tp))
-                plan[f"{name}.lora_B.matmul"] = ((dp, 1), (1, 1))
+                plan[f"{name}.lora_A.matmul"] = ((tokens, tp), (1, tp))
+                plan[f"{name}.lora_B.matmul"] = ((tokens, 1), (1, 1))
         elif isinstance(cell, AttentionBlock):
             plan[f"{name}.qk"] = plan[f"{name}.pv"] = (heads, heads)
         elif isinstance(cell, FlashCoreAttention):  # inputs q, k, v and the mask (the unused ones are None)
-            plan[f"{name}.causal"] = (heads, heads, heads, (1, 1))
-            plan[f"{name}.masked"] = (heads, heads, heads, (dp, 1, 1, 1))
+            split = (dp, tp * ulysses, ring, 1)  # heads over tp x ulysses, the sequence over the ring
+            plan[f"{name}.causal"] = (split, split, split, (1, 1))
+            plan[f"{name}.masked"] = (split, split, split, (dp, 1, ring, 1))
         elif isinstance(cell, Embedding):
-            plan[f"{name}.gather"] = ((tp, 1), (dp, 1))
+            plan[f"{name}.gather"] = ((tp, 1), (dp, cp))
     if model.tie_embeddings:
         plan["head_matmul"] = ((dp, 1), (tp, 1))
     return plan
 
 
-def output_strategies(model: LlamaForCausalLM, dp: int, tp: int, sequence_parallel: bool = False) -> Dict[str, Tuple]:
+def output_strategies(model: LlamaForCausalLM, dp: int, tp: int, sequence_parallel: bool = False,
+                      cp: int = 1) -> Dict[str, Tuple]:
     """`<cell path>.<primitive>` -> output strategy, where one is set: under sequence parallelism the row-parallel
-    matmuls' [batch x sequence, hidden] outputs split over dp x tp (a reduce-scatter, not an all-reduce)."""
+    matmuls' [batch x sequence, hidden] outputs split over dp x cp x tp (a reduce-scatter, not an all-reduce)."""
     if not sequence_parallel:
         return {}
-    return {f"{name}.matmul": ((dp * tp, 1),) for name, cell in model.cells_and_names()
+    return {f"{name}.matmul": ((dp * cp * tp, 1),) for name, cell in model.cells_and_names()
             if isinstance(cell, Linear) and name.endswith(ROW)}
+
+
+def context_parallel_attributes(model: LlamaForCausalLM, cp: int, ulysses: int) -> Dict[str, Dict[str, bool]]:
+    """`<cell path>.<primitive>` -> primitive attributes: MindSpore's ring attention on flash attention when the
+    ring has more than one rank (the attributes MindFormers' FlashAttention sets for its ring)."""
+    if cp // ulysses == 1:
+        return {}
+    ring = {"enable_ring_attention": True, "enable_ra_send_recv": True}
+    return {f"{name}.{primitive}": ring for name, cell in model.cells_and_names()
+            if isinstance(cell, FlashCoreAttention) for primitive in ("causal", "masked")}
 
 
 def weight_split(name: str, ndim: int, tp: int) -> Tuple[int, ...]:
