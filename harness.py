@@ -1,19 +1,18 @@
 """EleutherAI's lm-evaluation-harness (`lm_eval`) drives a mindlab checkpoint: `MindlabLM` is its model
 interface (loglikelihood, loglikelihood_rolling, generate_until) over the scorers `python -m evaluation` uses.
 
-    scripts/venv.sh python -m pip install lm_eval==0.4.9     # optional: not in requirements.txt (see below)
     python -m harness CKPT --tasks definitions_mc,cloze_code [--limit 100] [--batch-size 8] [--out results.json]
     python -m harness SFT_CKPT data=default --tasks definitions_mc     # train.py overrides, as python -m evaluation
     python -m harness CKPT --tasks my_task --include-path MY_TASKS/     # any lm_eval task whose data is local
 
 A name that is a mindlab task file (`python -m builders.tasks build`, or a path ending in .jsonl) becomes an lm_eval
 task: a YAML written to a temporary include path (data files: that JSONL; text: the context; choices; gold), so
-lm_eval's acc and acc_norm can be checked against evaluate's on the same items (tests/test_harness.py does).
+lm_eval's acc and acc_norm can be checked against python -m evaluation's on the same items (tests/test_harness.py does).
 Other names are lm_eval's own tasks, whose datasets come from the Hugging Face hub: this machine has no route to
 it, so only tasks with local data run here.
 
-lm_eval is not a requirement: it pulls datasets, evaluate, accelerate, scikit-learn and more (~40 packages) for
-an optional comparison; everything else in mindlab runs without it.
+lm_eval is pinned in requirements.txt (its dependencies in requirements.lock, huggingface-hub at the version
+transformers accepts), so the comparison runs in CI; nothing else in mindlab imports it.
 
 `MindlabLM` itself does not need lm_eval: its methods take objects with `.args` (lm_eval's Instance), and
 `MindlabLM.registered()` subclasses lm_eval's LM and registers it as `--model mindlab` when lm_eval is there.
@@ -159,8 +158,8 @@ def run(checkpoint: str, tasks: List[str], include_path: Optional[str], limit: O
     try:
         import lm_eval
     except ImportError:
-        raise UserError("lm_eval is not installed: scripts/venv.sh python -m pip install lm_eval==0.4.9 "
-                        "(optional; `python -m evaluation CKPT tasks=[...]` needs nothing more)") from None
+        raise UserError("lm_eval is not installed: run through scripts/venv.sh, whose venv has requirements.txt's "
+                        "lm_eval (or `python -m evaluation CKPT tasks=[...]`, which needs nothing more)") from None
     from base.paths import task_path
     from evaluation.tasks import load_task
     from lm_eval.tasks import TaskManager

@@ -211,8 +211,8 @@ def complete_checkpoints(root: str) -> List[str]:
     """Checkpoint directories under `root`, oldest first (temporary and foreign entries skipped)."""
     if not os.path.isdir(root):
         return []
-    names = [n for n in os.listdir(root) if n.startswith("step_") and ".tmp" not in n]
-    return [os.path.join(root, n) for n in sorted(names)]
+    names = [n for n in os.listdir(root) if n.startswith("step_") and ".tmp" not in n and n[5:].isdigit()]
+    return [os.path.join(root, n) for n in sorted(names, key=lambda n: int(n[5:]))]  # step_1000000 after step_999999
 
 
 def prune(root: str, keep_last: int, keep_every: int) -> None:

@@ -61,9 +61,9 @@ BENCHMARKS: Dict[str, Benchmark] = {
                            "optim.warmup_steps=1",
                            "trainer.micro_batch_size=1", "trainer.eval_batches=1", "trainer.log_every=1")),
     "long_context": Benchmark(("--model", "small", "--base-steps", "600", "--passkey-trials", "3", "--work", "{work}"),
-                              ("--model", "tiny", "--base-len", "32", "--base-steps", "2", "--base-micro-batch", "1",
+                              ("--model", "tiny", "--base-len", "64", "--base-steps", "2", "--base-micro-batch", "1",
                                "--factor", "2", "--extend-factors", "2", "--extend-steps", "2",
-                               "--extend-tokens", "64", "--eval-batches", "1", "--passkey-trials", "1",
+                               "--extend-tokens", "128", "--eval-batches", "1", "--passkey-trials", "1",
                                "--passkey-depths", "0.5", "--work", "{work}")),
     "alignment": Benchmark(("--base", "{small}", "--model", "small", "--workdir", "{work}"),
                            ("--base", "{tiny}", "--model", "tiny", "--sft-steps", "2", "--steps", "2",
@@ -72,6 +72,10 @@ BENCHMARKS: Dict[str, Benchmark] = {
                                ("--init", "{sft}", "--steps", "2", "--train-pairs", "32", "--val-pairs", "8",
                                 "--modes", "precomputed,copy", "--workdir", "{work}", "trainer.log_every=1",
                                 "trainer.eval_batches=1")),
+    "moe_dense": Benchmark((), ("trainer.max_steps=2", "trainer.eval_every=2", "trainer.eval_batches=1",
+                                "trainer.log_every=1", "trainer.micro_batch_size=1", "data.seq_len=32",
+                                "optim.warmup_steps=1")),
+    "sharded_build": Benchmark((), ("--model", "tiny", "--parallel", "tp8pp2")),
     "recipe_chain": Benchmark((), ("--workdir", "{work}", *(f"recipe.stages.{s}.trainer.{k}={v}"
                                                             for s in ("pretrain", "sft", "dpo")
                                                             for k, v in (("max_steps", 2), ("eval_every", 2),

@@ -1,6 +1,7 @@
 import boot  # noqa: F401  (MindSpore first, as in train.py)
 
 import contextlib
+import gzip
 import importlib
 import inspect
 import io
@@ -54,12 +55,12 @@ def pytest_runtest_setup(item):
         corpus_path(*mark.args)
 
 
-def compose_cfg(*overrides):
-    """The config train.py would run with these command-line overrides."""
+def compose_cfg(*overrides, hydra_config: bool = False):
+    """The config train.py would run with these command-line overrides (with Hydra's own node: `hydra_config`)."""
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=os.path.join(ROOT, "conf"), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
+        return compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra_config)
 
 
 # entry point -> (module, how a user runs it)
@@ -137,6 +138,12 @@ def train_main(cwd, monkeypatch, *argv):
 def write_jsonl(path, records):
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return str(path)
+
+
+def write_docs(path, docs, field="text"):
+    """Documents as a corpus shard: one {field: text, "id": i} a line, gzipped where the name ends in .gz."""
+    text = "".join(json.dumps({field: d, "id": i}) + "\n" for i, d in enumerate(docs))
+    path.write_bytes(gzip.compress(text.encode()) if path.suffix == ".gz" else text.encode())
 
 
 def pair_cfg(tmp_path, base, stage, train, val, *overrides):

@@ -251,3 +251,21 @@ def test_a_real_full_filesystem_while_saving_is_the_same_one_line(tmp_path):
         assert os.listdir(mount) == []
     finally:
         subprocess.run(["umount", str(mount)], check=False)
+
+
+@pytest.mark.parametrize("steps, keep_last, keep_every, kept", [
+    # by hand: the newest two (90, 100) and every multiple of 30 (30, 60, 90); the rest go
+    (range(10, 101, 10), 2, 30, [30, 60, 90, 100]),
+    (range(10, 101, 10), 3, 0, [80, 90, 100]),  # no milestones
+    (range(10, 101, 10), 0, 30, list(range(10, 101, 10))),  # keep_last=0: nothing is pruned
+    # past six digits the names no longer sort as the steps: the newest is still the newest
+    ([999_990, 999_999, 1_000_000, 1_000_010], 2, 0, [1_000_000, 1_000_010]),
+])
+def test_prune_keeps_the_newest_and_every_milestone(tmp_path, steps, keep_last, keep_every, kept):
+    """trainer.keep_last and trainer.keep_every as the loop prunes after each save (a bug here deletes milestones);
+    a crashed save's temporary directory goes too."""
+    for step in steps:
+        (tmp_path / f"step_{step:06d}").mkdir()
+    (tmp_path / "step_000110.tmp-1234").mkdir()
+    checkpoint.prune(str(tmp_path), keep_last, keep_every)
+    assert sorted(os.listdir(tmp_path), key=lambda n: int(n[5:])) == [f"step_{s:06d}" for s in kept]

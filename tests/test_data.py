@@ -27,7 +27,7 @@ from data.parallel import WorkerPool
 from data.sources import no_documents, read_unit, source_files, work_units
 from data.tokenizer import sample_lines
 
-from conftest import corpus_path
+from conftest import corpus_path, write_docs
 
 REPO = Path(__file__).resolve().parents[1]
 VOCAB = 384
@@ -54,9 +54,6 @@ def prose(seed, n_words=120):
     return " ".join(f"{rng.choice(WORDS[:24])}{rng.randint(0, 999)}" for _ in range(n_words)) + "\n"
 
 
-def write_jsonl(path, docs, field="text"):
-    text = "".join(json.dumps({field: d, "id": i}) + "\n" for i, d in enumerate(docs))
-    path.write_bytes(gzip.compress(text.encode()) if path.suffix == ".gz" else text.encode())
 
 
 def source_cfg(**kw):
@@ -85,8 +82,8 @@ def data_cfg(tmp_path, sources, **overrides):
 def corpus(tmp_path):
     """Two JSONL sources, the second gzipped and found by a glob; returns (cfg, docs by source)."""
     docs = {"a": make_docs(1, 40), "b": make_docs(2, 30)}
-    write_jsonl(tmp_path / "a.jsonl", docs["a"])
-    write_jsonl(tmp_path / "b.jsonl.gz", docs["b"])
+    write_docs(tmp_path / "a.jsonl", docs["a"])
+    write_docs(tmp_path / "b.jsonl.gz", docs["b"])
     sources = [{"name": "a", "kind": "jsonl", "paths": [str(tmp_path / "a.jsonl")]},
                {"name": "b", "kind": "jsonl", "paths": [str(tmp_path / "b*.jsonl.gz")]}]
     return data_cfg(tmp_path, sources), docs
@@ -201,7 +198,7 @@ def test_max_chars_keeps_the_longest_prefix_of_whole_documents_across_units(tmp_
     monkeypatch.setattr(data.sources, "UNIT_BYTES", 1500)
     docs = [prose(i, 40 + 7 * i) for i in range(30)]
     for k in range(0, 30, 3):
-        write_jsonl(tmp_path / f"f{k // 3:02d}.jsonl", docs[k:k + 3])
+        write_docs(tmp_path / f"f{k // 3:02d}.jsonl", docs[k:k + 3])
     lengths = np.cumsum([len(d) for d in docs])
 
     def prefix_read(max_chars, name):
@@ -234,7 +231,7 @@ def test_a_bad_source_fails_prepare_and_leaves_no_half_written_file(tmp_path, co
                                                    "paths": [str(tmp_path / "gone.jsonl")]}]}))
     tiny = OmegaConf.merge(cfg, {"sources": [*cfg.sources, {"name": "c", "kind": "jsonl",
                                                            "paths": [str(tmp_path / "tiny.jsonl")]}]})
-    write_jsonl(tmp_path / "tiny.jsonl", ["one short line", "and another"])
+    write_docs(tmp_path / "tiny.jsonl", ["one short line", "and another"])
     with pytest.raises(DataError, match=r"'c' has \d+ training tokens after cleaning, fewer than one row"):
         prepare(tiny)  # fails in stage 2, after stage 1 succeeded
     leftovers = [p.name for p in (tmp_path / "cache").rglob("*") if ".tmp-" in p.name]
@@ -283,8 +280,8 @@ def test_filters_and_dedup_remove_planted_documents_and_count_them(tmp_path):
     near = " ".join(words[:60] + ["PLANTED"] + words[61:])
     junk = {"short": "too short to keep\n", "symbols": "░▒▓█" * 60 + prose(99, 20),
             "repeats": "boilerplate line that repeats\n" * 20 + prose(98, 10)}
-    write_jsonl(tmp_path / "a.jsonl", good[:8] + [junk["short"], good[2], near, junk["symbols"]])
-    write_jsonl(tmp_path / "b.jsonl", good[8:] + [good[5], junk["repeats"]])  # good[5]: duplicate across sources
+    write_docs(tmp_path / "a.jsonl", good[:8] + [junk["short"], good[2], near, junk["symbols"]])
+    write_docs(tmp_path / "b.jsonl", good[8:] + [good[5], junk["repeats"]])  # good[5]: duplicate across sources
     cfg = data_cfg(tmp_path, [{"name": "a", "kind": "jsonl", "paths": [str(tmp_path / "a.jsonl")]},
                               {"name": "b", "kind": "jsonl", "paths": [str(tmp_path / "b.jsonl")]}],
                    cleaning={"min_chars": 50, "exact_dedup": True, "near_dedup": True}, val_fraction=0.0, seq_len=8,

@@ -8,12 +8,12 @@ import pytest
 from omegaconf import OmegaConf
 
 from base.validate import ConfigError, validate
-from conftest import compose_cfg, corpus_path
+from conftest import compose_cfg, corpus_path, write_docs
 from data import BlendedBatches, DataError, build_data
 from data.cache import prepare
 from data.cache import cache_key
 from data.mixing import BlendedOrder, mix_weights
-from test_data import REPO, data_cfg, make_docs, write_jsonl
+from test_data import REPO, data_cfg, make_docs
 
 WEIGHTS = {"a": 0.5, "b": 0.3, "c": 0.2}
 SEQ = 8
@@ -24,7 +24,7 @@ def prepared(tmp_path_factory):
     """Three sources of ~400, ~300 and ~100 rows of SEQ + 1 tokens."""
     tmp = tmp_path_factory.mktemp("mix")
     for i, (name, n) in enumerate([("a", 40), ("b", 30), ("c", 10)]):
-        write_jsonl(tmp / f"{name}.jsonl", make_docs(i, n))
+        write_docs(tmp / f"{name}.jsonl", make_docs(i, n))
     cfg = data_cfg(tmp, [{"name": n, "kind": "jsonl", "paths": [str(tmp / f"{n}.jsonl")]} for n in "abc"],
                    seq_len=SEQ, weights=WEIGHTS, val_fraction=0.2)
     return prepare(cfg)

@@ -24,7 +24,8 @@ from data.documents import Work, clean
 from data.minhash import NUM_PERM, lsh_bands
 from data.parallel import WorkerPool
 from data.sources import read_unit, work_units
-from test_data import data_cfg, make_docs, prose, source_cfg, write_jsonl
+from conftest import write_docs
+from test_data import data_cfg, make_docs, prose, source_cfg
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -51,7 +52,7 @@ def many_units(tmp_path, monkeypatch):
     docs["b"][-1] = " ".join(words[:70] + ["NEAR"] + words[71:]) + "\n"
     for name, ds in docs.items():
         for k in range(0, len(ds), 5):
-            write_jsonl(tmp_path / f"{name}-{k // 5:03d}.jsonl", ds[k:k + 5])
+            write_docs(tmp_path / f"{name}-{k // 5:03d}.jsonl", ds[k:k + 5])
     sources = [{"name": n, "kind": "jsonl", "paths": [str(tmp_path / f"{n}-*.jsonl")]} for n in docs]
     cfg = data_cfg(tmp_path, sources, shard_rows=500, seq_len=16, tokenizer={"vocab_size": 300},
                    cleaning={"min_chars": 10, "exact_dedup": True, "near_dedup": True})
@@ -62,7 +63,7 @@ def many_units(tmp_path, monkeypatch):
 
 def test_big_jsonl_splits_into_line_aligned_units_that_read_like_the_file(tmp_path, monkeypatch):
     docs = make_docs(5, 300)
-    write_jsonl(tmp_path / "big.jsonl", docs)
+    write_docs(tmp_path / "big.jsonl", docs)
     size = (tmp_path / "big.jsonl").stat().st_size
     monkeypatch.setattr(data.sources, "UNIT_BYTES", size // 7)
     source = source_cfg(name="s", kind="jsonl", paths=[str(tmp_path / "big.jsonl")])

@@ -165,12 +165,16 @@ def hand_accuracies(items, predictions) -> tuple:
 
 
 def hand_rouge_l(prediction: str, answer: str) -> float:
-    """ROUGE-L F1 over whitespace tokens, its LCS by brute force over the prediction's subsequences (short texts)."""
+    """ROUGE-L F1 over whitespace tokens, its LCS by brute force: the longest subsequence of the (short) answer that
+    is also a subsequence of the prediction."""
     import itertools
 
+    def within(sub, words):
+        it = iter(words)
+        return all(w in it for w in sub)  # each word found after the previous one
+
     a, b = prediction.split(), answer.split()
-    lcs = max((k for k in range(len(a) + 1) for sub in itertools.combinations(a, k)
-               if any(list(sub) == list(c) for c in itertools.combinations(b, k))), default=0)
+    lcs = max((k for k in range(len(b) + 1) for sub in itertools.combinations(b, k) if within(sub, a)), default=0)
     if lcs == 0:
         return 0.0
     p, r = lcs / len(a), lcs / len(b)

@@ -69,8 +69,8 @@ def test_generate_until_cuts_at_the_stop_string(lm):
 
 @pytest.mark.slow
 def test_lm_eval_scores_a_mindlab_task_as_evaluate_does(base_checkpoint, tmp_path):
-    """lm_eval (if installed) on a mindlab task file: the same acc and acc_norm as python -m evaluation's scorer."""
-    pytest.importorskip("lm_eval")
+    """lm-evaluation-harness (requirements.txt pins it) through `python -m harness`'s run() on a mindlab task file:
+    exactly the acc and acc_norm of python -m evaluation's scorer on the same checkpoint and items."""
     from evaluation.tasks import load_task, score_multiple_choice
 
     path = tmp_path / "mini_mc.jsonl"

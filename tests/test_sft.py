@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from base import checkpoint
 from base.validate import ConfigError, validate
-from conftest import compose_cfg, invoke, load_preset
+from conftest import compose_cfg, invoke, load_preset, write_jsonl
 from data import DataError
 from data.rows import Split
 from data.samples import EOS, encode_parts, render, template_parts
@@ -123,9 +123,6 @@ def test_packed_samples_get_the_losses_they_get_alone(pynative):
     assert np.abs(mixed[0, 20:50] - alone_b[0]).max() > 1e-2
 
 
-def write_jsonl(path, records):
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return str(path)
 
 
 def sft_cfg(tmp_path, base, *overrides):

@@ -11,21 +11,17 @@ import types
 from html.parser import HTMLParser
 
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from base.validate import validate
-from conftest import ROOT, invoke
+from conftest import ROOT, compose_cfg, invoke
 from sweeps.report import build
 
 JOBS = {"lr": 3, "lr_ctx": 9, "data_mix": 3, "batch": 4, "scaling": 5}
 
 
-def compose_cfg(*overrides, hydra_config: bool = False):
-    with initialize_config_dir(config_dir=os.path.join(ROOT, "conf"), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra_config)
 
 
 def sweep_jobs(name: str) -> list:

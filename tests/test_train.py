@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+from omegaconf import OmegaConf
 
 from conftest import ROOT, train_main
 
@@ -51,7 +52,14 @@ def test_tiny_pretraining_on_the_default_data_learns(tmp_path):
     assert (f"step 30: val_loss {evals[1]['val_loss']:.4f} val_ppl {evals[1]['val_ppl']:.2f} val_bpb "
             f"{evals[1]['val_bpb']:.4f}\n") in log and "step 0: val_loss" in log
     assert steps[-1]["tokens_seen"] == 60 * 8 * 256
-    assert 0 < steps[-1]["mfu"] < 1
+    # MFU by hand: model=tiny's training FLOPs per token at seq_len 256 (PaLM's 6N + 12 L heads head_dim S): per
+    # layer q, o 128x128, k, v 128x64 (2 kv heads of 32), gate, up, down 128x352: 184,320 weights; 4 layers and the
+    # 4096 x 128 head: N = 1,261,568; attention 12 x 4 x 4 x 32 x 256 = 1,572,864; over conf/device/cpu.yaml's peak
+    flops_per_token = 6 * (4 * (2 * 128 * 128 + 2 * 128 * 64 + 3 * 128 * 352) + 4096 * 128) + 12 * 4 * 4 * 32 * 256
+    peak = OmegaConf.load(run_dir / "config.yaml").device.peak_tflops.fp32 * 1e12
+    assert flops_per_token == 9_142_272
+    assert [m["mfu"] for m in steps] == pytest.approx([flops_per_token * m["tokens_per_sec"] / peak for m in steps],
+                                                      rel=1e-9)
     assert os.path.isfile(run_dir / "config.yaml")
     assert sorted(os.listdir(run_dir / "checkpoints")) == ["latest", "step_000060"]
 
