@@ -1,5 +1,5 @@
 # The two set-up commands of the README. Each creates (once) the pinned venv outside the clone.
-.PHONY: train test test-fast test-plain device-check
+.PHONY: train test test-fast test-plain test-benchmarks device-check
 
 # pytest-xdist worker processes. A test waiting on the processes it started (msrun launches, train.py runs) leaves
 # its worker idle, so on a 2-core box the whole suite runs best with 3 workers: 782 s against 819 s with 2 (same
@@ -12,10 +12,13 @@ train:  ## pretrain model=tiny on the default real data (CPython stdlib + Shakes
 	scripts/venv.sh python train.py stage=tiny_pretrain
 
 test:  ## the test suite (what .ci/run calls); a test file runs whole on one worker (its fixtures are shared)
-	scripts/venv.sh python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	scripts/venv.sh python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not benchmarks"
 
 test-fast:  ## the suite without the tests marked slow (real training runs, launches), for development
 	scripts/venv.sh python -m pytest -q -n $(FAST_TEST_WORKERS) --dist loadfile -m "not slow"
+
+test-benchmarks:  ## every benchmark the docs name at its smallest setting: minutes each
+	scripts/venv.sh python -m pytest -q -p no:xdist -m benchmarks tests/test_benchmarks.py
 
 test-plain:  ## the fast tier on MindSpore's ops only (MINDLAB_KERNELS=plain): what runs where the CPU kernels do not
 	scripts/venv.sh python -m pytest -q -n $(FAST_TEST_WORKERS) --dist loadfile -m "not slow" --plain-ops

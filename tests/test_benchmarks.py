@@ -66,6 +66,7 @@ def smallest(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.benchmarks
 @pytest.mark.parametrize("name", sorted(documented() - HARDWARE))
 def test_each_benchmark_runs_at_its_smallest_setting_and_writes_its_section(name, smallest):
     """The command as the docs' `python -m benchmarks` runs it, at the least of everything (a few steps of the
