@@ -76,6 +76,7 @@ BENCHMARKS: Dict[str, Benchmark] = {
                                 "trainer.log_every=1", "trainer.micro_batch_size=1", "data.seq_len=32",
                                 "optim.warmup_steps=1")),
     "sharded_build": Benchmark((), ("--model", "tiny", "--parallel", "tp8pp2")),
+    "chat_zh": Benchmark((), ("--max-items", "2")),
     "recipe_chain": Benchmark((), ("--workdir", "{work}", *(f"recipe.stages.{s}.trainer.{k}={v}"
                                                             for s in ("pretrain", "sft", "dpo")
                                                             for k, v in (("max_steps", 2), ("eval_every", 2),
