@@ -363,7 +363,7 @@ def test_the_sharded_step_keeps_the_objectives_metrics():
 
     model, optimizer, _, _ = setup()
     module = object.__new__(ShardedModule)
-    module.objective, module.dp, module.pp, module.stage, module.fed = _WithMetric(), 1, 1, 0, set()
+    module.objective, module.dp, module.pp, module.stage, module.fed, module.loss_scale = _WithMetric(), 1, 1, 0, set(), 1.0
     module.compiled = module.train_step = ShardedTrainStep(module.objective.loss_cell(model), optimizer, 1.0, pp=1,
                                                            micro_batches=1, optimizer_shard=False)
     module.compiled.dataset_strategy = lambda config: None  # (AutoParallel's: the plain cell has none)

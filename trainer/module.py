@@ -161,6 +161,7 @@ class ShardedModule:
         self.evaluation = parallel_evaluation(
             PipelinedLoss(loss_net, parallel.micro_batches) if parallel.pp > 1 else loss_net, cfg)
         self.fed = set()  # the graphs whose dataset strategy is set
+        self.loss_scale = 1.0  # the value train_step.loss_scale holds, kept here: no device read per step
 
     def _feed(self, graph, inputs: tuple) -> None:
         """Set `graph`'s dataset strategy from the first batch it gets (semi_auto.batch_strategy)."""
@@ -173,8 +174,9 @@ class ShardedModule:
     def step(self, micro_batches: Sequence[tuple], loss_scale: float, guard=None) -> StepResult:
         (inputs,) = micro_batches  # validation: grad_accum == 1; the pipeline's micro-batches are in the batch
         self._feed(self.compiled, inputs)
-        if float(self.train_step.loss_scale.asnumpy()) != loss_scale:
+        if loss_scale != self.loss_scale:  # (NaN, an injected fault, is set every time)
             self.train_step.loss_scale.set_data(Tensor(loss_scale, ms.float32))
+            self.loss_scale = loss_scale
         *outs, grad_norm, finite, lr = self.compiled(*map(Tensor, inputs))
         loss, *metrics = last_stage_values([float(out.asnumpy()) for out in outs], self.stage == self.pp - 1,
                                            self.pp)
