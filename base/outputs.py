@@ -116,6 +116,9 @@ def owned_files(directory: os.PathLike, tool: str, names: Sequence[str], own: Se
 
 
 HYDRA_WRITES = (".hydra", "train.log")  # what Hydra puts into a run directory before the run starts
+# what the other nodes of a multi-node run may already have written into the shared run dir when node 0 checks it:
+# their launch's worker logs (distributed/launch.py) and Hydra's files
+OTHER_NODES_WRITE = ("workers",)
 
 
 def check_run_dir(run_dir: os.PathLike) -> None:
@@ -125,7 +128,7 @@ def check_run_dir(run_dir: os.PathLike) -> None:
 
     run_dir = Path(run_dir)
     entries = set(os.listdir(run_dir)) if run_dir.is_dir() else set()
-    foreign = sorted(entries - set(HYDRA_WRITES), key=lambda name: (name.startswith("."), name))
+    foreign = sorted(entries - set(HYDRA_WRITES) - set(OTHER_NODES_WRITE), key=lambda name: (name.startswith("."), name))
     if foreign and "status.json" not in entries:
         raise ConfigError("hydra.run.dir", f"{run_dir} holds files that are not a mindlab run's (e.g. {foreign[0]}); "
                           "give a new directory, e.g. hydra.run.dir=outputs/my_run (hydra.sweep.dir with -m)")

@@ -10,13 +10,21 @@ second of the first.
 Across nodes (`nodes=N node_rank=r master_addr=HOST hydra.run.dir=SHARED`, the same command on every node; README,
 scripts/slurm_msrun.sbatch), each node's train.py starts its own msrun with that node's share of the workers,
 pointed at node 0's scheduler; every rank writes into the one shared run dir, each node's worker logs go to
-<run dir>/workers/node<r>/, and the watchdog here watches this node's workers.
+<run dir>/workers/node<r>/, and the watchdog here watches this node's workers and, through the shared run dir, the
+other nodes: a node whose workers fail writes workers/node<r>/failed (its one-line reason), and a node whose launch
+is gone (killed, the machine down) stops touching workers/node<r>/alive; either ends every other node's launch with
+one line naming that node, instead of leaving its workers waiting in a collective for MindSpore's timeouts.
+
+The console is mindlab's: msrun's own log (and the traceback it raises when a worker fails) goes to
+<log dir>/msrun.log, and the `[INFO]` lines MindSpore's C++ log prints past GLOG_v at a worker's exit are dropped
+from the worker logs msrun echoes.
 """
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional
@@ -25,6 +33,9 @@ import psutil
 
 POLL_SECONDS = 0.1  # msrun polls every 1 s and then kills the rest: see the first death first
 GRACE_SECONDS = 0.5  # after the first death, how long other ranks may take to be seen dead too
+# a node whose `alive` file has not changed for this long (by this node's clock, whatever the other's says) is gone;
+# its launch touches the file every poll, and a shared file system may show a change several seconds late
+PEER_TIMEOUT_SECONDS = 20.0
 
 
 def free_port() -> int:
@@ -50,6 +61,65 @@ class Nodes:
         """The global ranks msrun starts on this node: node r holds [r * share, (r + 1) * share)."""
         share = workers // self.count
         return range(self.rank * share, (self.rank + 1) * share)
+
+
+class Peers:
+    """The other nodes of the run, seen through the shared run dir: this node's `alive` file is touched every poll,
+    a failed node leaves `failed` with its reason. `gone()` names the first other node that failed or whose `alive`
+    has stood still for PEER_TIMEOUT_SECONDS, unless its workers all finished (its launch ends before ours may)."""
+
+    def __init__(self, nodes: Nodes, run_dir: str, workers: int):
+        self.nodes, self.run_dir, self.workers = nodes, run_dir, workers
+        self.seen: Dict[int, tuple] = {}  # node -> (alive's mtime, when this node saw it change)
+        if os.path.exists(self.failed_file(nodes.rank)):  # an earlier launch's into this run dir
+            os.remove(self.failed_file(nodes.rank))
+        # the markers of an earlier launch into this run dir count once they change (that node has started again)
+        self.earlier = {node: (self._mtime(self.failed_file(node)), self._mtime(self._file(node, "alive")))
+                        for node in range(nodes.count)}
+
+    @staticmethod
+    def _mtime(path: str) -> Optional[int]:
+        try:
+            return os.stat(path).st_mtime_ns
+        except FileNotFoundError:
+            return None
+
+    def _file(self, node: int, name: str) -> str:
+        return os.path.join(Nodes(self.nodes.count, node).log_dir(self.run_dir), name)
+
+    def failed_file(self, node: int) -> str:
+        return self._file(node, "failed")
+
+    def touch(self) -> None:
+        path = self._file(self.nodes.rank, "alive")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(f"{time.time()}\n")
+
+    def fail(self, reason: str) -> None:
+        with open(self.failed_file(self.nodes.rank), "w", encoding="utf-8") as f:
+            f.write(reason + "\n")
+
+    def _finished(self, node: int) -> bool:
+        return all(os.path.exists(_done_marker(self.run_dir, rank))
+                   for rank in Nodes(self.nodes.count, node).ranks(self.workers))
+
+    def gone(self) -> Optional[str]:
+        now = time.monotonic()
+        for node in range(self.nodes.count):
+            if node == self.nodes.rank or self._finished(node):
+                continue
+            failed = self._mtime(self.failed_file(node))
+            if failed is not None and failed != self.earlier[node][0]:
+                with open(self.failed_file(node), encoding="utf-8", errors="replace") as f:
+                    return f"node {node} failed: {f.read().strip()}"
+            mtime = self._mtime(self._file(node, "alive"))
+            if mtime is None or mtime == self.earlier[node][1]:  # not started (yet): msrun's cluster_time_out
+                continue                                            # covers a node that never comes
+            if self.seen.get(node, (None,))[0] != mtime:
+                self.seen[node] = (mtime, now)
+            elif now - self.seen[node][1] > PEER_TIMEOUT_SECONDS:
+                return f"node {node}'s launch stopped answering (no sign of life for {PEER_TIMEOUT_SECONDS:.0f} s)"
+        return None
 
 
 def msrun_command(workers: int, run_dir: str, script: str, overrides: List[str], nodes: Nodes = Nodes()) -> List[str]:
@@ -136,13 +206,20 @@ def _dead_unfinished(workers: Dict[int, psutil.Process], run_dir: str) -> List[i
             if not _alive(proc) and not os.path.exists(_done_marker(run_dir, rank))]
 
 
-def _watch(msrun: subprocess.Popen, run_dir: str) -> List[int]:
-    """Wait for msrun; returns the ranks that died without finishing (after killing the job), else []."""
+def _watch(msrun: subprocess.Popen, run_dir: str, peers: Optional[Peers] = None):
+    """Wait for msrun; returns the ranks that died without finishing (after killing the job), else [], or the
+    reason another node is gone (after killing this node's job)."""
     workers: Dict[int, psutil.Process] = {}
     seen: List[psutil.Process] = []
     polls = 0
     while msrun.poll() is None:
         polls += 1
+        if peers is not None and polls % 10 == 1:
+            peers.touch()
+            other = peers.gone()
+            if other is not None:
+                _kill_tree(msrun, seen)
+                return other
         try:  # new processes are looked for once a second; the known workers every poll
             children = psutil.Process(msrun.pid).children(recursive=True) if polls % 10 == 1 else []
         except psutil.Error:
@@ -166,6 +243,15 @@ def _watch(msrun: subprocess.Popen, run_dir: str) -> List[int]:
     return []
 
 
+def _echo_console(stream) -> None:
+    """msrun's stdout (its lines and the worker logs it tails) to this console, less the `[INFO]` lines of
+    MindSpore's C++ log."""
+    for line in stream:
+        if not line.startswith("[INFO]"):
+            sys.stdout.write(line)
+            sys.stdout.flush()
+
+
 def relaunch(workers: int, run_dir: str, nodes: int = 1, node_rank: int = 0, master_addr: Optional[str] = None,
              master_port: Optional[int] = None) -> int:
     """Run this script's command under msrun, this node's share of `workers` processes on it (all of them on one
@@ -178,15 +264,37 @@ def relaunch(workers: int, run_dir: str, nodes: int = 1, node_rank: int = 0, mas
         if os.path.exists(_done_marker(run_dir, rank)):
             os.remove(_done_marker(run_dir, rank))
     log_dir = here.log_dir(run_dir)
-    msrun = subprocess.Popen(cmd, env=interpreter_env(log_dir))
-    failed = _watch(msrun, run_dir)
+    os.makedirs(log_dir, exist_ok=True)
+    peers = Peers(here, run_dir, workers) if nodes > 1 else None
+    with open(os.path.join(log_dir, "msrun.log"), "w", encoding="utf-8") as msrun_log:
+        msrun = subprocess.Popen(cmd, env=interpreter_env(log_dir), stdout=subprocess.PIPE, stderr=msrun_log,
+                                 text=True, errors="replace")
+        echo = threading.Thread(target=_echo_console, args=(msrun.stdout,), daemon=True)
+        echo.start()
+        failed = _watch(msrun, run_dir, peers)
+        echo.join(timeout=2)  # a log tail msrun left behind may hold the pipe open
+    if isinstance(failed, str):
+        print(f"[launch] {failed}; stopped this node's workers", file=sys.stderr)
+        return 1
     if not failed and msrun.returncode != 0:  # msrun ended the job before the watcher saw the worker die
         failed = [rank for rank in here.ranks(workers) if not os.path.exists(_done_marker(run_dir, rank))
                   and os.path.exists(os.path.join(log_dir, f"worker_{rank}.log"))]
+    if not failed and msrun.returncode != 0:  # msrun itself failed, e.g. its scheduler could not bind
+        failed_msrun = f"msrun exited {msrun.returncode} before its workers ran; see {msrun_log.name}"
+        if peers is not None:
+            peers.fail(failed_msrun)
+        print(f"[launch] {failed_msrun}", file=sys.stderr)
+        return 1
     if not failed:
         return msrun.returncode
+    other = peers.gone() if peers is not None else None
+    if other is not None:  # this node's workers died of another node's failure (a collective broke): name the cause
+        print(f"[launch] {other}; stopped this node's workers", file=sys.stderr)
+        return 1
     print(f"[launch] worker {', '.join(map(str, failed))} stopped without finishing; stopped the other workers",
           file=sys.stderr)
+    if peers is not None:
+        peers.fail(f"worker {', '.join(map(str, failed))} stopped without finishing; see {log_dir}")
     for rank in failed:
         log = os.path.join(log_dir, f"worker_{rank}.log")
         with open(log, errors="replace") as f:
