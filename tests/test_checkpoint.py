@@ -269,3 +269,59 @@ def test_prune_keeps_the_newest_and_every_milestone(tmp_path, steps, keep_last, 
     (tmp_path / "step_000110.tmp-1234").mkdir()
     checkpoint.prune(str(tmp_path), keep_last, keep_every)
     assert sorted(os.listdir(tmp_path), key=lambda n: int(n[5:])) == [f"step_{s:06d}" for s in kept]
+
+
+FP16 = ["model=tiny", "data.seq_len=64", "trainer.micro_batch_size=4", "trainer.max_steps=8", "trainer.log_every=1",
+        "trainer.eval_every=0", "trainer.eval_batches=1", "trainer.save_every=4", "logger.progress_bar=false",
+        "precision=fp16", "precision.init_scale=2097152", "precision.growth_interval=2"]
+
+
+def logged(run_dir, key):
+    lines = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    return {m["step"]: m[key] for m in lines if key in m}
+
+
+@pytest.fixture(scope="module")
+def fp16_runs(tmp_path_factory):
+    """An fp16 run of 8 steps whose dynamic loss scale starts at 2^21: its first steps overflow fp16 and back off,
+    the later ones grow it every 2 clean steps; and the same run resumed from its step-4 checkpoint in a new dir."""
+    tmp = tmp_path_factory.mktemp("fp16")
+    whole, resumed = str(tmp / "whole"), str(tmp / "resumed")
+    mp = pytest.MonkeyPatch()
+    try:
+        code, _, err = train_main(tmp, mp, *FP16, f"hydra.run.dir={whole}")
+        assert code == 0, err[-2000:]
+        code, out, err = train_main(tmp, mp, *FP16, f"trainer.resume={whole}/checkpoints/step_000004",
+                                    f"hydra.run.dir={resumed}")
+        assert code == 0, err[-2000:]
+    finally:
+        mp.undo()
+    return whole, resumed, out
+
+
+def test_fp16_resume_restores_the_dynamic_loss_scale_and_matches_the_uninterrupted_run(fp16_runs):
+    """The scale a checkpoint holds is the one the steps before it made, by hand: halve on an overflowing (skipped)
+    step, double after 2 clean ones (trainer/step.py DynamicLossScale); the resumed run goes on from it, so its
+    scales, losses and final weights are the uninterrupted run's, bit for bit."""
+    whole, resumed, out = fp16_runs
+    assert "resumed from" in out
+    counted = logged(whole, "skipped_steps")  # the run's count of skipped steps after each step
+    skipped = {s for s in range(1, 9) if counted[s] > counted.get(s - 1, 0)}
+    assert skipped & {1, 2, 3} and 4 not in skipped  # backed off, then a clean step the checkpoint must count
+    scale, clean = 2.0 ** 21, 0
+    for step in range(1, 5):
+        if step in skipped:
+            scale, clean = max(scale / 2, 1.0), 0
+        else:
+            clean += 1
+            if clean == 2:
+                scale, clean = scale * 2, 0
+    saved = json.load(open(os.path.join(whole, "checkpoints", "step_000004", "state.json")))["loss_scale"]
+    assert saved == [scale, clean]
+    assert logged(whole, "loss_scale")[4] == scale
+    ref, got = logged(whole, "loss_scale"), logged(resumed, "loss_scale")
+    assert [got[s] for s in range(5, 9)] == [ref[s] for s in range(5, 9)]
+    assert [losses(resumed)[s] for s in range(5, 9)] == [losses(whole)[s] for s in range(5, 9)]
+    final = "checkpoints/step_000008"
+    a, b = weights(os.path.join(whole, final)), weights(os.path.join(resumed, final))
+    assert all(np.array_equal(a[k], b[k]) for k in a)
