@@ -211,6 +211,26 @@ def kl_per_token(logp: np.ndarray, ref_logp: np.ndarray, estimator: str) -> np.n
     return -log_ratio if estimator == "k1" else np.expm1(log_ratio) - log_ratio
 
 
+def normalized_scores(scores: np.ndarray, mean: float, std: float, eos: np.ndarray, missing_eos_penalty: float):
+    """(score - mean) / std, less `missing_eos_penalty` where the response did not end with eos."""
+    return (scores - mean) / std - missing_eos_penalty * ~eos
+
+
+def token_rewards(kl: np.ndarray, scores: np.ndarray, ends: np.ndarray, kl_coef: float) -> np.ndarray:
+    """Rewards [B, T] over target positions: -kl_coef x KL_t everywhere (`kl` is 0 off the response), plus each
+    row's score at its last response token, whose target position is `ends` - 1."""
+    rewards = -kl_coef * kl
+    rewards[np.arange(len(scores)), ends - 1] += scores
+    return rewards
+
+
+def adapted_kl_coef(kl_coef: float, kl_mean: float, kl_target: float, kl_horizon: int, prompts: int) -> float:
+    """The adaptive KL controller's next coefficient (Ziegler et al. 2019): the error clipped to +-20 %, applied in
+    proportion to the prompts this rollout saw over the horizon."""
+    error = np.clip(kl_mean / kl_target - 1, -0.2, 0.2)
+    return kl_coef * (1 + error * prompts / kl_horizon)
+
+
 def gae(rewards: np.ndarray, values: np.ndarray, mask: np.ndarray, gamma: float, lam: float):
     """(advantages, returns) [B, T] over the masked positions of each row (one contiguous span), the value
     after the span's end taken as 0."""
@@ -389,10 +409,9 @@ class Objective(ObjectiveBase):
         logp, ref_logp, values = (x.asnumpy().astype(np.float64) for x in self.forward(Tensor(tokens)))
         scores = self.reward_model(Tensor(tokens[:, :-1]), Tensor(ends)).asnumpy().astype(np.float64)
         mean, std = self.score_stats if self.score_stats else self._update_moments(scores)
-        normalized = (scores - mean) / std - c.missing_eos_penalty * ~eos
         kl = kl_per_token(logp, ref_logp, c.kl_estimator) * mask
-        rewards = -self.kl_coef * kl
-        rewards[np.arange(b), ends - 1] += normalized  # at the last response token's target position
+        rewards = token_rewards(kl, normalized_scores(scores, mean, std, eos, c.missing_eos_penalty), ends,
+                                self.kl_coef)
         values *= mask
         advantages, returns = gae(rewards, values, mask, c.gamma, c.lam)
         advantages = whiten(advantages, mask)
@@ -402,8 +421,7 @@ class Objective(ObjectiveBase):
                        "objective/kl_coef": float(self.kl_coef), "gen_len": float(mask.sum(1).mean()),
                        "eos_fraction": float(eos.mean())}
         if c.adaptive_kl:
-            error = np.clip(kl_sum.mean() / c.kl_target - 1, -0.2, 0.2)
-            self.kl_coef *= 1 + error * b / c.kl_horizon
+            self.kl_coef = adapted_kl_coef(self.kl_coef, kl_sum.mean(), c.kl_target, c.kl_horizon, b)
         rng = np.random.default_rng([self.seed, self.rollouts])
         self.rollouts += 1
         arrays = (tokens, mask, logp * mask, advantages, returns, values)

@@ -47,6 +47,98 @@ def test_kl_estimators():
     assert (kl_per_token(logp, ref, "k3") >= 0).all()
 
 
+class TRLAdaptiveKLController:
+    """TRL's AdaptiveKLController (trl/trainer/utils.py up to TRL 0.11; Ziegler et al. 2019), as written there."""
+
+    def __init__(self, init_kl_coef, target, horizon):
+        self.value, self.target, self.horizon = init_kl_coef, target, horizon
+
+    def update(self, current, n_steps):
+        proportional_error = np.clip(current / self.target - 1, -0.2, 0.2)
+        mult = 1 + proportional_error * n_steps / self.horizon
+        self.value *= mult
+
+
+class TRLRunningMoments:
+    """TRL's RunningMoments.update (trl/trainer/utils.py up to TRL 0.11, PPOConfig.use_score_norm): a batch's
+    moments merged into the running ones (Chan et al.'s parallel formula, not a per-score update)."""
+
+    def __init__(self):
+        self.mean, self.std, self.var, self.count = 0.0, 1.0, 1.0, 1e-24
+
+    def update(self, xs):
+        xs_count, xs_var, xs_mean = len(xs), np.var(xs), np.mean(xs)
+        delta = xs_mean - self.mean
+        tot_count = self.count + xs_count
+        new_sum = xs_var * xs_count
+        old_sum = self.var * self.count + delta ** 2 * self.count * xs_count / tot_count
+        self.mean += delta * xs_count / tot_count
+        new_var = (old_sum + new_sum) / tot_count
+        self.std = np.sqrt(new_var * tot_count / (tot_count - 1))
+        self.var, self.count = new_var, tot_count
+
+
+def test_rewards_with_a_nonzero_kl_equal_trls():
+    """After the first rollout the policy has moved: the per-token KL is not 0. TRL's PPOTrainer (trl/trainer/
+    ppo_trainer.py, "4. compute rewards"): kl = -logr (k1) or (exp(logr) - 1) - logr (k3), logr = ref - logp;
+    non_score_reward = -kl_coef * kl; rewards[actual_end] += scores, with scores[~contain_eos_token] -=
+    missing_eos_penalty; a row at a time here, per token."""
+    from objectives.ppo import kl_per_token, normalized_scores, token_rewards
+
+    rng = np.random.default_rng(3)
+    b, t = 3, 9
+    logp, ref = np.log(rng.uniform(0.05, 1, (b, t))), np.log(rng.uniform(0.05, 1, (b, t)))
+    spans = [(2, 7), (0, 9), (4, 5)]  # target positions of each row's response
+    mask = np.zeros((b, t))
+    for i, (a, e) in enumerate(spans):
+        mask[i, a:e] = 1
+    ends = np.array([e for _, e in spans])  # the last response token's index in the tokens (target e - 1)
+    raw, eos = np.array([1.5, -0.3, 0.8]), np.array([True, False, False])
+    mean, std, penalty, coef = 0.4, 1.7, 1.25, 0.07
+    for estimator in ("k1", "k3"):
+        kl = kl_per_token(logp, ref, estimator) * mask
+        assert np.abs(kl[mask > 0]).min() > 0
+        got = token_rewards(kl, normalized_scores(raw, mean, std, eos, penalty), ends, coef)
+        for i, (a, e) in enumerate(spans):
+            score = (raw[i] - mean) / std
+            if not eos[i]:
+                score -= penalty
+            expected = np.zeros(t)
+            for j in range(a, e):
+                logr = ref[i, j] - logp[i, j]
+                expected[j] = -coef * (-logr if estimator == "k1" else np.expm1(logr) - logr)
+            expected[e - 1] += score
+            np.testing.assert_allclose(got[i], expected, rtol=1e-12, atol=0)
+
+
+def test_the_adaptive_kl_controller_equals_trls():
+    """Five rollouts' KLs below, near and above the target, clipped at both ends: the coefficient after each."""
+    from objectives.ppo import adapted_kl_coef
+
+    trl, coef = TRLAdaptiveKLController(0.05, 6.0, 100), 0.05
+    for kl in (0.0, 5.0, 6.6, 30.0, 7.5):
+        trl.update(kl, 8)
+        coef = adapted_kl_coef(coef, kl, 6.0, 100, 8)
+        assert coef == pytest.approx(trl.value, rel=1e-15)
+    assert trl.value == pytest.approx(0.05 * 0.984 * (1 - 1 / 6 * 0.08) * 1.008 * 1.016 * 1.016)  # 30, 7.5: +20 %
+
+
+def test_running_score_norm_equals_trls_running_moments():
+    """score_norm=running over three rollouts: the mean and unbiased std of every score so far, as TRL's
+    RunningMoments has them after each batch (Welford per score here, the parallel merge there)."""
+    from objectives.ppo import Config, Objective
+
+    objective, trl = Objective(Config(name="ppo", score_norm="running")), TRLRunningMoments()
+    rng = np.random.default_rng(5)
+    seen = []
+    for batch in (rng.normal(2, 3, 4), rng.normal(-1, 0.5, 4), rng.normal(0, 1, 2)):
+        mean, std = objective._update_moments(batch)
+        trl.update(batch)
+        seen.extend(batch)
+        assert (mean, std) == pytest.approx((trl.mean, trl.std), rel=1e-12)
+        assert (mean, std) == pytest.approx((np.mean(seen), np.std(seen, ddof=1)), rel=1e-12)
+
+
 def test_ppo_losses_and_metrics_equal_a_hand_computation(pynative):
     import mindspore as ms
     from omegaconf import OmegaConf
@@ -138,7 +230,8 @@ def test_ppo_run_logs_trls_metrics_and_resumes_mid_rollout_exactly(tmp_path, bas
 
     from trainer.loop import train
 
-    cfg = ppo_cfg(tmp_path, base_checkpoint, reward_checkpoint, "trainer.save_every=3")
+    cfg = ppo_cfg(tmp_path, base_checkpoint, reward_checkpoint, "trainer.save_every=3", "objective.adaptive_kl=true",
+                  "objective.kl_target=0.05", "objective.kl_horizon=20")
     validate(cfg)
     train(cfg, str(tmp_path / "full"))
     shutil.copytree(tmp_path / "full", tmp_path / "resumed")
@@ -154,6 +247,13 @@ def test_ppo_run_logs_trls_metrics_and_resumes_mid_rollout_exactly(tmp_path, bas
     assert full[0]["objective/kl"] == 0.0 and full[0]["policy/approxkl"] == 0.0  # policy == reference, old
     assert full[1]["policy/approxkl"] > 0  # the rollout's second update sees the first one's change
     assert full[0]["objective/scores"] == full[1]["objective/scores"] != full[2]["objective/scores"]
+    trl = TRLAdaptiveKLController(cfg.objective.kl_coef, 0.05, 20)  # the coefficient each rollout used, by TRL's
+    for rollout in (full[0], full[2], full[4]):
+        assert rollout["objective/kl_coef"] == pytest.approx(trl.value, rel=1e-12)
+        assert rollout["objective/rlhf_reward"] == pytest.approx(  # TRL: mean(score - kl_coef x summed KL)
+            rollout["objective/scores"] - trl.value * rollout["objective/kl"], abs=1e-6)
+        trl.update(rollout["objective/kl"], 4)
+    assert full[2]["objective/kl"] > 0 and full[4]["objective/kl"] > 0  # the later rollouts' policy has moved
     for a, b in zip(full, resumed):
         assert {k: v for k, v in a.items() if "tokens_per_sec" not in k and k != "mfu" and "rss" not in k} == \
             {k: v for k, v in b.items() if "tokens_per_sec" not in k and k != "mfu" and "rss" not in k}
