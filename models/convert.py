@@ -22,7 +22,7 @@ from typing import Optional
 import numpy as np
 from omegaconf import OmegaConf
 
-from base.checkpoint import ADAPTERS, CheckpointError, resolve
+from base.checkpoint import ADAPTERS, CheckpointError, read_state, resolve, write_state
 from base.outputs import output_dir
 from data.samples import chat_template, template_of
 from base.errors import ArgumentParser, UsageError, entry_point
@@ -132,7 +132,9 @@ def export_mindformers(ckpt_dir: str, out_dir: str, location: Optional[str] = No
 
 
 def merge_to_mindlab(ckpt_dir: str, out_dir: str) -> None:
-    """A LoRA checkpoint merged into its base: a plain weights directory usable as `stage.init_from`."""
+    """A LoRA checkpoint merged into its base: a plain weights directory usable as `stage.init_from`, and, with the
+    LoRA checkpoint's step in its state.json (the files' sizes recorded, as a checkpoint's), by `python -m
+    evaluation` and `python -m generate`."""
     from safetensors.numpy import save_file
 
     cfg, weights = _read_weights(ckpt_dir, merge_lora=True)
@@ -141,6 +143,7 @@ def merge_to_mindlab(ckpt_dir: str, out_dir: str) -> None:
     OmegaConf.save(cfg, os.path.join(out_dir, "config.yaml"))
     if os.path.exists(os.path.join(ckpt_dir, "tokenizer.model")):
         shutil.copy(os.path.join(ckpt_dir, "tokenizer.model"), out_dir)
+    write_state(out_dir, {"step": read_state(ckpt_dir)["step"]})
 
 
 def import_hf(hf_dir: str, out_dir: str) -> None:

@@ -307,6 +307,51 @@ def test_merged_lora_export_and_peft_adapter_give_the_lora_models_logits(lora_ru
                                          add_generation_prompt=True).endswith("### Response:\n")  # SFT's template
 
 
+@pytest.mark.slow  # reads a real training run's output (a module fixture)
+def test_evaluating_a_lora_checkpoint_equals_evaluating_its_merged_model(lora_runs, tmp_path):
+    """`python -m evaluation` on the LoRA checkpoint (its base at stage.init_from plus its adapters) reports what
+    it reports for the same adapters merged into the base (`python -m models.convert --to mindlab --merge-lora`):
+    the per-source loss and bits per byte, a multiple-choice task's accuracies. A base whose tokenizer.model is
+    another is refused in one line."""
+    import shutil
+
+    tmp, cfg = lora_runs
+    step = str(tmp / "full" / "checkpoints" / "step_000016")
+    merged = str(tmp_path / "merged")
+    assert invoke("convert", [step, merged, "--to", "mindlab", "--merge-lora"]).code == 0
+    words = ["apple", "river", "stone", "cloud", "green", "quick"]
+    task = write_jsonl(tmp_path / "repeat.jsonl", [{"context": f"Repeat {w} 2 times. {w}",
+                                                    "choices": [f" {c}" for c in words[:4]], "gold": i % 4}
+                                                   for i, w in enumerate(words)])
+    results = {}
+    for name, ckpt in (("lora", step), ("merged", merged)):
+        out = str(tmp_path / f"{name}.json")
+        outcome = invoke("evaluate", [ckpt, f"tasks=[{task}]", "--out", out])
+        assert outcome.code == 0, outcome.err[-2000:]
+        results[name] = json.load(open(out))
+    lora, plain = (results[k]["data_eval"]["sources"] for k in ("lora", "merged"))
+    assert lora.keys() == plain.keys() and lora
+    for source in lora:
+        for key in ("loss", "bits_per_byte", "token_nll_mean"):
+            assert lora[source][key] == pytest.approx(plain[source][key], abs=1e-5)
+    lora, plain = (results[k]["tasks"]["repeat"] for k in ("lora", "merged"))
+    assert lora["n"] == 6 and (lora["acc"], lora["acc_norm"]) == (plain["acc"], plain["acc_norm"])
+    # the base the adapters name, with another tokenizer.model (same size, two pieces swapped in its bytes)
+    base = tmp_path / "other_base"
+    shutil.copytree(cfg.stage.init_from, base)
+    (base / "tokenizer.model").write_bytes((base / "tokenizer.model").read_bytes()[::-1])
+    moved = tmp_path / "lora_on_other_base"
+    shutil.copytree(step, moved)
+    saved = OmegaConf.load(moved / "config.yaml")
+    saved.stage.init_from = str(base)
+    OmegaConf.save(saved, moved / "config.yaml")
+    state = json.loads((moved / "state.json").read_text())
+    checkpoint.write_state(str(moved), {k: v for k, v in state.items() if k != "file_sizes"})  # config's new size
+    outcome = invoke("evaluate", [str(moved), "tasks=[]"])
+    assert outcome.code == 2 and "Traceback" not in outcome.err, outcome.err[-2000:]
+    assert "use different tokenizers" in outcome.err and len(outcome.err.strip().splitlines()) == 1, outcome.err
+
+
 def test_lora_targets_that_match_nothing_list_the_available_cells(tmp_path, base_checkpoint):
     from trainer.loop import train
 
