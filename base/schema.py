@@ -319,6 +319,13 @@ def peak_tflops(cfg) -> float:
     return cfg.device.peak_tflops[cfg.precision.compute_dtype]
 
 
+def cpu_peak() -> float:
+    """`${cpu_peak:}` (conf/device/cpu.yaml): this machine's fp32 peak, TFLOP/s (base/cpu_peak.py)."""
+    from base.cpu_peak import cpu_peak_tflops
+
+    return round(cpu_peak_tflops(), 4)
+
+
 def loss_scale_for(compute_dtype: str) -> str:
     """`${loss_scale_for:...}` (precision=auto): dynamic loss scaling for fp16, none for bf16 and fp32."""
     return "dynamic" if compute_dtype == "fp16" else "none"
@@ -362,6 +369,7 @@ def register() -> None:
     OmegaConf.register_new_resolver("tokenizer_of", checkpoint_tokenizer, replace=True)
     OmegaConf.register_new_resolver("loss_scale_for", loss_scale_for, replace=True)
     OmegaConf.register_new_resolver("extension_factor", extension_factor, replace=True)
+    OmegaConf.register_new_resolver("cpu_peak", cpu_peak, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
     for group, node in [("parallel", ParallelConfig), ("data", DataConfig), ("stage", StageConfig),

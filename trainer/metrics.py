@@ -2,6 +2,7 @@
 import json
 import os
 import resource
+import sys
 import time
 
 from models import family
@@ -16,8 +17,9 @@ class SpeedMonitor:
 
     def __init__(self, model_cfg, seq_len: int, peak_tflops: float, num_devices: int):
         self.flops_per_token = family(model_cfg.family).flops_per_token(model_cfg, seq_len)
-        self.peak_flops = peak_tflops * 1e12 * num_devices
+        self.peak_tflops, self.peak_flops = peak_tflops, peak_tflops * 1e12 * num_devices
         self.start, self.tokens = time.perf_counter(), 0
+        self.over_peak = False  # said once: an MFU above 1 means the peak is wrong, not that the step is fast
 
     def add(self, tokens: int) -> None:
         self.tokens += tokens
@@ -26,7 +28,14 @@ class SpeedMonitor:
         now = time.perf_counter()
         tokens_per_sec = self.tokens / max(now - self.start, 1e-9)
         self.start, self.tokens = now, 0
-        return {"tokens_per_sec": tokens_per_sec, "mfu": self.flops_per_token * tokens_per_sec / self.peak_flops}
+        mfu = self.flops_per_token * tokens_per_sec / self.peak_flops
+        if mfu > 1 and not self.over_peak:
+            self.over_peak = True
+            print(f"[speed] MFU {mfu:.0%} is above 100%: this machine computes more than device.peak_tflops "
+                  f"({self.peak_tflops:g} TFLOP/s a device) says it can; set device.peak_tflops.<dtype> to its peak "
+                  "(device=cpu: delete this CPU's entry in ~/.cache/mindlab/cpu_peak.json to measure it again)",
+                  file=sys.stderr, flush=True)
+        return {"tokens_per_sec": tokens_per_sec, "mfu": mfu}
 
 
 def write_status(run_dir: str, status: str, **details) -> None:

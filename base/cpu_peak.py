@@ -1,0 +1,134 @@
+"""The CPU's fp32 peak, the MFU denominator of device=cpu, from the machine it runs on: a fixed datasheet figure
+is right for one CPU only (written for a Zen 4 EPYC, it sat below what an AVX-512 Xeon computes, and MFU read
+over 100%).
+
+    peak = max(cores x clock x FLOPs per cycle, the best fp32 GEMM measured on this CPU)
+
+The first term from /proc/cpuinfo: the CPUs this process may run on, the clock the kernel reports (the highest
+of cpufreq's maximum and "cpu MHz"), and FLOPs per cycle per core from the vector flags: 2 (fused multiply-add)
+x fp32 lanes x 2 FMA pipes, 16 lanes with AVX-512 on Intel, 8 with AVX2 and FMA, or with AVX-512 on AMD before
+Zen 5 (which runs 512-bit vectors on its 256-bit pipes). A virtual machine often shows the base clock, not the
+boost one, so the product can sit below what the CPU does; hence the second term, a square fp32 matmul (the
+faster of NumPy's BLAS and oneDNN's sgemm, on every CPU here, best of 5) measured once per CPU (model, flags, CPU count) and cached in
+~/.cache/mindlab/cpu_peak.json (MINDLAB_CACHE_DIR moves it; delete the entry to measure again, e.g. when the
+first measurement ran on a busy machine). SpeedMonitor (trainer/metrics.py) says so in one line if a step still
+computes above the peak.
+"""
+import functools
+import json
+import os
+import time
+from pathlib import Path
+from typing import Callable, Dict, Optional
+
+GEMM_N = 1024  # 2.1 GFLOP a product: ~10 ms at 0.2 TFLOP/s, the measurement takes well under a second
+
+
+def cpu_info(text: Optional[str] = None) -> Dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo (or of `text`), plus the highest "cpu MHz" of all."""
+    if text is None:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    fields: Dict[str, str] = {}
+    mhz = []
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key, value = key.strip(), value.strip()
+        if key == "cpu MHz":
+            mhz.append(float(value))
+        fields.setdefault(key, value)
+    if mhz:
+        fields["cpu MHz"] = str(max(mhz))
+    return fields
+
+
+def flops_per_cycle(info: Dict[str, str]) -> int:
+    """fp32 FLOPs one core issues per cycle at most: 2 (FMA) x lanes x 2 pipes (see the module's docstring)."""
+    flags = set(info.get("flags", "").split())
+    if "avx512f" in flags and info.get("vendor_id") == "GenuineIntel":
+        lanes = 16
+    elif "avx512f" in flags or {"avx2", "fma"} <= flags:
+        lanes = 8
+    elif "avx" in flags:
+        lanes = 8 // 2  # AVX without FMA: a multiply and an add pipe, 8 lanes each, counted as 4 FMA lanes
+    else:
+        lanes = 4 // 2
+    return 2 * lanes * 2
+
+
+def clock_hz(info: Dict[str, str], max_freq_file: str = "/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq"):
+    reported = float(info.get("cpu MHz", 0)) * 1e6
+    try:
+        with open(max_freq_file, encoding="utf-8") as f:
+            return max(reported, float(f.read()) * 1e3)  # kHz
+    except (OSError, ValueError):
+        return reported
+
+
+def estimated_tflops(info: Dict[str, str], cpus: int, clock: float) -> float:
+    return cpus * clock * flops_per_cycle(info) / 1e12
+
+
+def _best_seconds(fn, repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def measure_gemm_tflops(n: int = GEMM_N, repeats: int = 5) -> float:
+    """The faster of NumPy's BLAS and oneDNN's sgemm (the library MindSpore's CPU kernels and mindlab's run on,
+    shipped with MindSpore) on an n x n fp32 product."""
+    import ctypes
+    import importlib.util
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    a, b, c = rng.random((n, n), np.float32), rng.random((n, n), np.float32), np.zeros((n, n), np.float32)
+    seconds = [_best_seconds(lambda: a @ b, repeats)]
+    spec = importlib.util.find_spec("mindspore")
+    library = os.path.join(os.path.dirname(spec.origin), "lib", "libdnnl.so.3") if spec and spec.origin else ""
+    if os.path.exists(library):
+        sgemm = ctypes.CDLL(library).dnnl_sgemm
+        i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+        sgemm.argtypes = [ctypes.c_char, ctypes.c_char, i64, i64, i64, f32, ptr, i64, ptr, i64, f32, ptr, i64]
+        seconds.append(_best_seconds(lambda: sgemm(b"N", b"N", n, n, n, 1.0, a.ctypes.data, n, b.ctypes.data, n,
+                                                   0.0, c.ctypes.data, n), repeats))
+    return 2 * n ** 3 / min(seconds) / 1e12
+
+
+def cache_file() -> Path:
+    root = os.environ.get("MINDLAB_CACHE_DIR") or Path.home() / ".cache" / "mindlab"
+    return Path(root) / "cpu_peak.json"
+
+
+def cpu_key(info: Dict[str, str], cpus: int) -> str:
+    return f"{info.get('vendor_id', '?')} | {info.get('model name', '?')} | {cpus} CPUs | {info.get('flags', '')}"
+
+
+def measured_tflops(key: str, measure: Callable[[], float] = measure_gemm_tflops, path: Optional[Path] = None) -> float:
+    """This CPU's cached GEMM figure, measured (and the cache written) when there is none."""
+    path = path or cache_file()
+    try:
+        cached = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        cached = {}
+    if key in cached:
+        return cached[key]
+    cached[key] = measure()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(cached, indent=1), encoding="utf-8")
+    os.replace(tmp, path)
+    return cached[key]
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_peak_tflops() -> float:
+    """`${cpu_peak:}` (conf/device/cpu.yaml): this machine's fp32 peak in TFLOP/s."""
+    info, cpus = cpu_info(), len(os.sched_getaffinity(0))
+    return max(estimated_tflops(info, cpus, clock_hz(info)), measured_tflops(cpu_key(info, cpus)))

@@ -1,0 +1,82 @@
+"""device=cpu's peak from the machine it runs on (base/cpu_peak.py), and an MFU above 100% said, not logged
+silently (trainer/metrics.py SpeedMonitor)."""
+import pytest
+
+from base import cpu_peak
+from conftest import compose_cfg, load_preset
+
+XEON = """processor\t: 0
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Platinum 8272CL CPU @ 2.60GHz
+cpu MHz\t\t: 2100.000
+flags\t\t: fpu sse sse2 avx fma avx2 avx512f avx512dq avx512bw avx512vl
+
+processor\t: 1
+vendor_id\t: GenuineIntel
+cpu MHz\t\t: 3000.000
+"""
+ZEN4 = "vendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9R14\ncpu MHz\t\t: 3700.000\nflags\t\t: sse avx fma avx2 avx512f\n"
+
+
+def test_the_estimate_is_cores_times_clock_times_flops_per_cycle_by_hand():
+    """Xeon (AVX-512, two 512-bit FMA pipes): 2 FLOPs x 16 lanes x 2 = 64 a cycle; the highest clock the kernel
+    reports. Zen 4: AVX-512 on 256-bit pipes, 32 a cycle: 2 cores x 3.7 GHz x 32 = 0.2368 TFLOP/s, the datasheet
+    figure conf/device/cpu.yaml held. AVX2 + FMA: 32; SSE only: 8."""
+    xeon, zen4 = cpu_peak.cpu_info(XEON), cpu_peak.cpu_info(ZEN4)
+    assert cpu_peak.flops_per_cycle(xeon) == 64 and cpu_peak.flops_per_cycle(zen4) == 32
+    assert cpu_peak.clock_hz(xeon, "/no/such/file") == 3.0e9
+    assert cpu_peak.estimated_tflops(xeon, 2, 3.0e9) == pytest.approx(2 * 3.0e9 * 64 / 1e12)
+    assert cpu_peak.estimated_tflops(zen4, 2, cpu_peak.clock_hz(zen4, "/no/such/file")) == pytest.approx(0.2368)
+    assert cpu_peak.flops_per_cycle({"flags": "sse avx2 fma"}) == 32
+    assert cpu_peak.flops_per_cycle({"flags": "sse sse2"}) == 8
+
+
+def test_the_measurement_is_taken_once_per_cpu_and_cached(tmp_path):
+    """The Xeon whose base clock (2.1 GHz x 2 cores x 64 = 0.27) is below the 0.40 a GEMM reaches: the cached
+    measurement is its peak, measured once for that CPU; another CPU is measured on its own."""
+    calls = []
+
+    def fake(value):
+        return lambda: calls.append(value) or value
+
+    path = tmp_path / "cpu_peak.json"
+    key = cpu_peak.cpu_key(cpu_peak.cpu_info(XEON), 2)
+    assert cpu_peak.measured_tflops(key, fake(0.40), path) == 0.40
+    assert cpu_peak.measured_tflops(key, fake(0.10), path) == 0.40  # cached: a busy moment does not lower it
+    assert cpu_peak.measured_tflops(cpu_peak.cpu_key(cpu_peak.cpu_info(ZEN4), 2), fake(0.20), path) == 0.20
+    assert calls == [0.40, 0.20]
+    xeon = cpu_peak.cpu_info(XEON)
+    assert max(cpu_peak.estimated_tflops(xeon, 2, 2.1e9), 0.40) == 0.40
+
+
+def test_device_cpu_takes_this_machines_peak():
+    peak = cpu_peak.cpu_peak_tflops()
+    info = cpu_peak.cpu_info()
+    import os
+
+    assert peak >= cpu_peak.estimated_tflops(info, len(os.sched_getaffinity(0)), cpu_peak.clock_hz(info))
+    cfg = compose_cfg("device=cpu")
+    assert cfg.device.peak_tflops.fp32 == cfg.device.peak_tflops.fp16 == round(peak, 4)
+
+
+def test_an_mfu_above_100_percent_is_said_once(capsys):
+    """A peak below what the step computes (a fake one here): MFU = FLOPs/token x tokens/s / peak comes out above
+    1, and the monitor says so once, naming device.peak_tflops; at a true peak it says nothing."""
+    from trainer.metrics import SpeedMonitor
+
+    model = load_preset("model", "tiny")
+    probe = SpeedMonitor(model, 256, 1.0, 1)
+    probe.start -= 1.0  # 1,000 tokens in (a little over) a second: FLOP/s just under FLOPs/token x 1,000
+    probe.add(1000)
+    flops = probe.measure()["mfu"] * 1e12  # at a 1 TFLOP/s peak, MFU x 1e12 is the step's FLOP/s
+    for peak, over in ((flops / 1.5e12, True), (flops * 2 / 1e12, False)):  # MFU about 1.5 and 0.5 or less
+        monitor = SpeedMonitor(model, 256, peak, 1)
+        for _ in range(2):
+            monitor.start -= 1.0
+            monitor.add(1000)
+            mfu = monitor.measure()["mfu"]
+            assert (mfu > 1) == over and mfu < 1.6
+        err = capsys.readouterr().err
+        assert err.count("[speed] MFU") == int(over)
+        if over:
+            assert "is above 100%" in err and "device.peak_tflops" in err and len(err.strip().splitlines()) == 1
