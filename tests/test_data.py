@@ -274,6 +274,50 @@ def test_minhash_estimates_jaccard_similarity():
     assert bands * rows <= NUM_PERM and 1 - (1 - 0.8 ** rows) ** bands >= 0.95
 
 
+def exact_jaccard_of_5grams(a: str, b: str) -> float:
+    """The quantity MinHash estimates, computed exactly and independently: |A & B| / |A | B| of the two texts'
+    sets of word 5-grams (tuples of lowercased words; the texts here are ASCII words and spaces)."""
+    grams = lambda text: {tuple(w) for w in zip(*(text.lower().split()[k:] for k in range(5)))}
+    x, y = grams(a), grams(b)
+    return len(x & y) / len(x | y)
+
+
+def test_near_dedup_decisions_agree_with_exact_jaccard_near_the_threshold():
+    """Pairs of documents whose exact 5-gram Jaccard runs from 0.49 to 1 (k words replaced, spread out, in a
+    300-word text: J = (296 - 5k) / (296 + 5k)), 5 texts x 21 edits. The MinHash estimate (the share of equal
+    signature entries) lies within 4 standard errors sqrt(J (1 - J) / 128) of J for every pair (data/minhash.py
+    states about 0.04 at 0.8), and Deduplicator removes the second of a pair exactly when J >= 0.8 for every pair
+    outside 3 standard errors of the threshold (LSH finds a pair at 0.8 with probability >= 0.95 and the
+    signatures decide); inside that band either decision is within the estimator's error."""
+    from data.dedup import Deduplicator
+
+    rng = np.random.default_rng(7)
+    threshold, sigma = 0.8, lambda j: np.sqrt(j * (1 - j) / NUM_PERM)
+    decided, near = [], 0
+    for text in range(5):
+        words = [f"w{i}" for i in rng.permutation(100_000)[:300]]
+        for k in range(21):
+            edited = list(words)
+            for n, at in enumerate(np.linspace(5, 294, k).astype(int) if k else []):
+                edited[at] = f"new{text}x{n}"
+            a, b = " ".join(words), " ".join(edited)
+            j = exact_jaccard_of_5grams(a, b)
+            assert j == pytest.approx((296 - 5 * k) / (296 + 5 * k))
+            sigs = np.stack([signature(a), signature(b)])
+            assert abs(np.mean(sigs[0] == sigs[1]) - j) <= 4 * sigma(j) + 1e-12, (k, j)
+            dedup = Deduplicator(CleaningConfig(exact_dedup=False, near_dedup=True, near_dedup_threshold=threshold),
+                                 lambda i: sigs[i])
+            removed = np.concatenate([dedup.offer(np.array([b"a"], "S16"), sigs[:1]),
+                                      dedup.offer(np.array([b"b"], "S16"), sigs[1:])])
+            assert removed[0] == 0
+            if abs(j - threshold) > 3 * sigma(threshold):
+                assert bool(removed[1]) == (j >= threshold), (k, j, removed)
+                decided.append(bool(removed[1]))
+            else:
+                near += 1
+    assert (decided.count(True), decided.count(False), near) == (15, 50, 40)  # J alone sets these: k <= 2, k >= 11
+
+
 def test_filters_and_dedup_remove_planted_documents_and_count_them(tmp_path):
     good = [prose(i) for i in range(12)]
     words = good[3].split()
