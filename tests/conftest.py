@@ -50,6 +50,24 @@ def corpus_path(*parts: str) -> str:
     return path
 
 
+def built_kernel(name: str) -> str:
+    """The path of kernels/<name>.cc's library, for a test that compares it with MindSpore's plain ops: without it
+    the comparison would run plain against plain and pass unseen. On an x86 host with g++, kernels not switched
+    off, it must be built (scripts/venv.sh builds it): the test fails; elsewhere (--plain-ops, MINDLAB_KERNELS=plain,
+    another architecture, no g++) it is skipped with the reason."""
+    import platform
+    import shutil
+
+    import kernels
+
+    path, why = kernels.library(name)
+    if path:
+        return path
+    if platform.machine().lower() in ("x86_64", "amd64") and shutil.which("g++") and not kernels.switched_off():
+        pytest.fail(f"kernels/{name}.cc should be built on this x86 host with g++: {why}", pytrace=False)
+    pytest.skip(f"the kernel-against-plain comparison needs kernels/{name}.cc built: {why}")
+
+
 def pytest_runtest_setup(item):
     for mark in item.iter_markers("corpora"):  # @pytest.mark.corpora("tiny"): corpus_path("tiny") before the test
         corpus_path(*mark.args)
