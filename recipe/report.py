@@ -59,7 +59,7 @@ def stage_metrics(kind: str, stage_dir: Path) -> dict:
     if train:
         last = train[-1]
         out["loss"] = last["loss"]
-        out.update({k: v for k, v in last.items() if "/" in k and not k.startswith("tokens_seen/")})
+        out.update({k: v for k, v in last.items() if "/" in k and not k.startswith(("tokens_seen/", "time"))})
     if evals:
         out.update({k: v for k, v in evals[-1].items() if k.startswith("val_") and k != "val_ppl"})
     return out

@@ -3,6 +3,7 @@ callbacks log, evaluate and save. It knows no objective, stage or layout: those 
 (objectives/, conf/stage/, trainer/module.py)."""
 import math
 import os
+import time
 import uuid
 from typing import Callable, Optional
 
@@ -62,7 +63,11 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     callbacks.on_start(start)
     for step in range(start + 1, t.max_steps + 1):
         scale = math.nan if step in t.inject_nan_steps else (scaler.scale if scaler else 1.0)
-        result = module.step([next_inputs() for _ in range(micro_steps)], scale, guard)
+        began = time.perf_counter()
+        inputs = [next_inputs() for _ in range(micro_steps)]
+        made = time.perf_counter()
+        result = module.step(inputs, scale, guard)
+        result.seconds = {"inputs": made - began, "update": time.perf_counter() - made}
         if scaler:
             scaler.update(result.finite)  # an overflow under fp16 is routine: the scaler backs off, the guard ignores it
         elif not result.finite and result.skip is None:
@@ -72,6 +77,8 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
         if preemption.signal:
             break
     callbacks.on_end(step)
+    if rt.is_main and train_metrics.time_line():
+        print(train_metrics.time_line(), flush=True)
     return {**train_metrics.last, **evaluation.last, "step": step,
             **({"preempted": preemption.signal} if preemption.signal else {})}
 
@@ -158,7 +165,7 @@ def _callbacks(cfg: DictConfig, rt, run_dir: str, data, objective, model, module
                      **({} if cfg.device.target == "CPU" else {"peak_device_memory_gb": _peak_device_memory_gb()})}
     callbacks = Callbacks()
     train_metrics = TrainMetrics(sinks, t.log_every, t.max_steps, speed, run.tokens_per_step, tokens_by_source,
-                                 extra)
+                                 extra, objective.timings)
     evaluation = Evaluation(callbacks, t.eval_every, t.max_steps, t.eval_at_start, module, val, *downstream)
     callbacks.add(SkipLog(sinks, data.train), GuardStop(guard, checkpointer.save), progress, train_metrics,
                   evaluation, Checkpointing(checkpointer.save, callbacks, t.save_every, t.max_steps, preemption),
