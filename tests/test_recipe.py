@@ -68,6 +68,26 @@ def test_a_recipe_that_cannot_work_is_refused_naming_the_stage(stages, declared,
     assert err.value.key == key and message in str(err.value)
 
 
+def test_tiny_chat_zh_evaluates_the_held_out_chinese_tasks_of_its_data_dir(tmp_path, monkeypatch):
+    """The recipe's evaluate stage names builders/chat_zh.py's four tasks, looked up in <data dir>/chat_zh/tasks
+    (MINDLAB_DATA_DIR resolved as the data presets resolve it), and `python -m evaluation` gets that directory."""
+    from builders.chat_zh import TASKS
+
+    monkeypatch.setenv("MINDLAB_DATA_DIR", str(tmp_path / "data"))
+    node = OmegaConf.load(REPO_ROOT / "conf" / "recipe" / "tiny_chat_zh.yaml")
+    stages = parse(node, list(node.stages), PRESETS)
+    evaluate = stages[-1]
+    assert evaluate.tasks == list(TASKS) and evaluate.tasks_dir == str(tmp_path / "data" / "chat_zh" / "tasks")
+    checkpoint = tmp_path / "ppo" / "checkpoints" / "step_000001"
+    checkpoint.mkdir(parents=True)
+    (tmp_path / "ppo" / "checkpoints" / "latest").write_text("step_000001\n")
+    source = runner.Planned(stages[-2], "k", tmp_path / "ppo", [])
+    [command, _] = runner.stage_commands(runner.Planned(evaluate, "e", tmp_path / "ev", evaluate.overrides,
+                                                        source=source), tmp_path, "v")
+    assert command[command.index("--tasks-dir") + 1] == evaluate.tasks_dir
+    assert f"tasks=[{','.join(TASKS)}]" in command
+
+
 def test_plan_keys_a_stage_by_its_config_and_the_stages_before_it(tmp_path):
     base = {"pretrain": {"stage": "tiny_pretrain"}, "sft": {"data": "instructions"}}
     a = runner.plan(stages_of(base), tmp_path)

@@ -183,13 +183,14 @@ def _peak_device_memory_gb() -> float:
 def _downstream(cfg: DictConfig, lm, objective, data, val) -> tuple:
     """What Evaluation measures besides the objective: (the val targets' UTF-8 bytes when the objective's loss
     is a per-token NLL, for bits per byte; the trainer.eval_tasks scorer), each None when not wanted."""
+    from data.samples import template_of
     from evaluation.bpb import val_target_bytes
     from evaluation.tasks import task_scorer
 
     tasks, t = None, cfg.trainer
-    if t.eval_tasks:
+    if t.eval_tasks:  # Alpaca task files prompted as this run's samples are (its template: the checkpoint's)
         tasks = task_scorer(t.eval_tasks, t.eval_task_items, objective, lm, cfg.model.family, data.tokenizer,
-                            t.micro_batch_size, cfg.data.seq_len)
+                            t.micro_batch_size, cfg.data.seq_len, template=template_of(cfg))
     return val_target_bytes(objective, val, data.tokenizer), tasks
 
 
