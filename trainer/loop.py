@@ -101,7 +101,7 @@ def _build(cfg: DictConfig, rt, run_dir: str, dp_rank: int, sharded: bool) -> tu
     rows_per_batch = t.micro_batch_size * pipeline_micro_batches(cfg)  # a pipeline step takes all its micro-batches
     plugin = objective_plugin(cfg.objective.name)
     data = build_data(cfg.data, rows_per_batch, dp_rank=dp_rank, dp_size=cfg.parallel.dp, seed=t.seed,
-                      eval_batches=t.eval_batches, spec=plugin.row_spec(cfg.objective))
+                      eval_batches=t.eval_batches, spec=plugin.row_spec(cfg.objective), fit_small_val=not sharded)
     if cfg.stage.init_from:  # the checkpoint must read the data's ids as the same text
         checkpoint.check_same_tokenizer("data.tokenizer.path", f"stage.init_from={cfg.stage.init_from}",
                                         checkpoint.tokenizer_of(cfg.stage.init_from), f"data={cfg.data.name}",
