@@ -311,8 +311,9 @@ def test_merged_lora_export_and_peft_adapter_give_the_lora_models_logits(lora_ru
 def test_evaluating_a_lora_checkpoint_equals_evaluating_its_merged_model(lora_runs, tmp_path):
     """`python -m evaluation` on the LoRA checkpoint (its base at stage.init_from plus its adapters) reports what
     it reports for the same adapters merged into the base (`python -m models.convert --to mindlab --merge-lora`):
-    the per-source loss and bits per byte, a multiple-choice task's accuracies. A base whose tokenizer.model is
-    another is refused in one line."""
+    the per-source loss and bits per byte, a multiple-choice task's accuracies, which lm-evaluation-harness
+    (`python -m harness`) also gives on the LoRA checkpoint. A base whose tokenizer.model is another is refused in
+    one line."""
     import shutil
 
     tmp, cfg = lora_runs
@@ -336,6 +337,10 @@ def test_evaluating_a_lora_checkpoint_equals_evaluating_its_merged_model(lora_ru
             assert lora[source][key] == pytest.approx(plain[source][key], abs=1e-5)
     lora, plain = (results[k]["tasks"]["repeat"] for k in ("lora", "merged"))
     assert lora["n"] == 6 and (lora["acc"], lora["acc_norm"]) == (plain["acc"], plain["acc_norm"])
+    import harness  # `python -m harness`'s run(): lm-evaluation-harness on the LoRA checkpoint, the same task
+
+    harnessed = harness.run(step, [task], None, None, 2, 128)["mindlab_repeat"]
+    assert (harnessed["acc,none"], harnessed["acc_norm,none"]) == pytest.approx((plain["acc"], plain["acc_norm"]))
     # the base the adapters name, with another tokenizer.model (same size, two pieces swapped in its bytes)
     base = tmp_path / "other_base"
     shutil.copytree(cfg.stage.init_from, base)
