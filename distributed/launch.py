@@ -71,6 +71,7 @@ class Peers:
     def __init__(self, nodes: Nodes, run_dir: str, workers: int):
         self.nodes, self.run_dir, self.workers = nodes, run_dir, workers
         self.seen: Dict[int, tuple] = {}  # node -> (alive's mtime, when this node saw it change)
+        self.clock = time.monotonic  # this node's: the other nodes' clocks may differ from it
         if os.path.exists(self.failed_file(nodes.rank)):  # an earlier launch's into this run dir
             os.remove(self.failed_file(nodes.rank))
         # the markers of an earlier launch into this run dir count once they change (that node has started again)
@@ -104,7 +105,7 @@ class Peers:
                    for rank in Nodes(self.nodes.count, node).ranks(self.workers))
 
     def gone(self) -> Optional[str]:
-        now = time.monotonic()
+        now = self.clock()
         for node in range(self.nodes.count):
             if node == self.nodes.rank or self._finished(node):
                 continue
@@ -118,7 +119,7 @@ class Peers:
             if self.seen.get(node, (None,))[0] != mtime:
                 self.seen[node] = (mtime, now)
             elif now - self.seen[node][1] > PEER_TIMEOUT_SECONDS:
-                return f"node {node}'s launch stopped answering (no sign of life for {PEER_TIMEOUT_SECONDS:.0f} s)"
+                return f"node {node}'s launch stopped answering (no sign of life for {PEER_TIMEOUT_SECONDS:g} s)"
         return None
 
 

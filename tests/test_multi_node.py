@@ -191,3 +191,33 @@ def test_a_node_whose_worker_is_killed_ends_both_with_one_line(netns, tmp_path):
                             f"{os.path.join(run_dir, 'workers', 'node1')}; stopped this node's workers"], err0[-3000:]
     for console in (out0, err0, out1, err1):
         assert "Traceback" not in console and "[INFO]" not in console
+
+
+def test_the_other_nodes_are_watched_through_the_shared_run_dir(tmp_path):
+    """What a node's launch sees of the others, without launching: a `failed` marker written during this launch is
+    named at once, one left by an earlier launch is not; a node whose `alive` file stops changing is gone after
+    PEER_TIMEOUT_SECONDS of this node's clock (a fake one here), unless its ranks all finished."""
+    from distributed import launch
+
+    run_dir = str(tmp_path)
+    three = [launch.Nodes(3, r) for r in range(3)]
+    for node in three:
+        os.makedirs(node.log_dir(run_dir), exist_ok=True)
+    launch.Peers(three[2], run_dir, 3).fail("worker 2 stopped without finishing; see an earlier launch")
+    peers, node1 = launch.Peers(three[0], run_dir, 3), launch.Peers(three[1], run_dir, 3)
+    now = [100.0]
+    peers.clock = lambda: now[0]
+    assert peers.gone() is None  # node 2's marker predates this launch; node 1 has not started
+    node1.touch()
+    assert peers.gone() is None  # first sight of node 1's alive file: the clock starts at 100
+    now[0] += launch.PEER_TIMEOUT_SECONDS - 1
+    os.utime(node1._file(1, "alive"), ns=(1, 1))  # node 1 touched it again (another mtime): the clock restarts
+    assert peers.gone() is None
+    now[0] += launch.PEER_TIMEOUT_SECONDS
+    assert peers.gone() is None  # exactly the timeout since the change: not yet
+    now[0] += 0.5
+    assert peers.gone() == f"node 1's launch stopped answering (no sign of life for {launch.PEER_TIMEOUT_SECONDS:g} s)"
+    launch.mark_done(run_dir, 1)  # node 1's only rank finished: its launch may end before ours
+    assert peers.gone() is None
+    launch.Peers(three[2], run_dir, 3).fail("worker 2 stopped without finishing; see workers/node2")
+    assert peers.gone() == "node 2 failed: worker 2 stopped without finishing; see workers/node2"
