@@ -299,6 +299,7 @@ def fp16_runs(tmp_path_factory):
     return whole, resumed, out
 
 
+@pytest.mark.slow
 def test_fp16_resume_restores_the_dynamic_loss_scale_and_matches_the_uninterrupted_run(fp16_runs):
     """The scale a checkpoint holds is the one the steps before it made, by hand: halve on an overflowing (skipped)
     step, double after 2 clean ones (trainer/step.py DynamicLossScale); the resumed run goes on from it, so its

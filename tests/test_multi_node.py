@@ -20,7 +20,9 @@ from conftest import ROOT, train_main
 COMMON = ["data.seq_len=64", "trainer.log_every=1", "optim.warmup_steps=2", "optim.lr=3e-3",
           "trainer.eval_batches=1", "logger.progress_bar=false"]
 DP2 = ["parallel=dp2", "trainer.micro_batch_size=4", "trainer.grad_accum=1"]
-MASTER, NODE1 = "10.200.59.1", "10.200.59.2"
+# a subnet of this test process's own: two sessions on one machine (two CI runs) must not share an address
+SUBNET = f"10.201.{1 + os.getpid() % 250}"
+MASTER, NODE1 = f"{SUBNET}.1", f"{SUBNET}.2"
 
 
 def _ip(*args, netns=None):
@@ -116,6 +118,7 @@ def runs(netns, tmp_path_factory):
             "out": [out0, out1], "err": [err0, err1]}
 
 
+@pytest.mark.slow
 def test_two_nodes_train_as_one_process_on_the_same_global_batch(runs):
     """As the one-node dp2 test: the losses and the final weights of one process at micro-batch 8."""
     import mindspore as ms
@@ -137,6 +140,7 @@ def test_two_nodes_train_as_one_process_on_the_same_global_batch(runs):
     assert max(float(np.abs(a[k].asnumpy() - b[k].asnumpy()).max()) for k in a) < 1e-4
 
 
+@pytest.mark.slow
 def test_a_checkpoint_is_written_once_and_latest_moves_last(runs):
     """Rank 0 alone writes each checkpoint (a replica's weights are the run's), into the shared dir; `latest` names
     the last one and was written after every file of it."""
@@ -152,6 +156,7 @@ def test_a_checkpoint_is_written_once_and_latest_moves_last(runs):
     assert json.load(open(os.path.join(runs["shared"], "status.json")))["status"] == "finished"
 
 
+@pytest.mark.slow
 def test_each_nodes_console_is_mindlabs(runs):
     """No MindSpore C++ `[INFO]` lines, no msrun traceback; node 0 prints the run, node 1 only its launch; neither
     node started a second scheduler (node 1 does not own the master's address)."""
@@ -173,6 +178,7 @@ def wait_for_training(run_dir, procs, timeout=300):
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_a_node_whose_worker_is_killed_ends_both_with_one_line(netns, tmp_path):
     """Node 1's worker SIGKILLed mid-training: node 1's launch names it (and its log), node 0's launch names node 1
     and stops its own worker instead of waiting in the broken collective; both exit 1, no traceback."""
