@@ -63,6 +63,8 @@ OPTIONAL = {
     "set_context_length": "set_context_length(model, length): what the model prepares for rows of `length`",
     "apply_kernels": "apply_kernels(model, cfg, compute_dtype, device_target, sharded): device / CPU-kernel twins",
     "linear_shapes": "linear_shapes(m) -> {path: (in, out)} of its linear cells (the dry run's LoRA count)",
+    "LORA_TARGETS": "the linear cells peft=lora adapts when peft.target_modules is null (adapters/lora.py); a family "
+                    "without it makes the run name them",
     "export_mindformers": "export_mindformers(cfg, weights, out_dir, location): convert.py --to mindformers",
     "experts": "experts(m) -> (num_experts, top_k) of a mixture of experts: parallel.ep splits them (validation, "
                "the planner's memory and all-to-all time, the advisor's search)",

@@ -375,4 +375,4 @@ def register() -> None:
     for name in OBJECTIVES:
         cs.store(group="objective", name=name, node=OBJECTIVES[name].Config(name=name))
     for name in PEFT:
-        cs.store(group="peft", name=f"base_peft_{name}", node=PEFT[name])
+        cs.store(group="peft", name=f"base_peft_{name}", node=PEFT[name].Config)

@@ -11,7 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from base.errors import ConfigError, require as _require
 from base.paths import task_path
-from base.registry import FAMILIES, FORMATS, OBJECTIVES
+from base.registry import FAMILIES, FORMATS, OBJECTIVES, PEFT
 from base.schema import OPTIMIZERS, Config, global_batch_size, is_sharded, ulysses_degree
 from base.schema import world_size as devices_of
 
@@ -98,15 +98,12 @@ def _check_known_keys(cfg: DictConfig) -> None:
 
 
 def _check_plugins(cfg: DictConfig) -> None:
-    """The model family's and the objective's own rules (models/<family>/, objectives/<name>.py), found in the
+    """The model family's, the objective's and the PEFT method's own rules (models/<family>/, objectives/<name>.py,
+    adapters/<name>.py), found in the
     registries (an unknown name is refused there, naming the key and the choices)."""
     FAMILIES[cfg.model.family].check(cfg)
     OBJECTIVES[cfg.objective.name].check(cfg)
-    if cfg.peft.name == "lora":
-        lora = cfg.peft
-        _require(lora.r >= 1, "peft.r", f"must be >= 1, got {lora.r}")
-        _require(lora.alpha > 0, "peft.alpha", f"must be > 0, got {lora.alpha}")
-        _require(0 <= lora.dropout < 1, "peft.dropout", f"must be in [0, 1), got {lora.dropout}")
+    PEFT[cfg.peft.name].check(cfg)
 
 
 def _check_model(cfg: DictConfig) -> None:

@@ -95,10 +95,10 @@ def trained_fraction(cfg: Any) -> float:
     (adapter_parameters, e.g. LoRA's) those (added to the frozen whole), when the family lists its linear cells
     (linear_shapes); 1 otherwise."""
     fam = FAMILIES[cfg.model.family]
-    count = getattr(PEFT[cfg.peft.name], "adapter_parameters", None)
+    count = PEFT[cfg.peft.name].adapter_parameters
     if count is None or fam.linear_shapes is None:
         return 1.0
-    adapters = count(fam.linear_shapes(cfg.model), cfg.peft)
+    adapters = count(fam.linear_shapes(cfg.model), cfg.peft, fam.LORA_TARGETS or ())
     return adapters / (fam.parameter_count(cfg.model)["total"] + adapters)
 
 

@@ -19,10 +19,14 @@ from models.llama.accounting import flops_per_token, layer_activation_factors, l
     matmul_parameter_count, parameter_count, stage_parameters
 from models.llama.config import LlamaConfig as Config
 
-__all__ = ["Config", "apply_kernels", "attention_kind", "build", "check", "describe", "device_passes",
-           "flops_per_token", "hf", "kernel_libraries", "layer_activation_factors", "matmul_parameter_count",
-           "parameter_count", "stage_parameters"]
+__all__ = ["Config", "LORA_TARGETS", "apply_kernels", "attention_kind", "build", "check", "describe",
+           "device_passes", "flops_per_token", "hf", "kernel_libraries", "layer_activation_factors",
+           "matmul_parameter_count", "parameter_count", "stage_parameters"]
 CAUSAL = True  # decoder-only: objectives that need bidirectional attention refuse it
+# peft=lora's cells when peft.target_modules is null: the attention and MLP projections, every linear cell but the
+# head (as QLoRA adapts them)
+LORA_TARGETS = ("attention.wq", "attention.wk", "attention.wv", "attention.wo",
+                "feed_forward.w1", "feed_forward.w2", "feed_forward.w3")
 
 
 def build(cfg: Config, seq_len: int, compute_dtype: str, use_flash: bool, seed: int, sharded: bool = False):

@@ -15,9 +15,8 @@ Tensor parallelism, MindSpore's way: `shard()` strategies on the model's primiti
     out_strategy_matmul), so MindSpore reduce-scatters their partial sums into sequence slices instead of
     all-reducing them whole, and all-gathers the sequence before the column-parallel matmuls. Without it the
     residual adds are split by batch over dp, as the activations they add
-    LoRA adapters (adapters/lora.py) follow their base: on a column-parallel linear B [out, r] is split by
-    rows like W and A is replicated; on a row-parallel one A [r, in] is split by columns like W (its partial
-    products are summed by the AllReduce MindSpore inserts) and B is replicated
+    sub-cells a converter adds to a linear cell (LoRA's adapters) follow their base by the converter's rules
+    (adapters/sharding.py): this plan lays out the linear cells only
 
 Context parallelism (cp, of which `ulysses` ranks split heads and cp / ulysses run the ring): the tokens split over
 dp x cp in the linears (their [batch x sequence, hidden] input), the sequence over cp x tp under sequence
@@ -36,6 +35,7 @@ on the last. MindSpore compiles sharded graphs only for Ascend/GPU: on CPU this 
 import re
 from typing import Dict, Iterable, List, Optional, Tuple
 
+from adapters.sharding import followed_split, followers
 from models.llama.device_ops import FusedRMSNorm
 from models.llama.model import (AttentionBlock, DecoderLayer, Embedding, FlashCoreAttention, Linear, LlamaForCausalLM,
                                 RMSNorm)
@@ -65,17 +65,10 @@ def tensor_parallel_strategies(model: LlamaForCausalLM, dp: int, tp: int, sequen
     heads = (dp, tp, 1, 1)  # [batch, heads, sequence, head_dim]
     tokens = dp * cp  # the linears' [batch x sequence] rows
     for name, cell in model.cells_and_names():
-        lora = hasattr(cell, "lora_A")
         if isinstance(cell, Linear) and name.endswith(COLUMN):
-            plan[f"{name}.matmul"] = ((tokens, 1), (tp, 1))
-            if lora:
-                plan[f"{name}.lora_A.matmul"] = ((tokens, 1), (1, 1))
-                plan[f"{name}.lora_B.matmul"] = ((tokens, 1), (tp, 1))
+            plan.update(_linear(name, cell, ((tokens, 1), (tp, 1))))
         elif isinstance(cell, Linear) and name.endswith(ROW):
-            plan[f"{name}.matmul"] = ((tokens, tp), (1, tp))
-            if lora:
-                plan[f"{name}.lora_A.matmul"] = ((tokens, tp), (1, tp))
-                plan[f"{name}.lora_B.matmul"] = ((tokens, 1), (1, 1))
+            plan.update(_linear(name, cell, ((tokens, tp), (1, tp))))
         elif isinstance(cell, AttentionBlock):
             plan[f"{name}.qk"] = plan[f"{name}.pv"] = (heads, heads)
         elif isinstance(cell, FlashCoreAttention):  # inputs q, k, v and the mask (the unused ones are None)
@@ -87,6 +80,11 @@ def tensor_parallel_strategies(model: LlamaForCausalLM, dp: int, tp: int, sequen
     if model.tie_embeddings:
         plan["head_matmul"] = ((dp, 1), (tp, 1))
     return plan
+
+
+def _linear(name: str, cell: Linear, strategy: Tuple) -> Dict[str, Tuple]:
+    """A linear cell's matmul strategy, and those of the sub-cells a converter added to it (adapters/sharding.py)."""
+    return {f"{name}.matmul": strategy, **followers(name, cell, strategy)}
 
 
 def output_strategies(model: LlamaForCausalLM, dp: int, tp: int, sequence_parallel: bool = False,
@@ -111,10 +109,12 @@ def context_parallel_attributes(model: LlamaForCausalLM, cp: int, ulysses: int) 
 
 def weight_split(name: str, ndim: int, tp: int) -> Tuple[int, ...]:
     """How tensor parallelism splits parameter `name`: the weight's tuple in its primitive's strategy above."""
-    if name.endswith(tuple(f"{cell}.{w}" for cell in COLUMN for w in ("weight", "lora_B.weight"))) or \
-            name.endswith("embedding_weight"):
-        return (tp, 1)  # column-parallel weights [out, in] (and LoRA's B), the vocab-parallel embedding
-    if name.endswith(tuple(f"{cell}.{w}" for cell in ROW for w in ("weight", "lora_A.weight"))):
+    follower = followed_split(name, lambda base: weight_split(base, 2, tp))  # a converter's sub-cell weight
+    if follower is not None:
+        return follower
+    if name.endswith(tuple(f"{cell}.weight" for cell in COLUMN)) or name.endswith("embedding_weight"):
+        return (tp, 1)  # column-parallel weights [out, in], the vocab-parallel embedding
+    if name.endswith(tuple(f"{cell}.weight" for cell in ROW)):
         return (1, tp)
     return (1,) * ndim  # norms: replicated
 

@@ -20,9 +20,10 @@ from models.moe.accounting import flops_per_token, layer_activation_factors, lin
 from models.moe.config import MoeConfig as Config
 
 __all__ = ["Config", "attention_kind", "build", "check", "describe", "flops_per_token", "generator", "hf",
-           "layer_activation_factors", "linear_shapes", "matmul_parameter_count", "parameter_count",
+           "layer_activation_factors", "linear_shapes", "LORA_TARGETS", "matmul_parameter_count", "parameter_count",
            "recompute_cells", "stage_parameters", "step_metrics", "experts"]
 CAUSAL = True
+LORA_TARGETS = ("attention.wq", "attention.wk", "attention.wv", "attention.wo")  # peft=lora's cells by default
 
 
 def build(cfg: Config, seq_len: int, compute_dtype: str, use_flash: bool, seed: int, sharded: bool = False):

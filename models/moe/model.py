@@ -175,6 +175,8 @@ class MoeModel(DecoderTrunk):
 class MoeForCausalLM(CausalLM):
     """tokens [B, S] int32 -> logits [B, S, vocab] fp32; the causal-LM interface with the routers' aux loss."""
 
+    family = "moe"  # the family that builds it (what a converter asks: LoRA's default targets)
+
     HAS_AUX = True
 
     def __init__(self, cfg: MoeConfig, compute_dtype: str = "fp32", flash: bool = False, seed: int = 0,
