@@ -32,6 +32,7 @@ from argparse import RawDescriptionHelpFormatter
 from omegaconf import OmegaConf
 
 from base.errors import ArgumentParser, UsageError, entry_point
+from base.schema import as_device
 from models.pretrained import build, graph_mode, load
 
 
@@ -71,7 +72,7 @@ def parse_args(argv: Optional[List[str]]):
               (args.repetition_penalty > 0, "--repetition-penalty", f"must be > 0, got {args.repetition_penalty}"),
               (args.batch_size >= 1, "--batch-size", f"must be >= 1, got {args.batch_size}"),
               (all(args.stop), "--stop", "stop strings cannot be empty"),
-              (args.precision != "bf16" or args.device != "CPU", "--precision",
+              (args.precision != "bf16" or as_device(args.device).bf16, "--precision",
                "bf16 needs Ascend/GPU (MindSpore's CPU kernels have no bf16 matmul); use fp32 or fp16 on CPU"),
               (not args.out or os.path.isdir(os.path.dirname(os.path.abspath(args.out))), "--out",
                f"no such directory: {os.path.dirname(os.path.abspath(args.out or '.'))}")]

@@ -159,7 +159,7 @@ def _check_nodes(cfg: DictConfig) -> None:
     _require(0 <= cfg.node_rank < nodes, "node_rank", f"must be in [0, nodes={nodes}), got {cfg.node_rank}")
     _require(devices % nodes == 0, "nodes", f"parallel={p.name} uses {devices} devices, which nodes={nodes} cannot "
              "share evenly")
-    if cfg.device.target == "CPU":  # one CPU "device" per node, but a CPU node runs several workers (parallel=dp2)
+    if not cfg.device.accelerator:  # one CPU "device" per node, but a CPU node runs several workers (parallel=dp2)
         return
     fits = devices <= per_node if nodes == 1 else devices == nodes * per_node
     _require(fits, "nodes", f"parallel={p.name} uses {devices} devices, but nodes={nodes} x "
@@ -331,27 +331,29 @@ def devices_here(target: str) -> int:
 
 
 def _check_target(cfg: DictConfig) -> None:
-    """The config against its device target (the preset's, not this host's): the run and the dry run both check
-    these, so a planned layout can start on the device it was planned for."""
+    """The config against its device's capabilities (the preset's, not this host's): the run and the dry run both
+    check these, so a planned layout can start on the device it was planned for."""
     p, d, target = cfg.parallel, cfg.device, cfg.device.target
     devices = devices_of(p)
-    if target == "CPU" and (p.tp > 1 or p.pp > 1 or p.cp > 1):
+    if not d.semi_auto_parallel and (p.tp > 1 or p.pp > 1 or p.cp > 1):
         cp = f" x cp={p.cp}" if p.cp > 1 else ""
         raise ConfigError("parallel", f"parallel={p.name} (dp={p.dp} x tp={p.tp}{cp} x pp={p.pp}) needs "
-                          f"{devices} Ascend/GPU devices, found CPU (device={d.name}): MindSpore runs tensor, context "
-                          "and pipeline parallelism only on Ascend/GPU. On such nodes set device=ascend910b|h100|a100; "
-                          "here add that device= and dry_run=true to see its layout and memory plan")
-    _require(target != "CPU" or not is_sharded(p), "parallel.optimizer_shard", "optimizer sharding runs in "
-             "MindSpore's semi-auto parallel mode, which needs Ascend/GPU; set parallel.optimizer_shard=false on CPU")
-    _require(cfg.precision.compute_dtype != "bf16" or target != "CPU", "precision",
-             "bf16 needs Ascend/GPU: MindSpore's CPU kernels have no bf16 matmul; use precision=fp32 or fp16")
-    _require(not cfg.model.flash_attention or target == "Ascend", "model.flash_attention",
+                          f"{devices} Ascend/GPU devices, found {target} (device={d.name}): MindSpore runs tensor, "
+                          "context and pipeline parallelism only on Ascend/GPU. On such nodes set "
+                          "device=ascend910b|h100|a100; here add that device= and dry_run=true to see its layout and "
+                          "memory plan")
+    _require(d.semi_auto_parallel or not is_sharded(p), "parallel.optimizer_shard", "optimizer sharding runs in "
+             f"MindSpore's semi-auto parallel mode, which needs Ascend/GPU; set parallel.optimizer_shard=false on "
+             f"{target}")
+    _require(cfg.precision.compute_dtype != "bf16" or d.bf16, "precision",
+             f"bf16 needs Ascend/GPU: MindSpore's {target} kernels have no bf16 matmul; use precision=fp32 or fp16")
+    _require(not cfg.model.flash_attention or d.flash_attention, "model.flash_attention",
              f"ops.flash_attention_score has no {target} kernel; set model.flash_attention=null (auto) or false")
-    _require(p.cp == 1 or target == "Ascend", "parallel.cp", f"context parallelism shards FlashAttentionScore over "
+    _require(p.cp == 1 or d.flash_attention, "parallel.cp", f"context parallelism shards FlashAttentionScore over "
              f"the sequence (its ring attention), which has no {target} kernel; set parallel.cp=1")
     _require(p.cp == 1 or cfg.model.get("flash_attention", True) is not False, "model.flash_attention",
              "context parallelism splits flash attention; set model.flash_attention=null (auto) or true")
-    _require(not p.tp_overlap or target == "Ascend", "parallel.tp_overlap", f"overlaps tensor-parallel communication "
+    _require(not p.tp_overlap or d.tp_overlap, "parallel.tp_overlap", f"overlaps tensor-parallel communication "
              f"through MindSpore's Ascend passes (parallel_speed_up_json), which {target} does not run; set it false")
 
 
@@ -359,7 +361,7 @@ def _check_machine(cfg: DictConfig, launched: int) -> None:
     """The config against this machine, before anything is started (train.py relaunches under msrun after it)."""
     p, d, target = cfg.parallel, cfg.device, cfg.device.target
     devices = devices_of(p)
-    if target != "CPU":
+    if d.accelerator:
         here = devices_here(target)
         _require(here > 0, "device", f"device={d.name}: this machine has no {target} devices; plan with dry_run=true "
                  "or use device=cpu")

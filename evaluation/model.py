@@ -10,7 +10,7 @@ def load_model(cfg: DictConfig, ckpt: str):
     from base import checkpoint
     from models import build_model
 
-    model = build_model(cfg.model, cfg.data.seq_len, cfg.precision.compute_dtype, cfg.device.target,
+    model = build_model(cfg.model, cfg.data.seq_len, cfg.precision.compute_dtype, cfg.device,
                         cfg.trainer.seed)
     saved = OmegaConf.load(os.path.join(ckpt, "config.yaml"))
     peft = saved.get("peft") or {}

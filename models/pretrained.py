@@ -11,6 +11,7 @@ import os
 from omegaconf import OmegaConf
 
 from base.errors import UsageError
+from base.schema import as_device
 from models import family
 from models.generation import generates
 
@@ -79,7 +80,7 @@ def build(model_cfg, path: str, device: str, precision: str = "auto"):
     # the native model (MindFormers' checkpoints hold the same names), built as training builds it: with the CPU
     # kernels where they apply, so decoding runs one attention op a layer and step (kernels/attention.cc)
     native = OmegaConf.merge(model_cfg, {"impl": "native", "flash_attention": False, "recompute": "none"})
-    dtype = precision if precision != "auto" else ("fp32" if device == "CPU" else "bf16")
+    dtype = precision if precision != "auto" else as_device(device).compute_dtype  # the device preset's
     model = build_model(native, native.max_position_embeddings, dtype, device, seed=0)
     checkpoint.load_weights(path, model)
     model.set_train(False)

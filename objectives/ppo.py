@@ -325,7 +325,7 @@ class Objective(ObjectiveBase):
         rm_model = OmegaConf.load(os.path.join(rm_path, "config.yaml")).model
         rm_model = OmegaConf.merge(OmegaConf.structured(family(rm_model.family).Config), rm_model)  # newer keys
         reward_model = RewardModel(build_model(rm_model, cfg.data.seq_len, cfg.precision.compute_dtype,
-                                               cfg.device.target, cfg.trainer.seed, is_sharded(cfg.parallel)), 0)
+                                               cfg.device, cfg.trainer.seed, is_sharded(cfg.parallel)), 0)
         checkpoint.load_weights(rm_path, reward_model)
         reward_model.update_parameters_name("reward.")
         for p in reward_model.get_parameters():

@@ -185,7 +185,7 @@ class Search:
     @functools.lru_cache(maxsize=None)
     def _flash(self, sharded: bool) -> bool:
         """Whether the attention keeps no [S, S] probabilities (flash, or a family's fused CPU kernel)."""
-        return FAMILIES[self.m.family].attention_kind(self.m, self.device.target, self.dtype, sharded) != "plain"
+        return FAMILIES[self.m.family].attention_kind(self.m, self.device, self.dtype, sharded) != "plain"
 
     def option(self, c: Candidate) -> Option:
         needs = self._needs(c.micro_batch_size)

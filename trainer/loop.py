@@ -99,7 +99,7 @@ def _build(cfg: DictConfig, rt, run_dir: str, dp_rank: int, sharded: bool) -> tu
         checkpoint.check_same_tokenizer("data.tokenizer.path", f"stage.init_from={cfg.stage.init_from}",
                                         checkpoint.tokenizer_of(cfg.stage.init_from), f"data={cfg.data.name}",
                                         str(data.tokenizer.path))
-    model = build_model(cfg.model, cfg.data.seq_len, cfg.precision.compute_dtype, cfg.device.target, t.seed, sharded)
+    model = build_model(cfg.model, cfg.data.seq_len, cfg.precision.compute_dtype, cfg.device, t.seed, sharded)
     if cfg.stage.init_from:
         checkpoint.load_weights(cfg.stage.init_from, model)
     adapters = peft_method(cfg.peft.name).apply(model, cfg)  # a PEFT method's adapters, the base frozen (or None)
@@ -111,7 +111,7 @@ def _build(cfg: DictConfig, rt, run_dir: str, dp_rank: int, sharded: bool) -> tu
         model = objective.attach(model, cfg)
         if adapters:  # a PEFT run saves what it trains: the adapters and any head the objective added
             adapters = adapters._replace(names={param.name for param in model.trainable_params()})
-    optimizer = build_optimizer(model.trainable_params(), cfg.optim, t.max_steps, cfg.device.target, sharded)
+    optimizer = build_optimizer(model.trainable_params(), cfg.optim, t.max_steps, cfg.device, sharded)
     module = ShardedModule(model, objective, optimizer, cfg, rt.rank, run_dir) if sharded else \
         local_module(model, objective, optimizer, cfg, rt.world_size, adapters)
     return data, objective, model, lm, module
@@ -157,7 +157,7 @@ def _callbacks(cfg: DictConfig, rt, run_dir: str, data, objective, model, module
     extra = lambda: {"skipped_steps": run.skipped_steps, **({"loss_scale": scaler.scale} if scaler else {}),
                      **(objective.logged or {}),  # an objective's host-side numbers (PPO's rollout)
                      **model_metrics(),
-                     **({} if cfg.device.target == "CPU" else {"peak_device_memory_gb": _peak_device_memory_gb()})}
+                     **({"peak_device_memory_gb": _peak_device_memory_gb()} if cfg.device.memory_stats else {})}
     callbacks = Callbacks()
     train_metrics = TrainMetrics(sinks, t.log_every, t.max_steps, speed, run.tokens_per_step, tokens_by_source,
                                  extra)

@@ -34,9 +34,9 @@ def build(cfg: Config, seq_len: int, compute_dtype: str, use_flash: bool, seed: 
     return MoeForCausalLM(cfg, compute_dtype, use_flash, seed, deferred=sharded)
 
 
-def attention_kind(cfg: Config, device_target: str, compute_dtype: str, sharded: bool) -> str:
+def attention_kind(cfg: Config, device, compute_dtype: str, sharded: bool) -> str:
     """flash (Ascend's flash attention) or plain: no CPU kernel twins for this family."""
-    return "flash" if use_flash_attention(cfg, device_target) else "plain"
+    return "flash" if use_flash_attention(cfg, device) else "plain"
 
 
 def recompute_cells(model, mode: str) -> list:
