@@ -25,7 +25,7 @@ from pathlib import Path
 
 from base.paths import data_dir
 from benchmarks.results import recorded
-from recipe.report import variants
+from sweeps.recipe_report import variants
 
 
 def lines(path: Path) -> list:

@@ -19,8 +19,8 @@ from omegaconf import DictConfig, OmegaConf
 from base.errors import ConfigError, entry_point
 from base.paths import REPO_ROOT
 from plugins import register
-from recipe import report
 from recipe.runner import build_datasets, check_links, check_recipe_dir, dry_run_report, plan, run
+from sweeps import recipe_report as report
 from recipe.spec import parse
 
 RECIPES = REPO_ROOT / "conf" / "recipe"

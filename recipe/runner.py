@@ -31,7 +31,7 @@ from base.outputs import HYDRA_WRITES, MARKER, file_lock
 from base.paths import REPO_ROOT, data_dir
 from base.registry import OBJECTIVES
 from base.validate import validate
-from recipe.report import CURVES, RECORD, REPORT
+from sweeps.recipe_report import CURVES, RECORD, REPORT
 from recipe.spec import Stage, override_value
 
 STORE = "stages"

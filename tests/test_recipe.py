@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from base.errors import ConfigError
 from base.paths import REPO_ROOT
 from recipe import runner
-from recipe.report import markdown, variants
+from sweeps.recipe_report import markdown, variants
 from recipe.spec import flatten, parse
 
 PRESETS = sorted(p.stem for p in (REPO_ROOT / "conf" / "stage").glob("*.yaml"))
@@ -326,7 +326,7 @@ def test_the_report_of_two_variants_renders_in_headless_chromium(tmp_path, monke
     import shutil
     import subprocess
 
-    from recipe.report import write
+    from sweeps.recipe_report import write
 
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
