@@ -20,8 +20,8 @@ from base.errors import ConfigError, entry_point
 from base.paths import REPO_ROOT
 from plugins import register
 from recipe.runner import build_datasets, check_links, check_recipe_dir, dry_run_report, plan, run
-from sweeps import recipe_report as report
 from recipe.spec import parse
+from sweeps import recipe_report as report
 
 RECIPES = REPO_ROOT / "conf" / "recipe"
 
