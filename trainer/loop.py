@@ -78,13 +78,16 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
 
 def _check_before_building(cfg: DictConfig, rt) -> None:
     """What can fail in seconds, checked before minutes of data and model building: W&B's credentials, the
-    checkpoint stage.init_from names."""
+    checkpoint stage.init_from names, those the objective reads (check_checkpoints: PPO's reward model)."""
     if rt.is_main and cfg.logger.name == "wandb":
         from trainer.wandb_logger import check_credentials
 
         check_credentials(cfg.logger.mode)
     if cfg.stage.init_from:
         checkpoint.weights_file(cfg.stage.init_from, whole=True)
+    read_checkpoints = objective_plugin(cfg.objective.name).check_checkpoints
+    if read_checkpoints is not None:
+        read_checkpoints(cfg)
 
 
 def _build(cfg: DictConfig, rt, run_dir: str, dp_rank: int, sharded: bool) -> tuple:
