@@ -33,6 +33,7 @@ from omegaconf import OmegaConf
 
 from base.errors import ArgumentParser, UsageError, entry_point
 from base.schema import as_device
+from models.generation import SamplingOptions
 from models.pretrained import build, graph_mode, load
 
 
@@ -199,9 +200,10 @@ def run(args, gen, tokenizer, records, prompts) -> None:
     batch_size = min(args.batch_size, len(prompts))
     single = args.prompt is not None or args.instruction is not None
     out = open(args.out, "w", encoding="utf-8") if args.out else (None if single else sys.stdout)
-    options = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                   repetition_penalty=args.repetition_penalty, eos_id=eos_id, stop=args.stop, seed=args.seed,
-                   decode=lambda ids: tokenizer.decode(tokenizer.whole_chars(ids)), prompt_len=width)
+    sampling = SamplingOptions(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                               repetition_penalty=args.repetition_penalty, seed=args.seed)
+    options = dict(eos_id=eos_id, stop=args.stop, decode=lambda ids: tokenizer.decode(tokenizer.whole_chars(ids)),
+                   prompt_len=width)
     start, new_tokens, decode_s, decode_steps = time.perf_counter(), 0, 0.0, 0
     try:
         for first in range(0, len(prompts), batch_size):
@@ -213,7 +215,7 @@ def run(args, gen, tokenizer, records, prompts) -> None:
                 stream = Stream(lambda ids: options["decode"](prompts[0] + ids)[len(prefix):], args.stop)
                 sys.stdout.write(records[0]["prompt"])
                 sys.stdout.flush()
-            result = gen.generate([prompts[r] for r in rows + filler], args.max_new_tokens,
+            result = gen.generate([prompts[r] for r in rows + filler], args.max_new_tokens, sampling,
                                   rows=rows + filler, on_step=stream, **options)
             for r, sample in zip(rows, result.samples):
                 new_tokens += len(sample.tokens)

@@ -56,7 +56,7 @@ from base.objective import ObjectiveBase
 from data.errors import DataError
 from data.formats import kinds
 from data.rows import RowSpec, Split
-from models.generation import generates
+from models.generation import SamplingOptions, generates
 from objectives import _reference, check_fine_tuning
 from objectives.rm import RewardModel, val_reward_stats
 
@@ -373,9 +373,9 @@ class Objective(ObjectiveBase):
         c, tok = self.cfg, self.tokenizer
         prompts = [row[:n].tolist() for row, n in zip(rows["prompt_ids"], rows["prompt_len"].reshape(-1))]
         self.lm.set_train(False)
-        out = self.generator.generate(prompts, c.max_new_tokens, temperature=c.temperature, top_k=c.top_k,
-                                      top_p=c.top_p, eos_id=tok.eos_id, pad_id=tok.pad_id,
-                                      seed=self.seed * 1_000_003 + self.rollouts,
+        sampling = SamplingOptions(temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,
+                                   seed=self.seed * 1_000_003 + self.rollouts)
+        out = self.generator.generate(prompts, c.max_new_tokens, sampling, eos_id=tok.eos_id, pad_id=tok.pad_id,
                                       rows=range(sample, sample + len(prompts)), prompt_len=c.max_prompt_len)
         self.lm.set_train(True)
         b, width = len(prompts), rows["prompt_ids"].shape[1]
