@@ -33,8 +33,8 @@ def run(argv: list, workdir: str, name: str) -> float:
 
 
 def stage_rows(variant: dict, swept: str) -> list:
-    """A row per stage of a recipe run (sweeps/recipe_report.py's load_variant), named by its value of the swept key (or the
-    recipe's own)."""
+    """A row per stage of a recipe run (sweeps/recipe_report.py's load_variant), named by its value of the swept key
+    (or the recipe's own)."""
     name = next((o for o in variant["variant"].split(",") if o.startswith(swept + "=")), "as the recipe says")
     rows = []
     for stage in variant["stages"]:
