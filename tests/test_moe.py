@@ -313,3 +313,113 @@ def test_the_advisor_searches_expert_parallelism():
     assert eps == {1, 2, 4, 8}
     dense = Search(compose_cfg("model=7b", "device=ascend910b", "dry_run=true"))
     assert dense.expert_splits(8) == [1]
+
+
+def test_the_ranked_tables_communication_column_shows_the_all_to_alls_of_ep():
+    from conftest import compose_cfg
+    from planner.advisor import Search, summary_row
+
+    search = Search(compose_cfg("model=mixtral_8x7b", "device=ascend910b", "nodes=4", "dry_run=true"))
+    candidates = [c for c in search.candidates(32, 1024) if c.recompute == "none" and c.micro_batch_size == 1]
+    assert {c.ep for c in candidates} == {1, 2, 4, 8}
+    for c in candidates:
+        o = search.option(c)
+        ep = sum(x.exposed for x in o.time.comms if x.kind == "ep")
+        row = summary_row(1, o, 1.0)
+        assert float(row["comm s tp/cp/dp/pp/ep"].split("/")[-1]) == pytest.approx(ep, abs=0.005)
+        assert (ep > 0) == (c.ep > 1)
+
+
+# --- the expert-parallel plan (models/moe/plan.py), as data: built under SEMI_AUTO_PARALLEL, never run on CPU -------
+
+@pytest.fixture
+def semi_auto_parallel():
+    import mindspore as ms
+
+    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.SEMI_AUTO_PARALLEL, device_num=16, pipeline_stages=2)
+    yield
+    ms.reset_auto_parallel_context()
+
+
+def mindformers_expert_strategies(dp, tp, ep, experts, hidden, width):
+    """MindFormers 1.9's own MoE feed-forward (LlamaFeedForward with expert_num > 1) sharded for this layout: its
+    w1, w2, w3 BatchMatMul strategies, on x [dp x cp / ep, E, C, in] and weights [E, out, in] (ours' shapes)."""
+    import mindspore as ms
+    from mindformers.models.llama.llama_layer import LlamaFeedForward
+    from mindformers.modules.transformer.moe import MoEConfig
+    from mindformers.modules.transformer.op_parallel_config import MoEParallelConfig
+
+    config = MoEParallelConfig(data_parallel=dp, model_parallel=tp, expert_parallel=ep)
+    ffn = LlamaFeedForward(dim=hidden, intermediate_size=width, expert_num=experts, parallel_config=config,
+                           moe_config=MoEConfig(expert_num=experts), compute_dtype=ms.float32)
+    ffn.shard(config)
+    return {name: getattr(ffn, name).matmul.attrs["in_strategy"] for name in ("w1", "w2", "w3")}
+
+
+def test_the_expert_parallel_plan_splits_experts_over_ep_and_their_width_over_tp_as_mindformers(semi_auto_parallel):
+    """dp 8 x tp 2, ep 2 over a Qwen2-MoE shape (shared gated expert): per layer, attention and the shared expert
+    as Llama's tensor-parallel plan (column / row), the router and the gate replicated, the experts [E, C, h] over
+    ep = 2 with their rows over dp / ep = 4 and their width over tp; the expert matmuls' weight strategies are
+    MindFormers' own, and its activation's (dp / ep, ep, 1, k) is ours with the expert axis first."""
+    from distributed.semi_auto import apply_tensor_parallel, assign_stages
+    from models import build_model
+    from models.moe import plan as moe_plan
+
+    cfg = config(**QWEN)
+    model = build_model(cfg, 16, "fp32", "CPU", seed=0, sharded=True)
+    plan = apply_tensor_parallel(model, moe_plan, dp=8, tp=2, ep=2)
+    col, row, heads, replicated = ((8, 1), (2, 1)), ((8, 2), (1, 2)), ((8, 2, 1, 1),) * 2, ((8, 1), (1, 1))
+    layer = {"attention.wq.matmul": col, "attention.wk.matmul": col, "attention.wv.matmul": col,
+             "attention.wo.matmul": row, "attention.core.block.qk": heads, "attention.core.block.pv": heads,
+             "attention_residual": ((8, 1, 1),) * 2, "ffn_residual": ((8, 1, 1),) * 2,
+             "feed_forward.router.matmul": replicated, "feed_forward.shared_expert_gate.matmul": replicated,
+             "feed_forward.shared_expert.w1.matmul": col, "feed_forward.shared_expert.w3.matmul": col,
+             "feed_forward.shared_expert.w2.matmul": row,
+             "feed_forward.experts.up": ((2, 4, 1), (2, 2, 1)), "feed_forward.experts.down": ((2, 4, 2), (2, 1, 2))}
+    expected = {f"model.layers.{i}.{op}": s for i in range(2) for op, s in layer.items()}
+    expected.update({"model.tok_embeddings.gather": ((2, 1), (8, 1)), "lm_head.matmul": col})
+    assert plan == expected
+    experts = dict(model.cells_and_names())["model.layers.1.feed_forward.experts"]
+    assert experts.down.in_strategy == ((2, 4, 2), (2, 1, 2))  # set on the primitive itself
+
+    theirs = mindformers_expert_strategies(8, 2, 2, cfg.num_experts, cfg.hidden_size, cfg.expert_intermediate_size)
+    for name, primitive in (("w1", "up"), ("w3", "up"), ("w2", "down")):
+        (x, w), (ours_x, ours_w) = theirs[name], plan[f"model.layers.0.feed_forward.experts.{primitive}"]
+        assert ours_w == w and ours_x == (x[1], x[0] * x[2], x[3])
+
+    for path, strategy in plan.items():  # the checkpoint splits: the weights' tp part of their strategies
+        owner, _, primitive = path.rpartition(".")
+        if primitive == "matmul":
+            assert moe_plan.weight_split(f"{owner}.weight", 2, 2) == strategy[1], path
+        elif primitive in ("up", "down"):
+            for weight in (("w1", "w3") if primitive == "up" else ("w2",)):
+                assert moe_plan.weight_split(f"{owner}.{weight}", 3, 2) == (1, *strategy[1][1:]), path
+    assert assign_stages(model, moe_plan, pp=2) == {"model.tok_embeddings": 0, "model.layers.0": 0,
+                                                     "model.layers.1": 1, "model.norm_out": 1, "lm_head": 1}
+
+
+def test_sequence_parallel_splits_the_moe_layers_norms_and_residuals_along_the_sequence(semi_auto_parallel):
+    from models import build_model
+    from models.moe import plan as moe_plan
+
+    model = build_model(config(**MIXTRAL), 16, "fp32", "CPU", seed=0, sharded=True)
+    plan = moe_plan.tensor_parallel_strategies(model, dp=2, tp=4, sequence_parallel=True, ep=2)
+    act = (2, 4, 1)
+    assert plan["model.layers.0.ffn_norm.normalize"] == (act, act) and plan["model.layers.1.ffn_residual"] == (act, act)
+    assert plan["model.layers.0.feed_forward.experts.up"] == ((2, 1, 1), (2, 4, 1))
+    assert moe_plan.output_strategies(model, 2, 4, True) == {f"model.layers.{i}.attention.wo.matmul": ((8, 1),)
+                                                             for i in range(2)}
+
+
+def test_the_moe_family_takes_tensor_pipeline_and_expert_parallel_layouts_outside_the_dry_run():
+    """What the plan covers passes the layout rules a run meets (base/validate.py validate_layout: the machine's own
+    devices aside); an expert width tp does not divide is refused with its key."""
+    from base.validate import validate_layout
+    from conftest import compose_cfg
+
+    validate_layout(compose_cfg("model=mixtral_8x7b", "device=ascend910b", "parallel=tp8pp4", "parallel.dp=2",
+                                "parallel.ep=2", "parallel.micro_batches=8", "nodes=8"))
+    with pytest.raises(ConfigError, match=r"model.expert_intermediate_size: 14338 is not divisible by "
+                                          r"parallel.tp=4"):
+        validate_layout(compose_cfg("model=mixtral_8x7b", "device=ascend910b", "parallel=single", "parallel.tp=4",
+                                    "model.expert_intermediate_size=14338"))

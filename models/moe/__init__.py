@@ -8,8 +8,8 @@ causal-LM interface (models/common/causal_lm.py).
 
 LoRA (peft=lora) adapts the linear cells its target_modules match: by default the attention projections (the
 routed experts are stacked Parameters, not linear cells; the router and the shared expert only when named, e.g.
-peft.target_modules=[attention.wq,attention.wv,feed_forward.shared_expert.w1]). No tensor/pipeline plan yet:
-validation refuses tp/pp for it. Importing this package is cheap (no MindSpore).
+peft.target_modules=[attention.wq,attention.wv,feed_forward.shared_expert.w1]). plan.py lays it out over tp, pp,
+cp and ep. Importing this package is cheap (no MindSpore).
 """
 from base.errors import require
 from base.schema import use_flash_attention
@@ -70,8 +70,10 @@ def check(cfg) -> None:
             f"{m.rope_scaling.type}: long-context RoPE scaling is the llama family's; set model.rope_scaling.type=none")
     require(m.attention_chunk >= 0, "model.attention_chunk", f"must be >= 0 (0: off), got {m.attention_chunk}")
     check_attention_shape(m)
-    require(p.tp == 1 and p.pp == 1 or cfg.dry_run, "parallel", f"parallel={p.name}: the moe family has no "
-            "tensor/pipeline plan to run yet (the dry run plans one); use data parallelism (parallel=dp2)")
+    for key, size in (("expert_intermediate_size", m.expert_intermediate_size),
+                      ("shared_expert_intermediate_size", m.shared_expert_intermediate_size)):
+        require(size % p.tp == 0, f"model.{key}", f"{size} is not divisible by parallel.tp={p.tp} (tensor "
+                f"parallelism splits each expert's width, models/moe/plan.py); choose a tp that divides it")
 
 
 def describe(m, count) -> list:

@@ -50,13 +50,14 @@ class Experts(nn.Cell):
         self.w1, self.w3 = _init(rng, (e, f, h), std), _init(rng, (e, f, h), std)
         self.w2 = _init(rng, (e, h, f), std)
         self.compute_dtype = compute_dtype
-        self.matmul = ops.BatchMatMul(transpose_b=True)
+        # two primitives: expert parallelism splits w1 / w3 and w2 differently (models/moe/plan.py)
+        self.up, self.down = ops.BatchMatMul(transpose_b=True), ops.BatchMatMul(transpose_b=True)
 
     def construct(self, x):
         x = x.astype(self.compute_dtype)
-        gate = self.matmul(x, self.w1.astype(self.compute_dtype))
-        up = self.matmul(x, self.w3.astype(self.compute_dtype))
-        return self.matmul(ops.silu(gate) * up, self.w2.astype(self.compute_dtype))
+        gate = self.up(x, self.w1.astype(self.compute_dtype))
+        up = self.up(x, self.w3.astype(self.compute_dtype))
+        return self.down(ops.silu(gate) * up, self.w2.astype(self.compute_dtype))
 
 
 class MoeFeedForward(nn.Cell):
@@ -120,11 +121,12 @@ class MoeDecoderLayer(nn.Cell):
         self.attention = Attention(cfg, rng, compute_dtype, flash)
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.feed_forward = MoeFeedForward(cfg, rng, compute_dtype)
+        self.attention_residual, self.ffn_residual = ops.Add(), ops.Add()  # primitives: plan.py shards them
 
     def construct(self, x, cos, sin, mask=None):
-        x = x + self.attention(self.attention_norm(x), cos, sin, mask).astype(x.dtype)
+        x = self.attention_residual(x, self.attention(self.attention_norm(x), cos, sin, mask).astype(x.dtype))
         y, stats = self.feed_forward(self.ffn_norm(x))
-        return x + y.astype(x.dtype), stats
+        return self.ffn_residual(x, y.astype(x.dtype)), stats
 
     def cached(self, x, cos, sin, bias, k_cache=None, v_cache=None, slot=None):
         x = x + self.attention.cached(self.attention_norm(x), cos, sin, bias, k_cache, v_cache, slot).astype(x.dtype)
