@@ -423,3 +423,55 @@ def test_the_moe_family_takes_tensor_pipeline_and_expert_parallel_layouts_outsid
                                           r"parallel.tp=4"):
         validate_layout(compose_cfg("model=mixtral_8x7b", "device=ascend910b", "parallel=single", "parallel.tp=4",
                                     "model.expert_intermediate_size=14338"))
+
+
+# --- MindFormers' export: its own config classes and model take the files ------------------------------------------
+
+@pytest.mark.parametrize("keys", [dict(MIXTRAL, capacity_factor=1.25),
+                                  dict(QWEN, shared_expert_intermediate_size=32, z_loss_coef=0.002)],
+                         ids=["mixtral-capacity", "qwen-shared-gated"])
+def test_mindformers_export_is_taken_by_mindformers_moe_config_and_llama(tmp_path, tokenizer_file, keys):
+    """The exported YAML's moe_config builds MindFormers 1.9's MoEConfig (its own validation) with our routing, and
+    its model_config + moe_config build its LlamaForCausalLM, into which the .ckpt loads strictly: every parameter,
+    the same values (shapes and names are MindFormers' own)."""
+    import mindspore as ms
+    from mindformers.models.llama import LlamaConfig, LlamaForCausalLM
+    from mindformers.modules.transformer.moe import MoEConfig
+
+    from base import checkpoint
+    from models.convert import main as convert_main
+    from models.moe.mindformers import mindformers_names
+
+    cfg, model = built(keys)
+    run = OmegaConf.create({"model": cfg, "data": {"seq_len": 16}})
+    path = checkpoint.save(str(tmp_path / "ckpt"), 1, model, ms.nn.SGD(model.trainable_params()), {}, run,
+                           tokenizer_file)
+    assert convert_main([path, str(tmp_path / "mf"), "--to", "mindformers"]) == 0
+    yaml = OmegaConf.to_container(OmegaConf.load(tmp_path / "mf" / "llama_mindlab.yaml"))
+    moe = MoEConfig(**yaml["moe_config"])
+    shared = cfg.shared_expert_intermediate_size // cfg.expert_intermediate_size
+    assert (moe.expert_num, moe.num_experts_chosen, moe.norm_topk_prob) == (cfg.num_experts, cfg.top_k,
+                                                                           cfg.norm_topk_prob)
+    dropless = -1.0  # MindFormers' "capacity_factor <= 0 means dropless" (research/mixtral's YAML)
+    assert (moe.capacity_factor, moe.aux_loss_factor, moe.z_loss_factor) == (
+        cfg.capacity_factor or dropless, cfg.aux_loss_coef, cfg.z_loss_coef)
+    assert (moe.shared_expert_num, moe.use_shared_expert_gating) == (shared, cfg.shared_expert_gate)
+    model_config = {k: v for k, v in yaml["model"]["model_config"].items() if k != "type"}
+    assert model_config["intermediate_size"] == cfg.expert_intermediate_size
+    mf = LlamaForCausalLM(LlamaConfig(**{**model_config, "compute_dtype": "float32"}, moe_config=moe))
+    not_loaded, unused = ms.load_param_into_net(mf, ms.load_checkpoint(yaml["load_checkpoint"]), strict_load=True)
+    assert not_loaded == [] and unused == []
+    ours = mindformers_names({p.name: p.asnumpy() for p in model.get_parameters()}, shared > 0)
+    theirs = {p.name: p.asnumpy() for p in mf.get_parameters()}
+    assert sorted(ours) == sorted(theirs) and all(np.array_equal(ours[k], theirs[k]) for k in ours)
+
+
+def test_mindformers_export_refuses_what_moe_config_cannot_say():
+    from models.moe.mindformers import moe_config
+
+    with pytest.raises(ConfigError, match="model.shared_expert_intermediate_size: 40 is not a multiple of "
+                                          "model.expert_intermediate_size=16"):
+        moe_config(config(**QWEN))
+    with pytest.raises(ConfigError, match=r"model.aux_loss_coef: 0.0: MindFormers' MoEConfig takes an "
+                                          r"aux_loss_factor in \(0, 1\)"):
+        moe_config(config(**dict(MIXTRAL, aux_loss_coef=0.0)))

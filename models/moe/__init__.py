@@ -5,6 +5,7 @@ causal-LM interface (models/common/causal_lm.py).
 
     config.py      MoeConfig, the typed `model` group      model.py   MoeForCausalLM
     accounting.py  parameters (total and active) and FLOPs  hf.py      Mixtral / Qwen2-MoE names and config.json
+    plan.py        tensor/pipeline/expert parallel plan     mindformers.py  MindFormers' export (moe_config)
 
 LoRA (peft=lora) adapts the linear cells its target_modules match: by default the attention projections (the
 routed experts are stacked Parameters, not linear cells; the router and the shared expert only when named, e.g.
@@ -19,7 +20,8 @@ from models.moe.accounting import flops_per_token, layer_activation_factors, lin
     matmul_parameter_count, parameter_count, stage_parameters
 from models.moe.config import MoeConfig as Config
 
-__all__ = ["Config", "attention_kind", "build", "check", "describe", "flops_per_token", "generator", "hf",
+__all__ = ["Config", "attention_kind", "build", "check", "describe", "export_mindformers", "flops_per_token",
+           "generator", "hf",
            "layer_activation_factors", "linear_shapes", "matmul_parameter_count", "parameter_count",
            "recompute_cells", "stage_parameters", "step_metrics", "experts"]
 CAUSAL = True
@@ -91,6 +93,13 @@ def describe(m, count) -> list:
             f"  layers      {count(c['layers'])} = {m.num_layers} x {count(c['per_layer'])} "
             f"(experts {count(c['experts_per_layer'])})",
             f"  lm head     {'tied to the embedding' if m.tie_embeddings else count(c['lm_head'])}"]
+
+
+def export_mindformers(cfg, weights: dict, out_dir: str, location=None) -> None:
+    """MindFormers' LlamaForCausalLM with a moe_config: its .ckpt and run YAML (models/moe/mindformers.py)."""
+    from models.moe.mindformers import export_checkpoint
+
+    export_checkpoint(cfg, weights, out_dir, location)
 
 
 def experts(m) -> tuple:
