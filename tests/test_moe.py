@@ -428,8 +428,9 @@ def test_the_moe_family_takes_tensor_pipeline_and_expert_parallel_layouts_outsid
 # --- MindFormers' export: its own config classes and model take the files ------------------------------------------
 
 @pytest.mark.parametrize("keys", [dict(MIXTRAL, capacity_factor=1.25),
-                                  dict(QWEN, shared_expert_intermediate_size=32, z_loss_coef=0.002)],
-                         ids=["mixtral-capacity", "qwen-shared-gated"])
+                                  dict(QWEN, shared_expert_intermediate_size=32, z_loss_coef=0.002,
+                                       bias_update_rate=0.001)],
+                         ids=["mixtral-capacity", "qwen-shared-gated-biased"])
 def test_mindformers_export_is_taken_by_mindformers_moe_config_and_llama(tmp_path, tokenizer_file, keys):
     """The exported YAML's moe_config builds MindFormers 1.9's MoEConfig (its own validation) with our routing, and
     its model_config + moe_config build its LlamaForCausalLM, into which the .ckpt loads strictly: every parameter,
@@ -456,6 +457,7 @@ def test_mindformers_export_is_taken_by_mindformers_moe_config_and_llama(tmp_pat
     assert (moe.capacity_factor, moe.aux_loss_factor, moe.z_loss_factor) == (
         cfg.capacity_factor or dropless, cfg.aux_loss_coef, cfg.z_loss_coef)
     assert (moe.shared_expert_num, moe.use_shared_expert_gating) == (shared, cfg.shared_expert_gate)
+    assert (moe.balance_via_topk_bias, moe.topk_bias_update_rate) == (cfg.bias_update_rate > 0, cfg.bias_update_rate)
     model_config = {k: v for k, v in yaml["model"]["model_config"].items() if k != "type"}
     assert model_config["intermediate_size"] == cfg.expert_intermediate_size
     mf = LlamaForCausalLM(LlamaConfig(**{**model_config, "compute_dtype": "float32"}, moe_config=moe))
@@ -463,6 +465,7 @@ def test_mindformers_export_is_taken_by_mindformers_moe_config_and_llama(tmp_pat
     assert not_loaded == [] and unused == []
     ours = mindformers_names({p.name: p.asnumpy() for p in model.get_parameters()}, shared > 0)
     theirs = {p.name: p.asnumpy() for p in mf.get_parameters()}
+    assert any(name.endswith("router.router.topk_bias") for name in theirs) == (cfg.bias_update_rate > 0)
     assert sorted(ours) == sorted(theirs) and all(np.array_equal(ours[k], theirs[k]) for k in ours)
 
 
@@ -475,3 +478,81 @@ def test_mindformers_export_refuses_what_moe_config_cannot_say():
     with pytest.raises(ConfigError, match=r"model.aux_loss_coef: 0.0: MindFormers' MoEConfig takes an "
                                           r"aux_loss_factor in \(0, 1\)"):
         moe_config(config(**dict(MIXTRAL, aux_loss_coef=0.0)))
+
+
+# --- DeepSeek-V3's auxiliary-loss-free balancing (model.bias_update_rate) ---------------------------------------------
+
+def test_the_routing_bias_chooses_the_experts_and_the_unbiased_probabilities_weigh_them(pynative):
+    """A layer's output with a routing bias, by hand: p = softmax(x W_r^T), the top-k of p + b chosen, weighted by
+    p at those experts (renormalised, Mixtral); the load it records is each expert's share of the assignments, and
+    the update after the step is b + gamma sign(1/E - load) (DeepSeek-V3 section 2.1.2)."""
+    from models.moe import after_step
+
+    cfg, model = built(dict(MIXTRAL, bias_update_rate=0.05))
+    ffn = model.model.layers[0].feed_forward
+    bias = np.array([0.0, 0.3, -0.2, 0.05], np.float32)  # enough to change some choices
+    ffn.routing_bias.set_data(Tensor(bias))
+    x = np.random.default_rng(1).normal(size=(1, 12, cfg.hidden_size)).astype(np.float32)
+    y = ffn(Tensor(x))[0].asnumpy()[0]
+
+    w = {k: getattr(ffn.experts, k).asnumpy() for k in ("w1", "w2", "w3")}
+    logits = x[0] @ ffn.router.weight.asnumpy().T
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    chosen = np.argsort(-(p + bias), -1, kind="stable")[:, :cfg.top_k]
+    assert (chosen != np.argsort(-p, -1, kind="stable")[:, :cfg.top_k]).any()  # the bias changed some choices
+    weight = np.take_along_axis(p, chosen, -1)
+    weight /= weight.sum(-1, keepdims=True)
+    silu = lambda a: a / (1 + np.exp(-a))
+    expert = lambda e, v: w["w2"][e] @ (silu(w["w1"][e] @ v) * (w["w3"][e] @ v))
+    expected = np.stack([sum(weight[t, i] * expert(chosen[t, i], x[0, t]) for i in range(cfg.top_k))
+                         for t in range(x.shape[1])])
+    np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-5)
+
+    load = np.bincount(chosen.ravel(), minlength=cfg.num_experts) / chosen.size
+    np.testing.assert_allclose(ffn.expert_load.asnumpy(), load, atol=1e-6)
+    others = [layer.feed_forward.routing_bias.asnumpy().copy() for layer in model.model.layers[1:]]
+    after_step(model, cfg)
+    np.testing.assert_allclose(ffn.routing_bias.asnumpy(), bias + 0.05 * np.sign(1 / cfg.num_experts - load),
+                               atol=1e-7)
+    for layer, before in zip(model.model.layers[1:], others):  # each layer by its own load (zero before a forward)
+        np.testing.assert_allclose(layer.feed_forward.routing_bias.asnumpy(), before + 0.05, atol=1e-7)
+
+
+def test_the_bias_matches_transformers_deepseek_v3_choice_rule():
+    """transformers 4.57.1's DeepseekV3TopkRouter chooses by scores + e_score_correction_bias and weighs by the
+    scores (n_group = topk_group = 1: no group limit). Its scores are sigmoids of the logits, ours the softmax: the
+    rule (models/moe/model.py's biased branch, here in NumPy) is compared on its scores."""
+    import torch
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+
+    e, k, h = 6, 2, 8
+    router = DeepseekV3TopkRouter(DeepseekV3Config(hidden_size=h, n_routed_experts=e, num_experts_per_tok=k,
+                                                   n_group=1, topk_group=1, norm_topk_prob=True,
+                                                   routed_scaling_factor=1.0))
+    rng = np.random.default_rng(2)
+    weight, bias = rng.normal(size=(e, h)).astype(np.float32), rng.normal(scale=0.3, size=e).astype(np.float32)
+    x = rng.normal(size=(10, h)).astype(np.float32)
+    with torch.no_grad():
+        router.weight.copy_(torch.from_numpy(weight))
+        router.e_score_correction_bias.copy_(torch.from_numpy(bias))
+        indices, weights = (t.numpy() for t in router(torch.from_numpy(x)))
+    scores = 1 / (1 + np.exp(-(x @ weight.T)))
+    chosen = np.argsort(-(scores + bias), -1, kind="stable")[:, :k]
+    assert (chosen != np.argsort(-scores, -1, kind="stable")[:, :k]).any()  # the bias changed some choices
+    ours = np.take_along_axis(scores, chosen, -1)
+    ours /= ours.sum(-1, keepdims=True)
+    theirs_order, ours_order = np.argsort(indices, -1), np.argsort(chosen, -1)
+    assert (np.take_along_axis(indices, theirs_order, -1) == np.take_along_axis(chosen, ours_order, -1)).all()
+    np.testing.assert_allclose(np.take_along_axis(weights, theirs_order, -1),
+                               np.take_along_axis(ours, ours_order, -1), rtol=1e-5)
+
+
+def test_bias_balancing_is_refused_where_it_cannot_run():
+    from models.moe.hf import architecture
+
+    with pytest.raises(ConfigError, match="model.bias_update_rate: a routing bias"):
+        architecture(config(**dict(MIXTRAL, bias_update_rate=0.001)))
+    with pytest.raises(ConfigError, match="model.bias_update_rate: moves the routing bias by one device"):
+        _validated(["model=moe_tiny", "model.bias_update_rate=0.001", "parallel=dp2"])

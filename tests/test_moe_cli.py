@@ -126,7 +126,8 @@ def test_full_sft_and_lora_start_from_the_same_model_and_lora_trains_the_attenti
 
     _, dirs = chain
     full, lora = metrics(dirs["sft"]), metrics(dirs["lora"])
-    assert lora[0]["step"] == full[0]["step"] == 0 and lora[0]["val_loss"] == pytest.approx(full[0]["val_loss"], abs=1e-5)
+    assert lora[0]["step"] == full[0]["step"] == 0
+    assert lora[0]["val_loss"] == pytest.approx(full[0]["val_loss"], abs=1e-5)
     assert full[-1]["val_loss"] < full[0]["val_loss"]
     adapter = json.load(open(os.path.join(dirs["lora"], "checkpoints", "step_000004", "adapter_config.json")))
     assert sorted(adapter["target_modules"]) == ["k_proj", "o_proj", "q_proj", "v_proj"]

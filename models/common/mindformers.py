@@ -15,8 +15,9 @@ EXTEND_METHOD = {"none": "None", "linear": "PI", "ntk": "NTK"}  # model.rope_sca
 def llama_config(cfg, intermediate_size: int) -> dict:
     """MindFormers' LlamaConfig keys of a run's config: the decoder's shape, RoPE, the special tokens, dtypes."""
     m = cfg.model
-    return {"type": "LlamaConfig", "seq_length": OmegaConf.select(cfg, "data.seq_len", default=m.max_position_embeddings),
-            "vocab_size": m.vocab_size, "hidden_size": m.hidden_size, "num_layers": m.num_layers,
+    seq_length = OmegaConf.select(cfg, "data.seq_len", default=m.max_position_embeddings)
+    return {"type": "LlamaConfig", "seq_length": seq_length, "vocab_size": m.vocab_size,
+            "hidden_size": m.hidden_size, "num_layers": m.num_layers,
             "num_heads": m.num_heads, "n_kv_heads": m.num_kv_heads, "intermediate_size": intermediate_size,
             "max_position_embedding": m.max_position_embeddings, "rms_norm_eps": m.norm_eps, "theta": m.rope_theta,
             "extend_method": EXTEND_METHOD[m.rope_scaling.type], "scaling_factor": m.rope_scaling.factor,
@@ -30,7 +31,8 @@ def write(weights: dict, out_dir: str, location: Optional[str], model_config: di
     path once out_dir is at `location` (the CLI writes into a temporary directory first); `top_level`: more keys
     of the run YAML (a MoE's moe_config)."""
     os.makedirs(out_dir, exist_ok=True)
-    ms.save_checkpoint([{"name": k, "data": ms.Tensor(v)} for k, v in weights.items()], os.path.join(out_dir, "llama.ckpt"))
+    ms.save_checkpoint([{"name": k, "data": ms.Tensor(v)} for k, v in weights.items()],
+                       os.path.join(out_dir, "llama.ckpt"))
     yaml = {"load_checkpoint": os.path.abspath(os.path.join(location or out_dir, "llama.ckpt")), **top_level,
             "model": {"arch": {"type": "LlamaForCausalLM"}, "model_config": model_config}}
     OmegaConf.save(OmegaConf.create(yaml), os.path.join(out_dir, "llama_mindlab.yaml"))

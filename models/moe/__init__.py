@@ -20,8 +20,8 @@ from models.moe.accounting import flops_per_token, layer_activation_factors, lin
     matmul_parameter_count, parameter_count, stage_parameters
 from models.moe.config import MoeConfig as Config
 
-__all__ = ["Config", "attention_kind", "build", "check", "describe", "export_mindformers", "flops_per_token",
-           "generator", "hf",
+__all__ = ["Config", "after_step", "attention_kind", "build", "check", "describe", "export_mindformers",
+           "flops_per_token", "generator", "hf",
            "layer_activation_factors", "linear_shapes", "matmul_parameter_count", "parameter_count",
            "recompute_cells", "stage_parameters", "step_metrics", "experts"]
 CAUSAL = True
@@ -66,8 +66,11 @@ def check(cfg) -> None:
             f"must be >= 0 (0: no shared expert), got {m.shared_expert_intermediate_size}")
     require(not m.shared_expert_gate or m.shared_expert_intermediate_size > 0, "model.shared_expert_gate",
             "gates the shared expert; set model.shared_expert_intermediate_size > 0 or shared_expert_gate=false")
-    for key in ("aux_loss_coef", "z_loss_coef"):
+    for key in ("aux_loss_coef", "z_loss_coef", "bias_update_rate"):
         require(m[key] >= 0, f"model.{key}", f"must be >= 0 (0: off), got {m[key]}")
+    require(m.bias_update_rate == 0 or p.dp * p.tp * p.pp * p.cp == 1 or cfg.dry_run, "model.bias_update_rate",
+            "moves the routing bias by one device's expert load (on the host after each step); train on one device "
+            "(parallel=single) or set model.bias_update_rate=0")
     require(m.rope_scaling.type == "none", "model.rope_scaling.type",
             f"{m.rope_scaling.type}: long-context RoPE scaling is the llama family's; set model.rope_scaling.type=none")
     require(m.attention_chunk >= 0, "model.attention_chunk", f"must be >= 0 (0: off), got {m.attention_chunk}")
@@ -112,6 +115,14 @@ def generator(model):
     from models.common.generation import generator as common_generator
 
     return common_generator(model)
+
+
+def after_step(model, cfg) -> None:
+    """DeepSeek-V3's routing-bias update (model.bias_update_rate > 0) from the step's expert load."""
+    if cfg.bias_update_rate > 0:
+        from models.moe.model import update_routing_bias
+
+        update_routing_bias(model, cfg.bias_update_rate)
 
 
 def step_metrics(model) -> dict:

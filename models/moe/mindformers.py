@@ -8,10 +8,13 @@ names (the same shapes: experts stacked [E, f, h] / [E, h, f], the router [E, h]
                   z_loss_factor, norm_topk_prob, routing_policy TopkRouterV2 (its Mixtral YAML's),
                   enable_sdrop false (drops by choice rank, first choices of all tokens first, as mindlab's capacity
                   mode: MindFormers' "kdrop"), shared_expert_num (the shared expert's width in routed experts'
-                  widths) and use_shared_expert_gating
+                  widths) and use_shared_expert_gating; DeepSeek-V3's balancing as balance_via_topk_bias and
+                  topk_bias_update_rate, the bias as its router's topk_bias
 """
 import re
 from typing import Optional
+
+import numpy as np
 
 from base.errors import ConfigError
 from models.common.mindformers import llama_config, write
@@ -21,7 +24,9 @@ from models.common.mindformers import llama_config, write
 NAMES = ((r"feed_forward\.experts\.(w[123])$", r"feed_forward.{routed}ffn.\1.weight"),
          (r"feed_forward\.router\.weight$", r"feed_forward.{routed}router.dense.weight"),
          (r"feed_forward\.shared_expert\.(w[123])\.weight$", r"feed_forward.shared_experts.\1.weight"),
-         (r"feed_forward\.shared_expert_gate\.weight$", r"feed_forward.shared_experts_gate.weight"))
+         (r"feed_forward\.shared_expert_gate\.weight$", r"feed_forward.shared_experts_gate.weight"),
+         (r"feed_forward\.routing_bias$", r"feed_forward.{routed}router.router.topk_bias"),
+         (r"feed_forward\.expert_load$", r"feed_forward.{routed}router.router.expert_load"))
 
 
 def moe_config(m) -> dict:
@@ -39,7 +44,8 @@ def moe_config(m) -> dict:
             "aux_loss_factor": float(m.aux_loss_coef), "z_loss_factor": float(m.z_loss_coef),
             "norm_topk_prob": bool(m.norm_topk_prob), "routing_policy": "TopkRouterV2", "enable_sdrop": False,
             "router_dense_type": "float32", "shared_expert_num": shared // width,
-            "use_shared_expert_gating": bool(m.shared_expert_gate)}
+            "use_shared_expert_gating": bool(m.shared_expert_gate),
+            "balance_via_topk_bias": m.bias_update_rate > 0, "topk_bias_update_rate": float(m.bias_update_rate)}
 
 
 def mindformers_names(weights: dict, shared: bool) -> dict:
@@ -49,6 +55,8 @@ def mindformers_names(weights: dict, shared: bool) -> dict:
     for name, value in weights.items():
         if name.endswith("router_stats"):
             continue
+        if name.endswith("expert_load"):  # MindFormers sums the loads since its last bias update: none yet
+            value = np.zeros_like(value)
         for pattern, replacement in NAMES:
             if re.search(pattern, name):
                 name = re.sub(pattern, replacement.format(routed=routed), name)
