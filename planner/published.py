@@ -65,6 +65,19 @@ the authors say they do not know (between SXM's and NVL's).
     sequence 4,096, TP 1, EP 8, PP 4, VP 8, micro-batch 1, global batch 256, distributed optimizer). Published
     tokens/s per GPU = 468e12 / the moe family's FLOPs per token (6 x the active matmul weights + attention: 82.9G).
     Mapping: the mixtral_8x7b preset, dp 16, ep 8, vp 8, optimizer_shard, no recompute.
+[MX] MindFormers' Mixtral model card (github.com/mindspore-lab/mindformers, research/mixtral/mixtral.md, "模型性能",
+    added 2024-09-09 in commit bc419f8a5, measured on Atlas 900 A2 PoDc, i.e. Ascend 910B): Mixtral 8x7B finetune on
+    alpaca at 4,096, 1678 tokens/s/p, with research/mixtral/finetune_mixtral-8x7b.yaml of that commit:
+    data_parallel 8, model_parallel 1, expert_parallel 8, pipeline_stage 2, micro_batch_num 16, runner batch_size 1,
+    use_seq_parallel False, enable_parallel_optimizer True, recompute True, use_flash_attention True,
+    compute_dtype float16 (the 910B's fp16 peak is its bf16 one), moe_config expert_num 8, num_experts_chosen 2,
+    capacity_factor 1.1. Mapping: the mixtral_8x7b preset (dropless: the capacity factor's padding is not counted),
+    16 devices, full recompute.
+    Not used: the same card set's Qwen2-57B-A14B finetune (research/qwen2/qwen2.md at commit 2388c729a, 32,768
+    tokens, dp 4, mp 4, ep 4, pp 2, sequence parallel, micro_batch_num 8, full recompute, bf16: 288 tokens/s/p),
+    which this time model predicts at 3.0 times the published figure: about 11% of the peak, an efficiency of the
+    MoE layer at 32K (64 experts with capacity 1.1 on 4 ep ranks) it has no term for; and DeepSeek-V2 236B's
+    (36 tokens/s/p), whose MLA attention and dense first layer the moe family does not express.
 Also not used for the MoE rows: torchtitan's figures (docs/performance.md). Its A100 runs (64 GPUs, FSDP) do not state the network
 between nodes, which decides them; its H100 runs are on power-capped 500 W HBM2e parts whose peak torchtitan says it
 does not know, and its Llama 3.1 8B there (5,762 tokens/s per GPU on 8 GPUs, FSDP) implies an efficiency of 0.36
@@ -87,7 +100,7 @@ from planner.timing import step_time
 @dataclass(frozen=True)
 class Run:
     name: str
-    source: str  # N | MF | MT | L3 | TT (the module docstring)
+    source: str  # N | MF | MT | L3 | TT | MC | MX (the module docstring)
     device: str  # conf/device preset
     model: object  # the family's shape: a dict, or a Llama 2 conf/model preset's name
     dp: int
@@ -177,6 +190,8 @@ RUNS: List[Run] = [
           ("Llama 2 70B FSDP", "70b", 4096, 2, "full", 353)]),
     Run("Megatron-Core Mixtral 8x7B", "MC", "h100", preset("mixtral_8x7b"), 16, 1, 4, False, True, 4096, 1, 16, "none",
         468e12 / 82_933_972_992, family="moe", ep=8, vp=8),
+    Run("MindFormers Mixtral 8x7B", "MX", "ascend910b", preset("mixtral_8x7b"), 8, 1, 2, False, True, 4096, 1, 16,
+        "full", 1678, family="moe", ep=8),
 ]
 
 
