@@ -153,9 +153,12 @@ class Search:
         self.cfg, self.m, self.device = cfg, plain(cfg.model), plain(cfg.device)
         self.dtype, self.seq_len = cfg.precision.compute_dtype, cfg.data.seq_len
         self.refused: Dict[str, List] = {}  # the refusing key -> [its first message, grid points refused]
-        # one copy of the config whose layout each grid point sets in turn (merging a config per point is slow)
+        # one copy of the config whose layout each grid point sets in turn (merging a config per point is slow),
+        # its interpolations resolved once: none reads the layout, and resolving them on every read of every
+        # grid point's validation was most of the search's time
         self._trial = OmegaConf.merge(cfg, {"nodes": None, "dry_run": True,
                                             "trainer": {"grad_accum": 1, "global_batch_size": None}})
+        OmegaConf.resolve(self._trial)
 
     def refusal(self, point: "Point") -> Optional[ConfigError]:
         """Why base/validate.py refuses this grid point (None: allowed). The rules see dp only as dp > 1 (optimizer
@@ -288,16 +291,20 @@ class Search:
 
     def devices_needed(self, devices: int, batch: int) -> Optional[int]:
         """The fewest devices, in whole nodes beyond `devices`, on which some layout fits (None: not even
-        MAX_DEVICES); memory alone decides, so each grid point's lightest layout is enough."""
+        MAX_DEVICES); memory alone decides, so each grid point's lightest layout is enough. Every node count is
+        tried: a layout that fits on n devices may not on more (the batch must split over dp), so no count can be
+        skipped."""
         per_node = self.device.devices_per_node
+        return next((n for n in range((devices // per_node + 1) * per_node, MAX_DEVICES + 1, per_node)
+                     if self._fits_on(n, batch)), None)
 
-        for count in range((devices // per_node + 1) * per_node, MAX_DEVICES + 1, per_node):
-            for c in self.candidates(count, batch, lightest=True):
-                plan = memory_plan(self.m, c, self.seq_len, c.micro_batch_size, self.dtype, c.recompute,
-                                   self._flash(c.tp * c.cp * c.pp > 1), self._needs(c.micro_batch_size))
-                if fits(plan, self.device):
-                    return count
-        return None
+    def _fits_on(self, devices: int, batch: int) -> bool:
+        for c in self.candidates(devices, batch, lightest=True):
+            plan = memory_plan(self.m, c, self.seq_len, c.micro_batch_size, self.dtype, c.recompute,
+                               self._flash(c.tp * c.cp * c.pp > 1), self._needs(c.micro_batch_size))
+            if fits(plan, self.device):
+                return True
+        return False
 
 
 def best_of(options: List[Option]) -> List[Option]:
