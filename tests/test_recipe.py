@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 
 from base.errors import ConfigError
 from base.paths import REPO_ROOT
+from conftest import absent
 from recipe import runner
 from recipe.spec import flatten, parse
 from sweeps.recipe_report import markdown, variants
@@ -446,9 +447,9 @@ def test_the_report_of_two_variants_renders_in_headless_chromium_within_a_laptop
 
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
-        pytest.skip("chromium is not installed (Debian: apt-get install -y chromium)")
+        absent("chromium is not installed (Debian: apt-get install -y chromium)")
     if not cjk_fonts():
-        pytest.skip("no CJK font is installed (Debian: apt-get install -y fonts-wqy-microhei)")
+        absent("no CJK font is installed (Debian: apt-get install -y fonts-wqy-microhei)")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # "Glyph ... missing from font(s)": Chinese drawn as boxes
         page = write(dpo_sweep)

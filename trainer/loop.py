@@ -16,8 +16,8 @@ from data import build_data
 from models import build_model, family
 from objectives import objective as objective_plugin
 from planner.layout import Layout
-from trainer.callbacks import (Callbacks, Checkpointing, Evaluation, GuardStop, PreemptionNotice, Sinks, SkipLog,
-                               TrainMetrics, WeightsDigest)
+from trainer.callbacks import (Callbacks, Checkpointing, Evaluation, FamilyUpdate, GuardStop, PreemptionNotice, Sinks,
+                               SkipLog, TrainMetrics, WeightsDigest)
 from trainer.console import ConsoleProgress
 from trainer.guard import SpikeGuard
 from trainer.metrics import MetricsFile, SpeedMonitor
@@ -169,6 +169,9 @@ def _callbacks(cfg: DictConfig, rt, run_dir: str, data, objective, model, module
                      **model_metrics(),
                      **({"peak_device_memory_gb": _peak_device_memory_gb()} if cfg.device.memory_stats else {})}
     callbacks = Callbacks()
+    after_step = family(cfg.model.family).after_step
+    if after_step is not None:
+        callbacks.add(FamilyUpdate(after_step, model, cfg.model))
     train_metrics = TrainMetrics(sinks, t.log_every, t.max_steps, speed, run.tokens_per_step, tokens_by_source,
                                  extra, objective.timings)
     evaluation = Evaluation(callbacks, t.eval_every, t.max_steps, t.eval_at_start, module, val, *downstream)
