@@ -32,6 +32,8 @@ from argparse import RawDescriptionHelpFormatter
 from omegaconf import OmegaConf
 
 from base.errors import ArgumentParser, UsageError, entry_point
+from base.schema import as_device
+from models.generation import SamplingOptions
 from models.pretrained import build, graph_mode, load
 
 
@@ -71,7 +73,7 @@ def parse_args(argv: Optional[List[str]]):
               (args.repetition_penalty > 0, "--repetition-penalty", f"must be > 0, got {args.repetition_penalty}"),
               (args.batch_size >= 1, "--batch-size", f"must be >= 1, got {args.batch_size}"),
               (all(args.stop), "--stop", "stop strings cannot be empty"),
-              (args.precision != "bf16" or args.device != "CPU", "--precision",
+              (args.precision != "bf16" or as_device(args.device).bf16, "--precision",
                "bf16 needs Ascend/GPU (MindSpore's CPU kernels have no bf16 matmul); use fp32 or fp16 on CPU"),
               (not args.out or os.path.isdir(os.path.dirname(os.path.abspath(args.out))), "--out",
                f"no such directory: {os.path.dirname(os.path.abspath(args.out or '.'))}")]
@@ -198,9 +200,10 @@ def run(args, gen, tokenizer, records, prompts) -> None:
     batch_size = min(args.batch_size, len(prompts))
     single = args.prompt is not None or args.instruction is not None
     out = open(args.out, "w", encoding="utf-8") if args.out else (None if single else sys.stdout)
-    options = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                   repetition_penalty=args.repetition_penalty, eos_id=eos_id, stop=args.stop, seed=args.seed,
-                   decode=lambda ids: tokenizer.decode(tokenizer.whole_chars(ids)), prompt_len=width)
+    sampling = SamplingOptions(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                               repetition_penalty=args.repetition_penalty, seed=args.seed)
+    options = dict(eos_id=eos_id, stop=args.stop, decode=lambda ids: tokenizer.decode(tokenizer.whole_chars(ids)),
+                   prompt_len=width)
     start, new_tokens, decode_s, decode_steps = time.perf_counter(), 0, 0.0, 0
     try:
         for first in range(0, len(prompts), batch_size):
@@ -212,7 +215,7 @@ def run(args, gen, tokenizer, records, prompts) -> None:
                 stream = Stream(lambda ids: options["decode"](prompts[0] + ids)[len(prefix):], args.stop)
                 sys.stdout.write(records[0]["prompt"])
                 sys.stdout.flush()
-            result = gen.generate([prompts[r] for r in rows + filler], args.max_new_tokens,
+            result = gen.generate([prompts[r] for r in rows + filler], args.max_new_tokens, sampling,
                                   rows=rows + filler, on_step=stream, **options)
             for r, sample in zip(rows, result.samples):
                 new_tokens += len(sample.tokens)

@@ -89,7 +89,7 @@ class MindlabLM:
     def generate_until(self, requests) -> List[str]:
         """(context, {until, max_gen_toks, do_sample, temperature}) -> the continuation, cut before the first
         stop string; greedy unless do_sample (then the temperature, seeded by trainer.seed)."""
-        from models.generation import generator, make_generate_fn
+        from models.generation import SamplingOptions, generator, make_generate_fn
 
         if self._generate is None:
             gen = generator(self.cfg.model.family, self.model)
@@ -104,8 +104,9 @@ class MindlabLM:
             sample = kwargs.get("do_sample", False)
             (text,) = self._generate([context], int(kwargs.get("max_gen_toks", 256)),
                                      stop=[until] if isinstance(until, str) else list(until),
-                                     temperature=float(kwargs.get("temperature", 1.0)) if sample else 0.0,
-                                     seed=self.cfg.trainer.seed)
+                                     sampling=SamplingOptions(
+                                         temperature=float(kwargs.get("temperature", 1.0)) if sample else 0.0,
+                                         seed=self.cfg.trainer.seed))
             out.append(text)
         return out
 

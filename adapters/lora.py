@@ -1,7 +1,9 @@
 """LoRA (Hu et al. 2021) for mindlab's own Linear cells, applied to a built model as a converter (torchtitan's
-model-converter style): the model's code is untouched, `apply_lora` rewrites the built cell tree.
+model-converter style): the model's code is untouched, `apply_lora` rewrites the built cell tree. The PEFT method
+`peft=lora` (base/peft.py's contract): `check`, `apply`, `merge`, `export` and `adapter_parameters` below.
 
-    info = apply_lora(model, cfg.peft, seed)       # after build_model, before the optimizer is built
+    adapters = apply(model, cfg)                   # the trainer: after build_model, before the optimizer is built
+    info = apply_lora(model, cfg.peft, seed)       # the same, by hand
     print(describe(info))                          # model=tiny: "LoRA: 74,752 trainable / 1,861,760 total (4.02%) ..."
     optimizer = build_optimizer(model.trainable_params(), ...)      # the adapters only
     merged = merge_lora(weights, cfg.peft)         # a checkpoint's weights -> plain base weights
@@ -22,13 +24,18 @@ Which cells: a "linear cell" is one with its own 2-D `weight` Parameter [out, in
 `matmul` primitive `MatMul(transpose_b=True)` (models/llama/model.py `Linear`, models/bert/model.py `Linear`,
 which adds a bias; embeddings are not, as they have no matmul). `target_modules` follows PEFT: a name matches
 the cell whose path equals it or ends with "." + name; an entry "re:<regex>" matches paths by `re.fullmatch`.
+Unset (null), the model's family says which (its LORA_TARGETS, base/family.py; a family's model class names its
+family in `family`): a family without them makes the run name the cells.
 
 Construction and names: the targeted cell is replaced in its parent by its twin (adapters/twins.py says why a
 twin), a cell of a subclass of its own class (`LoraMixin` + e.g. llama `Linear` = `LoraLinear`) that shares its
 Parameters, primitives and attributes and whose `construct` is the base class's plus the LoRA branch. The base
 names stay exactly as they were (`model.layers.0.attention.wq.weight`), the adapters are named from them
 (`model.layers.0.attention.wq.lora_A.weight` / `.lora_B.weight`), and the tensor-parallel plan's strategies and
-recompute still apply to the base matmul. Graphs MindSpore already compiled for the model's cells are dropped
+recompute still apply to the base matmul, and the adapters follow the base's split by the rules this module
+registers with adapters/sharding.py: on a column-parallel linear B [out, r] is split by rows like W and A is
+replicated; on a row-parallel one A [r, in] is split by columns like W (its partial products are summed by the
+AllReduce MindSpore inserts) and B is replicated. Graphs MindSpore already compiled for the model's cells are dropped
 from their caches (they would not see the adapters); a cell compiled around the model (a loss or train-step
 cell) cannot be reached from here: build those after apply_lora.
 
@@ -38,21 +45,20 @@ import functools
 import math
 import re
 import zlib
-from dataclasses import dataclass, field
-from typing import Callable, Dict, List, NamedTuple, Optional, Set, Tuple
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-LLAMA_TARGETS = ("attention.wq", "attention.wk", "attention.wv", "attention.wo",
-                 "feed_forward.w1", "feed_forward.w2", "feed_forward.w3")
+from adapters import sharding
+from base.errors import ConfigError, require
+from base.peft import Adapters
+from base.registry import FAMILIES
+
 LORA_A, LORA_B = "lora_A.weight", "lora_B.weight"  # parameter name suffixes, as in PEFT's state dicts
-
-
-class Adapters(NamedTuple):
-    """What a LoRA run's checkpoints hold: the names of the weights it trains (the adapters, and any head its
-    objective adds) and the PEFT adapter_config.json written beside them (None: none written)."""
-    names: Set[str]
-    config: Optional[dict]
+# the adapters' matmuls from their base's ((tokens, k), (out, k)): A [r, in] splits `in` as W, B [out, r] `out`
+sharding.follow("lora_A", lambda base: (base[0], (1, base[1][1])))
+sharding.follow("lora_B", lambda base: ((base[0][0], 1), (base[1][0], 1)))
 
 
 @dataclass
@@ -62,17 +68,52 @@ class LoraConfig:
     alpha: float = 16.0  # the update is scaled by alpha / r (alpha / sqrt(r) with use_rslora)
     dropout: float = 0.0  # dropout on the LoRA branch's input, training mode only; 0.0 builds no dropout op
     # cells to adapt, PEFT's matching: a name matches the cell whose path equals it or ends with "." + name;
-    # an entry "re:<regex>" matches whole cell paths (re.fullmatch). Default: Llama's attention and MLP projections
-    target_modules: List[str] = field(default_factory=lambda: list(LLAMA_TARGETS))
+    # an entry "re:<regex>" matches whole cell paths (re.fullmatch). null: the model family's LORA_TARGETS
+    target_modules: Optional[List[str]] = None
     use_rslora: bool = False  # rank-stabilized LoRA: scaling alpha / sqrt(r) instead of alpha / r
 
     @staticmethod
-    def adapter_parameters(linears: Dict[str, Tuple[int, int]], cfg) -> int:
+    def adapter_parameters(linears: Dict[str, Tuple[int, int]], cfg, default_targets: Sequence[str] = ()) -> int:
         """The LoRA parameters `cfg` adds to a model whose linear cells are `linears` (path -> (in, out)): r x
-        (in + out) for each one target_modules matches. The dry run's memory plan asks each PEFT method this
-        through base/registry.py (only these train)."""
-        matches = _matcher(list(cfg.target_modules))
+        (in + out) for each one target_modules (null: `default_targets`, the family's) matches. The dry run's memory
+        plan asks each PEFT method this through base/registry.py (only these train)."""
+        matches = _matcher(_spec(cfg.target_modules, default_targets))
         return sum(cfg.r * (n_in + n_out) for path, (n_in, n_out) in linears.items() if matches(path))
+
+
+Config = LoraConfig
+adapter_parameters = LoraConfig.adapter_parameters
+
+
+def check(cfg) -> None:
+    """peft=lora's rules, before anything is built: its numbers, and cells to adapt (named, or the family's)."""
+    lora = cfg.peft
+    require(lora.r >= 1, "peft.r", f"must be >= 1, got {lora.r}")
+    require(lora.alpha > 0, "peft.alpha", f"must be > 0, got {lora.alpha}")
+    require(0 <= lora.dropout < 1, "peft.dropout", f"must be in [0, 1), got {lora.dropout}")
+    require(lora.target_modules is not None or FAMILIES[cfg.model.family].LORA_TARGETS is not None,
+            "peft.target_modules", f"model family {cfg.model.family} declares no default LoRA targets "
+            "(LORA_TARGETS); name the cells to adapt, e.g. peft.target_modules=[attention.self.query]")
+
+
+def apply(model, cfg) -> Adapters:
+    """LoRA on the built `model` as cfg.peft says (seed cfg.trainer.seed), the base frozen; what its checkpoints
+    hold: the adapters, and the adapter_config.json that names cfg.stage.init_from as their base."""
+    try:
+        info = apply_lora(model, cfg.peft, cfg.trainer.seed)
+    except ValueError as err:
+        raise ConfigError("peft.target_modules", str(err).removeprefix("peft.target_modules=")) from None
+    weights = lora_state(model)
+    _, adapter_config = peft_adapter_files(weights, cfg.peft, single_name(FAMILIES[cfg.model.family].hf.to_hf),
+                                           cfg.stage.init_from or "")
+    return Adapters(set(weights), adapter_config, describe(info))
+
+
+def _spec(target_modules, default_targets: Sequence[str]) -> List[str]:
+    """target_modules as a list of entries (a single string is one entry); null: `default_targets`."""
+    if target_modules is None:
+        return list(default_targets)
+    return [target_modules] if isinstance(target_modules, str) else [str(t) for t in target_modules]
 
 
 def scaling(cfg) -> float:
@@ -167,11 +208,16 @@ def apply_lora(model, cfg, seed: int) -> dict:
     lora_mixin = _cells()[1]
     cells = dict(model.cells_and_names())
     linear = [path for path, cell in cells.items() if path and _is_linear(cell)]
-    spec = [cfg.target_modules] if isinstance(cfg.target_modules, str) else [str(t) for t in cfg.target_modules]
+    available = ", ".join(dict.fromkeys(_suffix_pattern(p) for p in linear))
+    family = getattr(model, "family", None)  # the model class's family
+    defaults = FAMILIES[family].LORA_TARGETS if family in FAMILIES else None
+    if cfg.target_modules is None and defaults is None:
+        raise ValueError(f"peft.target_modules=null: model family {family} declares no default LoRA targets "
+                         f"(LORA_TARGETS); name the cells to adapt, its linear cells are: {available}")
+    spec = _spec(cfg.target_modules, defaults)
     match = _matcher(spec)
     targets = [path for path in linear if match(path)]
     if not targets:
-        available = ", ".join(dict.fromkeys(_suffix_pattern(p) for p in linear))
         raise ValueError(f"peft.target_modules={spec} matches no linear cell of "
                          f"{type(model).__name__}; its linear cells are: {available} (a name matches the cell "
                          "path equal to it or ending in '.' + name; 're:<regex>' matches whole paths)")
@@ -199,7 +245,7 @@ def apply_lora(model, cfg, seed: int) -> dict:
 
 
 def describe(info: dict) -> str:
-    """The line a caller prints after apply_lora."""
+    """The line a caller prints after apply_lora (the trainer: Adapters.summary)."""
     t, n = info["trainable"], info["total"]
     return (f"LoRA: {t:,} trainable / {n:,} total ({100.0 * t / n:.2f}%) in {len(info['targets'])} cells "
             f"({', '.join(dict.fromkeys(_suffix_pattern(p) for p in info['targets']))})")
@@ -276,3 +322,13 @@ def write_peft_adapter(out_dir: str, tensors: dict, config: dict) -> None:
     save_file(tensors, os.path.join(out_dir, "adapter_model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(out_dir, "adapter_config.json"), "w", encoding="utf-8") as f:
         json.dump(config, f, indent=2)
+
+
+merge = merge_lora
+
+
+def export(weights: Dict[str, np.ndarray], cfg, to_hf: Callable[[dict], dict], base_model_dir: str,
+           out_dir: str) -> None:
+    """A LoRA checkpoint's adapters as a PEFT adapter directory on the Hugging Face model at `base_model_dir`;
+    `to_hf`: the family's state-dict renamer (its hf.to_hf)."""
+    write_peft_adapter(out_dir, *peft_adapter_files(weights, cfg, single_name(to_hf), base_model_dir))

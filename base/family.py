@@ -46,7 +46,8 @@ REQUIRED = {
     "check": "check(cfg): its config rules, a ConfigError naming the key (base/validate.py)",
     "describe": "describe(m, count) -> dry-run lines (planner/dry_run.py)",
     "recompute_cells": "recompute_cells(model, mode) -> the cells model.recompute redoes (models/__init__.py)",
-    "attention_kind": "attention_kind(cfg, device_target, compute_dtype, sharded) -> flash | fused | plain",
+    "attention_kind": "attention_kind(cfg, device, compute_dtype, sharded) -> flash | fused | plain (device: "
+                      "the device preset, base/schema.py DeviceConfig: its capabilities decide)",
     "parameter_count": "parameter_count(m) -> {..., 'total'} (the dry run, the reference model), and 'lm_head' for "
                        "a CAUSAL family (what a reward model drops: objectives/rm.py, ppo.py)",
     "matmul_parameter_count": "matmul_parameter_count(m) -> the matmul weights one token runs through: the ACTIVE "
@@ -61,11 +62,15 @@ OPTIONAL = {
                  "does not generate",
     "context_window": "context_window(m) -> the longest row served, when not max_position_embeddings",
     "set_context_length": "set_context_length(model, length): what the model prepares for rows of `length`",
-    "apply_kernels": "apply_kernels(model, cfg, compute_dtype, device_target, sharded): device / CPU-kernel twins",
+    "apply_kernels": "apply_kernels(model, cfg, compute_dtype, device, sharded): device / CPU-kernel twins",
     "linear_shapes": "linear_shapes(m) -> {path: (in, out)} of its linear cells (the dry run's LoRA count)",
+    "LORA_TARGETS": "the linear cells peft=lora adapts when peft.target_modules is null (adapters/lora.py); a family "
+                    "without it makes the run name them",
     "export_mindformers": "export_mindformers(cfg, weights, out_dir, location): convert.py --to mindformers",
     "experts": "experts(m) -> (num_experts, top_k) of a mixture of experts: parallel.ep splits them (validation, "
                "the planner's memory and all-to-all time, the advisor's search)",
+    "after_step": "after_step(model, model_cfg): what the family updates outside the gradient after each applied "
+                  "step (DeepSeek-V3's routing bias, from the step's expert load; trainer/callbacks.py FamilyUpdate)",
     "step_metrics": "step_metrics(model) -> {name: value} the console and metrics.jsonl show after each step "
                     "(a router's load and dropped tokens)",
 }

@@ -8,7 +8,7 @@ None`, never the object by name. objectives/__init__.py says what each member do
 from base.family import ContractError, bind
 
 REQUIRED = ("Config", "check", "row_spec", "Objective")
-OPTIONAL = ("memory", "PROVIDES", "NEEDS")
+OPTIONAL = ("memory", "PROVIDES", "NEEDS", "check_checkpoints")
 CLASS_REQUIRED = ("batch", "loss_tokens", "loss_cell")  # and, on the class or set by __init__, inputs and metrics
 
 

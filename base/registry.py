@@ -10,10 +10,11 @@ from typing import Callable, Dict, Iterator, Optional
 from base.errors import ConfigError
 from base.family import Family
 from base.objective import ObjectivePlugin
+from base.peft import PeftMethod
 
 
 class Registry:
-    """name -> plug-in (a module, or a config class for PEFT), for the config key that names it. `contract`: what
+    """name -> plug-in (a module, or a data format's Format), for the config key that names it. `contract`: what
     a plug-in is checked and held as when it registers (base/family.py Family: a ContractError naming what is
     missing)."""
 
@@ -45,6 +46,6 @@ class Registry:
 
 FAMILIES = Registry("model.family", "models/<family>/", Family)  # the family packages (contract: base/family.py)
 OBJECTIVES = Registry("objective.name", "objectives/<name>.py", ObjectivePlugin)  # contract: base/objective.py
-PEFT = Registry("peft.name", "adapters/")  # the typed config of each PEFT method
+PEFT = Registry("peft.name", "adapters/<name>.py", PeftMethod)  # contract: base/peft.py
 # the instruction and preference data formats, by the source kind that names them (data/formats.py), and `auto`
 FORMATS = Registry("data.sources[].kind", "data/formats.py")

@@ -9,6 +9,7 @@ presets start from `base_model_<family>`), `objective` (each objective's Config 
 the preset `objective=<name>`: no YAML) and `peft` (adapters/). register() finds them in base/registry.py, where
 the plug-ins put themselves; this module imports none of them.
 """
+import functools
 import math
 import os
 from dataclasses import dataclass, field
@@ -191,10 +192,23 @@ class PrecisionConfig:
 @dataclass
 class DeviceConfig:
     """One accelerator and the node it sits in; the presets cite each number. MFU divides by the compute dtype's
-    peak; the dry run's time model (planner/timing.py) uses the peaks, the efficiency and the links."""
+    peak; the dry run's time model (planner/timing.py) uses the peaks, the efficiency and the links. What the device
+    can run is data too (the capabilities below): validation, the model, the optimizer and the trainer read them,
+    never the device's name or target, so a new device is a preset."""
 
     name: str = MISSING
-    target: str = "CPU"  # CPU | Ascend | GPU
+    target: str = "CPU"  # MindSpore's device target (ms.set_device): CPU | Ascend | GPU
+    # capabilities: what MindSpore and mindlab run on this device
+    accelerator: bool = False  # devices of its own, counted on the machine, one worker each (false: the host's CPU)
+    bf16: bool = False  # MindSpore's kernels compute bf16 here (its CPU kernels have no bf16 matmul)
+    flash_attention: bool = False  # FlashAttentionScore has a kernel: model.flash_attention=null takes it, cp needs it
+    semi_auto_parallel: bool = False  # MindSpore compiles semi-auto layouts here: tp, pp, cp, optimizer sharding
+    tp_overlap: bool = False  # MindSpore's matmul/communication overlap passes run here (parallel.tp_overlap)
+    cpu_kernels: bool = False  # mindlab's kernels/ libraries (C++ ops on the host) run the model and FusedAdamW
+    # the family's device twins this device takes (models/llama/device_ops.py registers them: cpu, ascend,
+    # ascend-rope); those that need an unsharded model are left out of a tp/pp layout by the family
+    device_ops: List[str] = field(default_factory=list)
+    memory_stats: bool = False  # MindSpore reports the device memory pool (metrics log peak_device_memory_gb)
     compute_dtype: str = "fp32"  # what precision=auto computes in on this device
     peak_tflops: Dict[str, float] = MISSING  # dense peak per device by compute dtype: {fp32: .., fp16: .., bf16: ..}
     # fraction of the peak a training step's compute reaches before communication and pipeline bubbles
@@ -285,9 +299,11 @@ class Config:
 
 
 def is_sharded(parallel) -> bool:
-    """Whether the layout needs MindSpore's semi-auto parallel (distributed/semi_auto.py): tp, pp, cp, or
-    optimizer sharding over dp. Plain data parallelism runs without it (distributed/data_parallel.py)."""
-    return parallel.tp > 1 or parallel.pp > 1 or parallel.cp > 1 or (parallel.optimizer_shard and parallel.dp > 1)
+    """Whether the layout needs MindSpore's semi-auto parallel (distributed/semi_auto.py): tp, pp, cp, ep (the
+    experts split over data-parallel ranks), or optimizer sharding over dp. Plain data parallelism runs without it
+    (distributed/data_parallel.py)."""
+    return parallel.tp > 1 or parallel.pp > 1 or parallel.cp > 1 or parallel.ep > 1 or \
+        (parallel.optimizer_shard and parallel.dp > 1)
 
 
 def world_size(parallel) -> int:
@@ -306,11 +322,30 @@ def ulysses_degree(cp: int, cp_algo: str, tp: int, devices_per_node: int) -> int
     return max(1, math.gcd(cp, devices_per_node // tp if tp <= devices_per_node else 1))
 
 
-def use_flash_attention(model_cfg, device_target: str) -> bool:
-    """model.flash_attention: null (auto) picks the fused kernel where it exists (Ascend); validation refuses
-    `true` elsewhere."""
+def as_device(device) -> DeviceConfig:
+    """A device preset as it is, or a MindSpore target name ("CPU") read as the first preset in conf/device/ (by
+    file name) with that target: its capabilities then come from that preset (tests and the generate CLI name a
+    target, a run its device preset)."""
+    return _preset_of_target(device) if isinstance(device, str) else device
+
+
+@functools.lru_cache(maxsize=None)
+def _preset_of_target(target: str) -> DeviceConfig:
+    from base.errors import ConfigError
+
+    for path in sorted((_ROOT / "conf" / "device").glob("*.yaml")):
+        preset = OmegaConf.load(path)
+        if preset.get("target") == target:
+            del preset["defaults"]
+            return OmegaConf.merge(OmegaConf.structured(DeviceConfig), preset)
+    raise ConfigError("device.target", f"no preset in conf/device/ has target {target!r}; add one")
+
+
+def use_flash_attention(model_cfg, device) -> bool:
+    """model.flash_attention: null (auto) picks the fused kernel where the device has it (device.flash_attention);
+    validation refuses `true` elsewhere. `device`: a device preset or target (as_device)."""
     if model_cfg.get("flash_attention") is None:
-        return device_target == "Ascend"
+        return bool(as_device(device).flash_attention)
     return bool(model_cfg.flash_attention)
 
 
@@ -383,4 +418,4 @@ def register() -> None:
     for name in OBJECTIVES:
         cs.store(group="objective", name=name, node=OBJECTIVES[name].Config(name=name))
     for name in PEFT:
-        cs.store(group="peft", name=f"base_peft_{name}", node=PEFT[name])
+        cs.store(group="peft", name=f"base_peft_{name}", node=PEFT[name].Config)

@@ -11,7 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from base.errors import ConfigError, require as _require
 from base.paths import task_path
-from base.registry import FAMILIES, FORMATS, OBJECTIVES
+from base.registry import FAMILIES, FORMATS, OBJECTIVES, PEFT
 from base.schema import OPTIMIZERS, Config, global_batch_size, is_sharded, ulysses_degree
 from base.schema import world_size as devices_of
 
@@ -98,15 +98,12 @@ def _check_known_keys(cfg: DictConfig) -> None:
 
 
 def _check_plugins(cfg: DictConfig) -> None:
-    """The model family's and the objective's own rules (models/<family>/, objectives/<name>.py), found in the
+    """The model family's, the objective's and the PEFT method's own rules (models/<family>/, objectives/<name>.py,
+    adapters/<name>.py), found in the
     registries (an unknown name is refused there, naming the key and the choices)."""
     FAMILIES[cfg.model.family].check(cfg)
     OBJECTIVES[cfg.objective.name].check(cfg)
-    if cfg.peft.name == "lora":
-        lora = cfg.peft
-        _require(lora.r >= 1, "peft.r", f"must be >= 1, got {lora.r}")
-        _require(lora.alpha > 0, "peft.alpha", f"must be > 0, got {lora.alpha}")
-        _require(0 <= lora.dropout < 1, "peft.dropout", f"must be in [0, 1), got {lora.dropout}")
+    PEFT[cfg.peft.name].check(cfg)
 
 
 def _check_model(cfg: DictConfig) -> None:
@@ -162,7 +159,7 @@ def _check_nodes(cfg: DictConfig) -> None:
     _require(0 <= cfg.node_rank < nodes, "node_rank", f"must be in [0, nodes={nodes}), got {cfg.node_rank}")
     _require(devices % nodes == 0, "nodes", f"parallel={p.name} uses {devices} devices, which nodes={nodes} cannot "
              "share evenly")
-    if cfg.device.target == "CPU":  # one CPU "device" per node, but a CPU node runs several workers (parallel=dp2)
+    if not cfg.device.accelerator:  # one CPU "device" per node, but a CPU node runs several workers (parallel=dp2)
         return
     fits = devices <= per_node if nodes == 1 else devices == nodes * per_node
     _require(fits, "nodes", f"parallel={p.name} uses {devices} devices, but nodes={nodes} x "
@@ -334,27 +331,30 @@ def devices_here(target: str) -> int:
 
 
 def _check_target(cfg: DictConfig) -> None:
-    """The config against its device target (the preset's, not this host's): the run and the dry run both check
-    these, so a planned layout can start on the device it was planned for."""
+    """The config against its device's capabilities (the preset's, not this host's): the run and the dry run both
+    check these, so a planned layout can start on the device it was planned for."""
     p, d, target = cfg.parallel, cfg.device, cfg.device.target
     devices = devices_of(p)
-    if target == "CPU" and (p.tp > 1 or p.pp > 1 or p.cp > 1):
+    if not d.semi_auto_parallel and (p.tp > 1 or p.pp > 1 or p.cp > 1 or p.ep > 1):
         cp = f" x cp={p.cp}" if p.cp > 1 else ""
-        raise ConfigError("parallel", f"parallel={p.name} (dp={p.dp} x tp={p.tp}{cp} x pp={p.pp}) needs "
-                          f"{devices} Ascend/GPU devices, found CPU (device={d.name}): MindSpore runs tensor, context "
-                          "and pipeline parallelism only on Ascend/GPU. On such nodes set device=ascend910b|h100|a100; "
-                          "here add that device= and dry_run=true to see its layout and memory plan")
-    _require(target != "CPU" or not is_sharded(p), "parallel.optimizer_shard", "optimizer sharding runs in "
-             "MindSpore's semi-auto parallel mode, which needs Ascend/GPU; set parallel.optimizer_shard=false on CPU")
-    _require(cfg.precision.compute_dtype != "bf16" or target != "CPU", "precision",
-             "bf16 needs Ascend/GPU: MindSpore's CPU kernels have no bf16 matmul; use precision=fp32 or fp16")
-    _require(not cfg.model.flash_attention or target == "Ascend", "model.flash_attention",
+        ep = f", ep={p.ep}" if p.ep > 1 else ""
+        raise ConfigError("parallel", f"parallel={p.name} (dp={p.dp} x tp={p.tp}{cp} x pp={p.pp}{ep}) needs "
+                          f"{devices} Ascend/GPU devices, found {target} (device={d.name}): MindSpore runs tensor, "
+                          "context, pipeline and expert parallelism only on Ascend/GPU. On such nodes set "
+                          "device=ascend910b|h100|a100; here add that device= and dry_run=true to see its layout and "
+                          "memory plan")
+    _require(d.semi_auto_parallel or not is_sharded(p), "parallel.optimizer_shard", "optimizer sharding runs in "
+             f"MindSpore's semi-auto parallel mode, which needs Ascend/GPU; set parallel.optimizer_shard=false on "
+             f"{target}")
+    _require(cfg.precision.compute_dtype != "bf16" or d.bf16, "precision",
+             f"bf16 needs Ascend/GPU: MindSpore's {target} kernels have no bf16 matmul; use precision=fp32 or fp16")
+    _require(not cfg.model.flash_attention or d.flash_attention, "model.flash_attention",
              f"ops.flash_attention_score has no {target} kernel; set model.flash_attention=null (auto) or false")
-    _require(p.cp == 1 or target == "Ascend", "parallel.cp", f"context parallelism shards FlashAttentionScore over "
+    _require(p.cp == 1 or d.flash_attention, "parallel.cp", f"context parallelism shards FlashAttentionScore over "
              f"the sequence (its ring attention), which has no {target} kernel; set parallel.cp=1")
     _require(p.cp == 1 or cfg.model.get("flash_attention", True) is not False, "model.flash_attention",
              "context parallelism splits flash attention; set model.flash_attention=null (auto) or true")
-    _require(not p.tp_overlap or target == "Ascend", "parallel.tp_overlap", f"overlaps tensor-parallel communication "
+    _require(not p.tp_overlap or d.tp_overlap, "parallel.tp_overlap", f"overlaps tensor-parallel communication "
              f"through MindSpore's Ascend passes (parallel_speed_up_json), which {target} does not run; set it false")
 
 
@@ -362,7 +362,7 @@ def _check_machine(cfg: DictConfig, launched: int) -> None:
     """The config against this machine, before anything is started (train.py relaunches under msrun after it)."""
     p, d, target = cfg.parallel, cfg.device, cfg.device.target
     devices = devices_of(p)
-    if target != "CPU":
+    if d.accelerator:
         here = devices_here(target)
         _require(here > 0, "device", f"device={d.name}: this machine has no {target} devices; plan with dry_run=true "
                  "or use device=cpu")

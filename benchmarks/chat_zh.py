@@ -26,7 +26,7 @@ from pathlib import Path
 from base.paths import data_dir
 from benchmarks.measure import time_shares
 from benchmarks.results import recorded
-from recipe.report import variants
+from sweeps.recipe_report import variants
 
 
 def lines(path: Path) -> list:

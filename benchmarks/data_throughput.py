@@ -67,7 +67,7 @@ def training_consumption(cfg, n_steps: int = 5) -> float:
     t = cfg.trainer
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device(cfg.device.target)
-    model = build_model(cfg.model, cfg.data.seq_len, cfg.precision.compute_dtype, cfg.device.target, t.seed)
+    model = build_model(cfg.model, cfg.data.seq_len, cfg.precision.compute_dtype, cfg.device, t.seed)
     loss_net = loss_cell(objective(cfg.objective.name).Objective(cfg.objective), model)  # as training builds it
     grad = ForwardBackward(loss_net, ms.ParameterTuple(loss_net.trainable_params()))
     rng = np.random.default_rng(0)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 from base.errors import entry_point
+from base.schema import as_device
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESETS = {"Ascend": "ascend910b", "GPU": "h100"}  # the device preset a check uses by default on each target
@@ -218,7 +219,7 @@ def generate_worker(checkpoint: str, target: str, precision: str, new_tokens: in
     decoded = len(PROMPTS) * (result.timings["steps"] - 1)
     return {"tokens": [s.tokens for s in result.samples], "steps": result.timings["steps"],
             "tokens_per_s": decoded / max(result.timings["decode_s"], 1e-9),
-            "peak_memory_gb": None if target == "CPU" else ms.runtime.max_memory_allocated() / 2**30}
+            "peak_memory_gb": ms.runtime.max_memory_allocated() / 2**30 if as_device(target).memory_stats else None}
 
 
 def agreement(ours: List[List[int]], cpu: List[List[int]]) -> str:

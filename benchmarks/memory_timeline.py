@@ -89,7 +89,7 @@ def main(argv):
     phase("imports + context")
 
     t = cfg.trainer
-    model = build_model(cfg.model, cfg.data.seq_len, cfg.precision.compute_dtype, cfg.device.target, t.seed)
+    model = build_model(cfg.model, cfg.data.seq_len, cfg.precision.compute_dtype, cfg.device, t.seed)
     objective = objective_plugin(cfg.objective.name).Objective(cfg.objective, None, t.seed)
     optimizer = build_optimizer(model.trainable_params(), cfg.optim, t.max_steps)
     module = local_module(model, objective, optimizer, cfg)

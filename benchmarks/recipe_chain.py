@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from benchmarks.results import recorded
-from recipe.report import variants
+from sweeps.recipe_report import variants
 
 SHOWN = ("val_loss", "val_bpb", "val_mean_token_accuracy", "val_rewards/accuracies", "val_rewards/margins", "loss",
          "bits_per_byte")  # of each stage's final numbers, those it has
@@ -33,8 +33,8 @@ def run(argv: list, workdir: str, name: str) -> float:
 
 
 def stage_rows(variant: dict, swept: str) -> list:
-    """A row per stage of a recipe run (recipe.report's load_variant), named by its value of the swept key (or the
-    recipe's own)."""
+    """A row per stage of a recipe run (sweeps/recipe_report.py's load_variant), named by its value of the swept key
+    (or the recipe's own)."""
     name = next((o for o in variant["variant"].split(",") if o.startswith(swept + "=")), "as the recipe says")
     rows = []
     for stage in variant["stages"]:

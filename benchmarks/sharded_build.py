@@ -42,9 +42,9 @@ def measure(model_preset: str, parallel: str, device: str) -> dict:
                                                        f"device={device}"])
     p, rows = cfg.parallel, {"start": rss_gib()}
     start = time.perf_counter()
-    model = build_model(cfg.model, cfg.data.seq_len, cfg.device.compute_dtype, cfg.device.target, 0, sharded=True)
+    model = build_model(cfg.model, cfg.data.seq_len, cfg.device.compute_dtype, cfg.device, 0, sharded=True)
     rows["model"] = rss_gib()
-    optimizer = build_optimizer(model.trainable_params(), cfg.optim, 10, cfg.device.target, sharded=True)
+    optimizer = build_optimizer(model.trainable_params(), cfg.optim, 10, cfg.device, sharded=True)
     rows["AdamW"] = rss_gib()
     objective = objective_plugin(cfg.objective.name).Objective(cfg.objective)
     ShardedTrainStep(loss_cell(objective, model), optimizer, cfg.optim.clip_grad_norm, p.pp, p.micro_batches,

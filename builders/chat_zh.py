@@ -43,7 +43,7 @@ from base.errors import ArgumentParser, entry_point, number
 from base.outputs import check_output_dir, output_dir
 from base.paths import corpora_dir, data_dir
 from base.text import CJK as CJK_RANGES
-from builders.instructions import existing_shards, read_documents, split_of
+from builders.instruction_set import existing_shards, read_documents, split_of
 
 
 TOOL = "builders.chat_zh"

@@ -242,7 +242,7 @@ def sample_responses(generate_fn: Callable, prompts: Sequence[str], ids: Sequenc
 
 def build_on_policy(ckpt: str, instructions: Path, out: Path, args) -> dict:
     """Samples, ranks and pairs every split of `args.splits`; writes them and stats.json to `out`."""
-    from models.generation import generator, make_generate_fn
+    from models.generation import SamplingOptions, generator, make_generate_fn
     from models.pretrained import build, graph_mode, load
 
     samples = {split: read_split(instructions, split)[:args.max_prompts or None] for split in args.splits}
@@ -267,7 +267,8 @@ def build_on_policy(ckpt: str, instructions: Path, out: Path, args) -> dict:
         prompts = [alpaca_item(s)["prompt"] for s in split_samples]
         ids = [i for i, p in enumerate(prompts) if len(tokenizer.encode(p)) <= args.max_prompt_len]
         responses = sample_responses(generate_fn, [prompts[i] for i in ids], ids, args.samples, args.max_new_tokens,
-                                     temperature=args.temperature, seed=args.seed, prompt_len=width) if ids else []
+                                     sampling=SamplingOptions(temperature=args.temperature, seed=args.seed),
+                                     prompt_len=width) if ids else []
         scores = [score(r, split_samples[i]["output"]) for i, rs in zip(ids, responses) for r in rs]
         made = [on_policy_pair(split_samples[i], rs, args.min_gap) for i, rs in zip(ids, responses)]
         pairs[split] = [p for p in made if p is not None]

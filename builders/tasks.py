@@ -42,7 +42,8 @@ from tqdm import tqdm
 from base.errors import ArgumentParser, entry_point, number
 from base.outputs import check_owned_files, owned_files
 from base.paths import corpora_dir, default_tasks_dir
-from builders import instructions as I
+from builders import corpus_parsers as P
+from builders import instruction_set as S
 
 VAL_FRACTION = 0.05  # builders/instructions.py's default --val-fraction: items come from its val split only
 CHOICES = 4
@@ -57,7 +58,7 @@ Item = dict
 
 
 def _is_val(family: str, entry: str) -> bool:
-    return I.split_of(family, entry, VAL_FRACTION) == "val"
+    return S.split_of(family, entry, VAL_FRACTION) == "val"
 
 
 def _mentions(text: str, word: str) -> bool:
@@ -90,7 +91,7 @@ def _draw(rng: random.Random, pool: Sequence, k: int, ok: Callable[[object], boo
 _HEADWORD = re.compile(r"^[A-Za-z][A-Za-z'. -]*[A-Za-z.]$|^[A-Za-z]$")
 
 
-def dictionary_glosses(docs: Iterable[I.Doc]) -> Dict[str, List[Tuple[str, str, List[str], str]]]:
+def dictionary_glosses(docs: Iterable[P.Doc]) -> Dict[str, List[Tuple[str, str, List[str], str]]]:
     """Per dictionary (wordnet, gcide): (headword, gloss, synonyms, doc id) of every val-split entry whose first
     sense has a usable gloss; the first entry of a headword (casefolded) stays."""
     out: Dict[str, List[Tuple[str, str, List[str], str]]] = {"wordnet": [], "gcide": []}
@@ -98,10 +99,10 @@ def dictionary_glosses(docs: Iterable[I.Doc]) -> Dict[str, List[Tuple[str, str, 
     for doc in docs:
         source = doc["source"]
         if source == "wordnet":
-            entries = ((h, I.wordnet_gloss(s[0]), I.wordnet_synonyms(s[0])) for h, s in I.wordnet_entries(doc["text"])
+            entries = ((h, P.wordnet_gloss(s[0]), P.wordnet_synonyms(s[0])) for h, s in P.wordnet_entries(doc["text"])
                        if s)
         elif source == "gcide":
-            entries = ((h, I.gcide_gloss(s), []) for h, s in I.gcide_entries(doc["text"])
+            entries = ((h, P.gcide_gloss(s), []) for h, s in P.gcide_entries(doc["text"])
                        if not re.match(r"^See\b[^.]*\.?$", s))
         else:
             continue
@@ -115,7 +116,7 @@ def dictionary_glosses(docs: Iterable[I.Doc]) -> Dict[str, List[Tuple[str, str, 
     return out
 
 
-def definitions_mc(docs: Iterable[I.Doc], n_items: int = 500, seed: int = 0) -> List[Item]:
+def definitions_mc(docs: Iterable[P.Doc], n_items: int = 500, seed: int = 0) -> List[Item]:
     rng = random.Random(f"{seed}/definitions_mc")
     pools = dictionary_glosses(docs)
     items = []
@@ -159,7 +160,7 @@ def _string_lines(tree: ast.Module) -> set:
     return out
 
 
-def cloze_code(docs: Iterable[I.Doc], n_items: int = 500, seed: int = 0) -> List[Item]:
+def cloze_code(docs: Iterable[P.Doc], n_items: int = 500, seed: int = 0) -> List[Item]:
     rng = random.Random(f"{seed}/cloze_code")
     items = []
     for doc in docs:
@@ -205,14 +206,14 @@ def cloze_code(docs: Iterable[I.Doc], n_items: int = 500, seed: int = 0) -> List
     return _keep(items, n_items, rng)
 
 
-def _val_verses(docs: Iterable[I.Doc]) -> List[Tuple[str, str, str, str]]:
+def _val_verses(docs: Iterable[P.Doc]) -> List[Tuple[str, str, str, str]]:
     """(reference, first half as the corpus writes it '<n> <words>', ' <second half>', doc id) of every val
     verse of at least VERSE_MIN_WORDS words."""
     out = []
     for doc in docs:
         if doc["source"] != "kjv_bible":
             continue
-        for ref, text in I.bible_verses(doc["text"]):
+        for ref, text in P.bible_verses(doc["text"]):
             words = text.split()
             if len(words) < VERSE_MIN_WORDS or not _is_val("bible", ref):
                 continue
@@ -222,7 +223,7 @@ def _val_verses(docs: Iterable[I.Doc]) -> List[Tuple[str, str, str, str]]:
     return out
 
 
-def verse_mc(docs: Iterable[I.Doc], n_items: int = 500, seed: int = 0) -> List[Item]:
+def verse_mc(docs: Iterable[P.Doc], n_items: int = 500, seed: int = 0) -> List[Item]:
     rng = random.Random(f"{seed}/verse_mc")
     verses = _val_verses(docs)
     items = []
@@ -236,7 +237,7 @@ def verse_mc(docs: Iterable[I.Doc], n_items: int = 500, seed: int = 0) -> List[I
     return _keep(items, n_items, rng)
 
 
-def verse_complete(docs: Iterable[I.Doc], n_items: int = 500, seed: int = 0) -> List[Item]:
+def verse_complete(docs: Iterable[P.Doc], n_items: int = 500, seed: int = 0) -> List[Item]:
     rng = random.Random(f"{seed}/verse_complete")
     items = [{"prompt": first, "answer": second.strip(), "until": ["\n"], "source": "kjv_bible", "entry": ref,
               "id": doc_id} for ref, first, second, doc_id in _val_verses(docs)]
@@ -258,7 +259,7 @@ BUILDERS: Dict[str, Callable[..., List[Item]]] = {
 }
 
 
-def build(documents: Iterable[I.Doc], n_items: int = 500, seed: int = 0,
+def build(documents: Iterable[P.Doc], n_items: int = 500, seed: int = 0,
           tasks: Optional[Sequence[str]] = None) -> Dict[str, List[Item]]:
     docs = list(documents)
     return {name: BUILDERS[name](docs, n_items, seed)
@@ -289,7 +290,7 @@ def written_files(tasks: Optional[Sequence[str]]) -> List[str]:
 
 
 def task_shards(corpora: os.PathLike) -> List[Path]:
-    return I.existing_shards(corpora, [I.SHARDS[source] for source in TASK_SHARDS])
+    return S.existing_shards(corpora, [P.SHARDS[source] for source in TASK_SHARDS])
 
 
 @entry_point
@@ -310,9 +311,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     check_owned_files(out, "builders.tasks", written_files(args.tasks), written_files(None))  # before the build
     corpora = args.corpora or corpora_dir()
     paths = task_shards(corpora)
-    tasks = build(I.read_documents(paths), args.items, args.seed, args.tasks)
+    tasks = build(S.read_documents(paths), args.items, args.seed, args.tasks)
     stats = {"seed": args.seed, "items": args.items, "val_fraction": VAL_FRACTION,
-             "corpora": {s: I.SHARDS[s] for s in TASK_SHARDS}, "tasks": {name: len(v) for name, v in tasks.items()}}
+             "corpora": {s: P.SHARDS[s] for s in TASK_SHARDS}, "tasks": {name: len(v) for name, v in tasks.items()}}
     write_tasks(out, tasks, stats)
     for name, items in tasks.items():
         kind = "generation" if "prompt" in (items[0] if items else {}) else "multiple choice"

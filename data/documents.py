@@ -188,32 +188,45 @@ def clean_unit(source: SourceConfig, unit: Unit, cfg: CleaningConfig, out: Path,
                     capped, batch = fits < len(batch), batch[:fits]
                     n_chars += sum(map(len, batch))
                 for raw, doc in zip(batch, clean_batch(batch, cfg)):
-                    columns["status"].append(0 if doc.removed_by is None else 1 + FILTERS.index(doc.removed_by))
-                    columns["chars"].append(len(raw))
-                    columns["bytes"].append(len(raw.encode()))
-                    if doc.removed_by is None:
-                        data = doc.text.encode()
-                        texts.write(data)
-                        columns["lengths"].append(len(data))
-                        columns["text_chars"].append(len(doc.text))
-                        columns["digests"].append(doc.digest)
-                        columns["split_hashes"].append(split_hash(data))
-                        if cfg.near_dedup:
-                            sigs.write(doc.signature.tobytes())
+                    _record(columns, raw, doc, texts, sigs if cfg.near_dedup else None)
                 if capped:
                     break
-            np.save(tmp / "status.npy", np.array(columns["status"], np.uint8))
-            np.save(tmp / "chars.npy", np.array(columns["chars"], np.int64))
-            np.save(tmp / "bytes.npy", np.array(columns["bytes"], np.int64))
-            np.save(tmp / "offsets.npy", np.concatenate([[0], np.cumsum(columns["lengths"], dtype=np.int64)]))
-            np.save(tmp / "text_chars.npy", np.array(columns["text_chars"], np.int64))
-            np.save(tmp / "digests.npy", np.array(columns["digests"], "S16"))
-            np.save(tmp / "split_hashes.npy", np.array(columns["split_hashes"], np.float64))
-            np.save(tmp / "capped.npy", np.array(capped))
+            _save_columns(tmp, columns, capped)
         _publish(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+
+def _record(columns: Dict[str, list], raw: str, doc, texts, sigs) -> None:
+    """One read document's columns; a kept one's text into `texts` and, with near_dedup (`sigs` not None), its
+    MinHash signature into `sigs`."""
+    columns["status"].append(0 if doc.removed_by is None else 1 + FILTERS.index(doc.removed_by))
+    columns["chars"].append(len(raw))
+    columns["bytes"].append(len(raw.encode()))
+    if doc.removed_by is not None:
+        return
+    data = doc.text.encode()
+    texts.write(data)
+    columns["lengths"].append(len(data))
+    columns["text_chars"].append(len(doc.text))
+    columns["digests"].append(doc.digest)
+    columns["split_hashes"].append(split_hash(data))
+    if sigs is not None:
+        sigs.write(doc.signature.tobytes())
+
+
+def _save_columns(tmp: Path, columns: Dict[str, list], capped: bool) -> None:
+    """clean_unit's .npy files from its columns."""
+    np.save(tmp / "status.npy", np.array(columns["status"], np.uint8))
+    np.save(tmp / "chars.npy", np.array(columns["chars"], np.int64))
+    np.save(tmp / "bytes.npy", np.array(columns["bytes"], np.int64))
+    np.save(tmp / "offsets.npy", np.concatenate([[0], np.cumsum(columns["lengths"], dtype=np.int64)]))
+    np.save(tmp / "text_chars.npy", np.array(columns["text_chars"], np.int64))
+    np.save(tmp / "digests.npy", np.array(columns["digests"], "S16"))
+    np.save(tmp / "split_hashes.npy", np.array(columns["split_hashes"], np.float64))
+    np.save(tmp / "capped.npy", np.array(capped))
 
 
 def split_hash(text: bytes) -> float:

@@ -286,15 +286,20 @@ def _jsonl_documents(piece: Piece, text_field: str) -> Iterator[str]:
                     break
                 pos += len(line)
                 if line.strip():
-                    try:
-                        yield _json_text(line, text_field)
-                    except _BadLine as e:
-                        raise DataError(f"{path}:{_line_number(path, first, lineno)}: {e}") from e
+                    yield _line_text(line, text_field, path, first, lineno)
                 if lineno % 1024 == 0:
                     read.at(raw.tell())
             read.at(read.start + read.size)
     except (OSError, EOFError, zlib.error) as e:
         raise _unreadable(path, e, _line_number(path, first, lineno) if lineno else 0) from e
+
+
+def _line_text(line: bytes, text_field: str, path: Path, first: int, lineno: int) -> str:
+    """The text_field of a JSONL line, or a DataError naming the file's line (counted from byte `first`)."""
+    try:
+        return _json_text(line, text_field)
+    except _BadLine as e:
+        raise DataError(f"{path}:{_line_number(path, first, lineno)}: {e}") from e
 
 
 def _line_number(path: Path, start: int, lineno: int) -> int:

@@ -13,7 +13,7 @@ from types import ModuleType
 
 from base.family import Family
 from base.registry import FAMILIES
-from base.schema import use_flash_attention
+from base.schema import as_device, use_flash_attention
 
 for _info in pkgutil.iter_modules(__path__):
     if _info.ispkg and _info.name != "common":  # the family packages are cheap to import (no MindSpore)
@@ -30,23 +30,25 @@ def plan_of(name: str) -> ModuleType:
     return importlib.import_module(family(name).__name__ + ".plan")
 
 
-def attention_kind(cfg, device_target: str, compute_dtype: str, sharded: bool) -> str:
+def attention_kind(cfg, device, compute_dtype: str, sharded: bool) -> str:
     """flash, fused (a family's own CPU kernel) or plain: the family's `attention_kind` (the first two keep no
-    [S, S] probabilities for the backward: the dry-run planner's activation term). `sharded`: as build_model's."""
-    return family(cfg.family).attention_kind(cfg, device_target, compute_dtype, sharded)
+    [S, S] probabilities for the backward: the dry-run planner's activation term). `device`, `sharded`: as
+    build_model's."""
+    return family(cfg.family).attention_kind(cfg, as_device(device), compute_dtype, sharded)
 
 
-def build_model(cfg, seq_len: int, compute_dtype: str, device_target: str, seed: int, sharded: bool = False):
+def build_model(cfg, seq_len: int, compute_dtype: str, device, seed: int, sharded: bool = False):
     """The family's model, its CPU kernels swapped in where they apply (the family's `apply_kernels`, decided from
     these arguments: never from MindSpore's global context), then `cfg.recompute` applied: full recomputes each
     layer in the backward, selective only its attention core. `sharded`: the model runs under a semi-auto
     tensor/pipeline layout (base.schema.is_sharded), whose plan sets its strategies on the plain ops, and whose
-    weights the sharded compile initialises, each rank only its slices (deferred_initialisation)."""
-    fam = family(cfg.family)
+    weights the sharded compile initialises, each rank only its slices (deferred_initialisation). `device`: the
+    run's device preset (cfg.device), whose capabilities decide, or a target name standing for its preset."""
+    fam, device = family(cfg.family), as_device(device)
     with deferred_initialisation(sharded):
-        model = fam.build(cfg, seq_len, compute_dtype, use_flash_attention(cfg, device_target), seed, sharded)
+        model = fam.build(cfg, seq_len, compute_dtype, use_flash_attention(cfg, device), seed, sharded)
     if fam.apply_kernels is not None:
-        fam.apply_kernels(model, cfg, compute_dtype, device_target, sharded)
+        fam.apply_kernels(model, cfg, compute_dtype, device, sharded)
     if cfg.recompute != "none":
         for cell in fam.recompute_cells(model, cfg.recompute):
             cell.recompute()

@@ -70,10 +70,11 @@ def _read_weights(ckpt_dir: str, merge_lora: bool):
     cfg, weights = _read_checkpoint(ckpt_dir)
     if not os.path.isfile(os.path.join(ckpt_dir, ADAPTERS)) or not merge_lora:
         return cfg, weights
-    from adapters.lora import merge_lora as merge
+    from adapters import method
 
     file = os.path.join(_lora_base(ckpt_dir, cfg), "model.safetensors")
-    return OmegaConf.merge(cfg, {"peft": {"name": "none"}}), merge({**_load_safetensors(file), **weights}, cfg.peft)
+    merged = method(cfg.peft.name).merge({**_load_safetensors(file), **weights}, cfg.peft)
+    return OmegaConf.merge(cfg, {"peft": {"name": "none"}}), merged
 
 
 def model_family(cfg):
@@ -94,12 +95,12 @@ def export_hf(ckpt_dir: str, out_dir: str, merge_lora: bool = False, location: O
     adapter = model_family(cfg).hf
     tokenizer = os.path.join(ckpt_dir, "tokenizer.model")
     if os.path.isfile(os.path.join(ckpt_dir, ADAPTERS)) and not merge_lora:
-        from adapters.lora import peft_adapter_files, single_name, write_peft_adapter
+        from adapters import method
 
         base = os.path.join(out_dir, "base")
         export_hf(_lora_base(ckpt_dir, cfg), base)
-        write_peft_adapter(out_dir, *peft_adapter_files(weights, cfg.peft, single_name(adapter.to_hf),
-                                                        os.path.abspath(os.path.join(location or out_dir, "base"))))
+        method(cfg.peft.name).export(weights, cfg.peft, adapter.to_hf,
+                                     os.path.abspath(os.path.join(location or out_dir, "base")), out_dir)
         if os.path.exists(tokenizer):  # with the template the adapters were trained on, as the merged export has
             adapter.save_tokenizer(tokenizer, out_dir, chat_template(template_of(cfg)))
         return
@@ -118,8 +119,8 @@ def export_hf(ckpt_dir: str, out_dir: str, merge_lora: bool = False, location: O
 
 def export_mindformers(ckpt_dir: str, out_dir: str, location: Optional[str] = None) -> None:
     """A MindFormers `.ckpt` and the model part of a MindFormers run YAML, by the family's `export_mindformers`
-    hook (Llama's: MindFormers 1.9 has no other family mindlab trains). `location`: where out_dir will be once in
-    place, for the YAML's load_checkpoint."""
+    hook (Llama's, and the MoE family's as MindFormers' Llama with a moe_config). `location`: where out_dir will be
+    once in place, for the YAML's load_checkpoint."""
     cfg, weights = _read_checkpoint(ckpt_dir)
     fam = model_family(cfg)
     if fam.export_mindformers is None:

@@ -1,10 +1,11 @@
 """Text generation, whatever the family: a family that generates exposes `generator(model)` in its package
 (models/<family>/__init__.py), the model's generator, made once per model (its compiled graphs are reused):
 
-    gen.generate(prompts, max_new_tokens, **options) -> result   prompts: lists of token ids; result.samples:
-                          [Sample(tokens, finish_reason, text)], result.timings; options: temperature (0: greedy),
-                          top_k, top_p, repetition_penalty, eos_id, stop (strings, with decode), decode, seed, rows
-                          (each prompt's random stream), prompt_len (the padded prompt length), on_step
+    gen.generate(prompts, max_new_tokens, sampling, **options) -> result   prompts: lists of token ids;
+                          result.samples: [Sample(tokens, finish_reason, text)], result.timings; sampling: a
+                          SamplingOptions (below; greedy by default); options: eos_id, stop (strings, with
+                          decode), decode, rows (each prompt's random stream), prompt_len (the padded prompt
+                          length), on_step
     gen.prompt_bucket     padded prompt lengths are rounded up to a multiple of this (fewer distinct graphs)
     gen.max_positions     the longest prompt + new tokens it serves
     gen.compile_count, gen.compile_seconds
@@ -12,9 +13,44 @@
 Llama's is models/common/generation.py (a KV cache in two compiled graphs). `make_generate_fn` turns any
 generator into the text-level function that evaluation tasks, harness.py and on-policy preference pairs call.
 """
+from dataclasses import dataclass
 from typing import Callable, List, Optional
 
 from models import family
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    """How each row's next token is chosen: greedy at temperature 0, else drawn from the logits divided by the
+    temperature, top_k 0 and top_p 1 being off; repetition_penalty (1: off) applies either way (Hugging Face's
+    definitions). `seed` starts each row's random stream (None: fresh entropy). Out-of-range values are a
+    ValueError naming the option, at construction."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    seed: Optional[int] = None
+
+    def __post_init__(self):
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0 (0: greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0: off), got {self.top_k}")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0 (1: off), got {self.repetition_penalty}")
+
+    def sampler_arguments(self) -> tuple:
+        """(temperature, top_k, top_p, repetition_penalty) as the compiled sampler takes them: greedy ignores the
+        filters, so greedy calls share one graph whatever top_k and top_p say."""
+        if not self.temperature:
+            return 0.0, 0, 1.0, self.repetition_penalty
+        return self.temperature, self.top_k, self.top_p, self.repetition_penalty
+
+
+GREEDY = SamplingOptions()
 
 
 def generates(family_name: str) -> bool:
@@ -29,9 +65,9 @@ def generator(family_name: str, model):
 
 def make_generate_fn(gen, tokenizer, batch_size: int = 16) -> Callable[..., List[str]]:
     """generate_fn(prompts: list[str], max_new_tokens, rows=None, prompt_len=None, **options) -> list[str], the
-    new text of each prompt (without it), stopping at eos; `options` are the generator's (greedy by default;
-    `stop` strings cut the text before them). Prompts longer than the context are cut on the left so that they and
-    the new tokens fit.
+    new text of each prompt (without it), stopping at eos; `options` are the generator's (`sampling`, a
+    SamplingOptions: greedy by default; `stop` strings cut the text before them). Prompts longer than the context
+    are cut on the left so that they and the new tokens fit.
 
     The prompts run `batch_size` at a time, all padded to `prompt_len` (default: the longest prompt's bucket)
     and the last batch filled up with copies of its last prompt, so one pair of graphs serves every batch. Prompt

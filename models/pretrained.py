@@ -11,6 +11,7 @@ import os
 from omegaconf import OmegaConf
 
 from base.errors import UsageError
+from base.schema import as_device
 from models import family
 from models.generation import generates
 
@@ -78,8 +79,10 @@ def build(model_cfg, path: str, device: str, precision: str = "auto"):
 
     # the native model (MindFormers' checkpoints hold the same names), built as training builds it: with the CPU
     # kernels where they apply, so decoding runs one attention op a layer and step (kernels/attention.cc)
-    native = OmegaConf.merge(model_cfg, {"impl": "native", "flash_attention": False, "recompute": "none"})
-    dtype = precision if precision != "auto" else ("fp32" if device == "CPU" else "bf16")
+    # (`impl` only where the family has one: the llama family's choice of native or MindFormers' network)
+    plain = {"flash_attention": False, "recompute": "none", **({"impl": "native"} if "impl" in model_cfg else {})}
+    native = OmegaConf.merge(model_cfg, plain)
+    dtype = precision if precision != "auto" else as_device(device).compute_dtype  # the device preset's
     model = build_model(native, native.max_position_embeddings, dtype, device, seed=0)
     checkpoint.load_weights(path, model)
     model.set_train(False)

@@ -28,6 +28,9 @@ its `Objective` subclasses base.objective.ObjectiveBase, whose optional hooks ar
     fill_mask(model, k)  a masked LM's predictions: nn.Cell, the step's inputs -> (the k most likely tokens int32
                          [B, S, k], the labels [B, S]: the masked tokens, negative elsewhere), with `special_ids`
                          (the tokens never masked): fill-mask top-1 / top-k accuracy (objectives/mlm.py)
+    check_checkpoints(cfg)   its rules that read the checkpoints the config names (PPO's reward model), a
+                         ConfigError naming the key: the trainer runs them before it builds anything, as
+                         validation (check) reads no checkpoint
     memory(cfg)          planner/memory.ObjectiveMemory for `dry_run=true`: sequences per sample, logits kept,
                          extra parameters and what is held besides the trained model (frozen models, caches)
     attach(model, cfg)   after the weights are loaded (and LoRA applied), before the optimizer: returns the

@@ -40,7 +40,7 @@ def build_reference(policy: nn.Cell, cfg, mode: str) -> nn.Cell:
     from base.schema import is_sharded
     from models import build_model
 
-    reference = build_model(cfg.model, cfg.data.seq_len, cfg.precision.compute_dtype, cfg.device.target,
+    reference = build_model(cfg.model, cfg.data.seq_len, cfg.precision.compute_dtype, cfg.device,
                             cfg.trainer.seed, is_sharded(cfg.parallel))
     weights = {p.name: p for p in policy.get_parameters()}
     if mode == "lora_base":

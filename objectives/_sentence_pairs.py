@@ -38,7 +38,8 @@ only on (tokens, seq_len, mode, seed). Deterministic given `seed`.
 """
 from __future__ import annotations
 
-from typing import Iterator, List, Sequence, Tuple
+import functools
+from typing import Callable, Iterator, List, Sequence, Tuple
 
 import numpy as np
 
@@ -100,31 +101,40 @@ def sentence_pairs(tokens: np.ndarray, offsets: np.ndarray, seq_len: int, cls_id
             yield from _whole_sentence_rows(sentences, room, row)
             continue
         target = room if rng.random() >= short_seq_prob else int(rng.integers(2, room + 1))
-        first = i = length = 0  # the chunk is sentences[first:i + 1]
-        while i < len(sentences):
-            length += sentences[i][1] - sentences[i][0]
-            last = i == len(sentences) - 1
-            if last or (length >= target and not (mode == "sop" and _one_token_tail(sentences, i))):
-                if i == first and sentences[i][1] - sentences[i][0] >= 2:  # one sentence: split it at a token
-                    s, e = sentences[i]
-                    cut = s + int(rng.integers(1, e - s))
-                    sentences[i:i + 1] = [(s, cut), (cut, e)]
-                    i += 1
-                a_end = first + 1 + (int(rng.integers(0, i - first)) if i > first else 0)  # B's first sentence
-                a = (sentences[first][0], sentences[a_end - 1][1])
-                if mode == "nsp" and (i == first or rng.random() < 0.5):
-                    b = _random_segment(rng, docs, pos, doc_sentences, starts, ends, target - (a[1] - a[0]))
-                    label, i = 1, a_end - 1  # the chunk's sentences after A start the next chunk
-                elif i > first:
-                    b, label = (sentences[a_end][0], sentences[i][1]), 0
-                    if mode == "sop" and rng.random() < 0.5:
-                        a, b, label = b, a, 1
-                else:  # sop, a one-token document: no second segment
-                    break
-                yield row(*_truncate_pair(a, b, room, rng), label)
-                first, length = i + 1, 0
-            i += 1
+        other = functools.partial(_random_segment, rng, docs, pos, doc_sentences, starts, ends)
+        yield from _document_pairs(sentences, target, mode, rng, row, room, other)
 
+
+def _document_pairs(sentences: List[Tuple[int, int]], target: int, mode: str, rng: np.random.Generator, row,
+                    room: int, other_segment: Callable[[int], Tuple[int, int]]) -> Iterator[dict]:
+    """The nsp or sop rows of one document's sentences: chunks of about `target` tokens, each cut into segments A
+    and B (the module docstring); `other_segment(n)`: about n tokens of another document (nsp's NotNext)."""
+    first = i = length = 0  # the chunk is sentences[first:i + 1]
+    while i < len(sentences):
+        length += sentences[i][1] - sentences[i][0]
+        last = i == len(sentences) - 1
+        if not (last or (length >= target and not (mode == "sop" and _one_token_tail(sentences, i)))):
+            i += 1
+            continue
+        if i == first and sentences[i][1] - sentences[i][0] >= 2:  # one sentence: split it at a token
+            s, e = sentences[i]
+            cut = s + int(rng.integers(1, e - s))
+            sentences[i:i + 1] = [(s, cut), (cut, e)]
+            i += 1
+        a_end = first + 1 + (int(rng.integers(0, i - first)) if i > first else 0)  # B's first sentence
+        a = (sentences[first][0], sentences[a_end - 1][1])
+        if mode == "nsp" and (i == first or rng.random() < 0.5):
+            b = other_segment(target - (a[1] - a[0]))
+            label, i = 1, a_end - 1  # the chunk's sentences after A start the next chunk
+        elif i > first:
+            b, label = (sentences[a_end][0], sentences[i][1]), 0
+            if mode == "sop" and rng.random() < 0.5:
+                a, b, label = b, a, 1
+        else:  # sop, a one-token document: no second segment
+            return
+        yield row(*_truncate_pair(a, b, room, rng), label)
+        first, length = i + 1, 0
+        i += 1
 
 def _sentences(tokens: np.ndarray, offsets: np.ndarray, end_ids: Sequence[int],
                room: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -62,7 +62,7 @@ from base.objective import ObjectiveBase
 from data.errors import DataError
 from data.formats import kinds
 from data.rows import RowSpec, Split
-from models.generation import generates
+from models.generation import SamplingOptions, generates
 from objectives import _reference, check_fine_tuning
 from objectives.rm import RewardModel, val_reward_stats
 
@@ -136,28 +136,31 @@ def check(cfg) -> None:
     require(o.score_norm in SCORE_NORMS, "objective.score_norm", f"got {o.score_norm!r}; choose one of "
             f"{', '.join(SCORE_NORMS)}")
     _reference.check(cfg, "objective.reference", ("copy", "lora_base"))  # responses are sampled while training
-    if not os.path.exists(o.reward_model):  # a dry run may plan with a reward model not trained yet (recipe/)
-        require(cfg.dry_run, "objective.reward_model", f"{o.reward_model} is not a checkpoint directory")
-        return
+
+
+def check_checkpoints(cfg) -> None:
+    """The reward model's checkpoint against the run: a reward model's, of the policy's tokenizer, with its
+    held-out statistics for score_norm=rm_val. Read when the run starts, before anything is built (trainer/loop.py);
+    validation reads no checkpoint, so a dry run or a recipe's plan may name one not trained yet."""
+    o = cfg.objective
     reward_model = checkpoint.resolve(o.reward_model)
-    if os.path.isdir(reward_model):
-        rm = OmegaConf.load(os.path.join(reward_model, "config.yaml"))
-        require(OmegaConf.select(rm, "objective.name") == "rm", "objective.reward_model",
-                f"{o.reward_model} is not a reward-model checkpoint (its objective is "
-                f"{OmegaConf.select(rm, 'objective.name')}); train one with stage=rm")
-        require(rm.model.vocab_size == cfg.model.vocab_size, "objective.reward_model",
-                f"its vocabulary ({rm.model.vocab_size}) differs from the policy's ({cfg.model.vocab_size}); the "
-                f"reward model must share the policy's tokenizer")
-        checkpoint.check_same_tokenizer("objective.reward_model", f"the reward model {o.reward_model}",
-                                        checkpoint.tokenizer_of(reward_model), "the policy's data",
-                                        cfg.data.tokenizer.path)
-        require(o.score_norm != "rm_val" or val_reward_stats(reward_model), "objective.score_norm",
-                f"rm_val normalizes scores by the reward model's held-out mean and std, and "
-                f"{os.path.join(reward_model, 'state.json')} has no objective.val_reward_mean/val_reward_std "
-                f"(an RM run without val pairs, or from before they were saved); train the reward model with "
-                f"held-out pairs (a source's val_paths, or data.val_fraction > 0), or set objective.score_norm=running")
-    else:
+    if not os.path.isdir(reward_model):
         raise ConfigError("objective.reward_model", f"{o.reward_model} is not a checkpoint directory")
+    rm = OmegaConf.load(os.path.join(reward_model, "config.yaml"))
+    require(OmegaConf.select(rm, "objective.name") == "rm", "objective.reward_model",
+            f"{o.reward_model} is not a reward-model checkpoint (its objective is "
+            f"{OmegaConf.select(rm, 'objective.name')}); train one with stage=rm")
+    require(rm.model.vocab_size == cfg.model.vocab_size, "objective.reward_model",
+            f"its vocabulary ({rm.model.vocab_size}) differs from the policy's ({cfg.model.vocab_size}); the "
+            f"reward model must share the policy's tokenizer")
+    checkpoint.check_same_tokenizer("objective.reward_model", f"the reward model {o.reward_model}",
+                                    checkpoint.tokenizer_of(reward_model), "the policy's data",
+                                    cfg.data.tokenizer.path)
+    require(o.score_norm != "rm_val" or val_reward_stats(reward_model), "objective.score_norm",
+            f"rm_val normalizes scores by the reward model's held-out mean and std, and "
+            f"{os.path.join(reward_model, 'state.json')} has no objective.val_reward_mean/val_reward_std "
+            f"(an RM run without val pairs, or from before they were saved); train the reward model with "
+            f"held-out pairs (a source's val_paths, or data.val_fraction > 0), or set objective.score_norm=running")
 
 
 def row_spec(cfg: Config) -> RowSpec:
@@ -362,7 +365,7 @@ class Objective(ObjectiveBase):
         rm_model = OmegaConf.load(os.path.join(rm_path, "config.yaml")).model
         rm_model = OmegaConf.merge(OmegaConf.structured(family(rm_model.family).Config), rm_model)  # newer keys
         reward_model = RewardModel(build_model(rm_model, cfg.data.seq_len, cfg.precision.compute_dtype,
-                                               cfg.device.target, cfg.trainer.seed, is_sharded(cfg.parallel)), 0)
+                                               cfg.device, cfg.trainer.seed, is_sharded(cfg.parallel)), 0)
         checkpoint.load_weights(rm_path, reward_model)
         reward_model.update_parameters_name("reward.")
         for p in reward_model.get_parameters():
@@ -417,9 +420,9 @@ class Objective(ObjectiveBase):
         c, tok = self.cfg, self.tokenizer
         prompts = [row[:n].tolist() for row, n in zip(rows["prompt_ids"], rows["prompt_len"].reshape(-1))]
         self.lm.set_train(False)
-        out = self.generator.generate(prompts, c.max_new_tokens, temperature=c.temperature, top_k=c.top_k,
-                                      top_p=c.top_p, eos_id=tok.eos_id, pad_id=tok.pad_id,
-                                      seed=self.seed * 1_000_003 + self.rollouts,
+        sampling = SamplingOptions(temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,
+                                   seed=self.seed * 1_000_003 + self.rollouts)
+        out = self.generator.generate(prompts, c.max_new_tokens, sampling, eos_id=tok.eos_id, pad_id=tok.pad_id,
                                       rows=range(sample, sample + len(prompts)), prompt_len=c.max_prompt_len)
         self.lm.set_train(True)
         b, width = len(prompts), rows["prompt_ids"].shape[1]

@@ -32,6 +32,7 @@ from planner.timing import StepTime, step_time
 DEFAULT_BATCH_TOKENS = 4 * 2 ** 20
 MICRO_BATCH_SIZES = (1, 2, 4, 8, 16, 32)
 MAX_DEVICES = 4096  # how far "needs at least" looks
+COMM_KINDS = ("tp", "cp", "dp", "pp", "ep")  # the table's communication column: exposed seconds of each kind
 VIRTUAL_STAGES = (2, 4)  # interleaved schedules searched besides the plain one
 # cp is searched while each rank keeps at least this many tokens of a sequence: below it the ring's blocks are too
 # small to hide their transfer (Megatron-LM's context parallelism targets 8k and longer sequences)
@@ -188,7 +189,7 @@ class Search:
     @functools.lru_cache(maxsize=None)
     def _flash(self, sharded: bool) -> bool:
         """Whether the attention keeps no [S, S] probabilities (flash, or a family's fused CPU kernel)."""
-        return FAMILIES[self.m.family].attention_kind(self.m, self.device.target, self.dtype, sharded) != "plain"
+        return FAMILIES[self.m.family].attention_kind(self.m, self.device, self.dtype, sharded) != "plain"
 
     def option(self, c: Candidate) -> Option:
         needs = self._needs(c.micro_batch_size)
@@ -330,12 +331,13 @@ def _key(o: Option) -> tuple:
 def summary_row(rank: int, o: Option, usable: float) -> Dict[str, str]:
     """One line of the ranked table."""
     c, t = o.candidate, o.time
-    by_kind = {kind: sum(x.exposed for x in t.comms if x.kind == kind) for kind in ("tp", "cp", "dp", "pp")}
+    by_kind = {kind: sum(x.exposed for x in t.comms if x.kind == kind) for kind in COMM_KINDS}
     return {
         "#": str(rank), "layout": c.describe(), "mbs": str(c.micro_batch_size),
         "micro-batches": f"{c.micro_batches}" + (" (accum)" if c.pp == 1 and c.micro_batches > 1 else ""),
         "recompute": c.recompute, "memory GiB": f"{needed_bytes(o.plan) / 2 ** 30:.1f} ({needed_bytes(o.plan) / usable:.0%})",
-        "bubble": f"{t.bubble_fraction:.0%}", "comm s tp/cp/dp/pp": "/".join(f"{by_kind[k]:.2f}" for k in ("tp", "cp", "dp", "pp")),
+        "bubble": f"{t.bubble_fraction:.0%}",
+        f"comm s {'/'.join(COMM_KINDS)}": "/".join(f"{by_kind[k]:.2f}" for k in COMM_KINDS),
         "step s": f"{t.step:.3g}", "tokens/s/device": f"{t.tokens_per_s_per_device:,.0f}", "MFU": f"{t.mfu:.0%}",
     }
 

@@ -81,7 +81,7 @@ def _compute_section(cfg: Any, world: int) -> str:
 def _attention(cfg: Any) -> str:
     """The attention kind the composed Config's model would build on its device (its family's attention_kind)."""
     p = cfg.parallel
-    return FAMILIES[cfg.model.family].attention_kind(cfg.model, cfg.device.target, cfg.precision.compute_dtype,
+    return FAMILIES[cfg.model.family].attention_kind(cfg.model, cfg.device, cfg.precision.compute_dtype,
                                                      p.tp * p.cp * p.pp > 1)
 
 
@@ -95,10 +95,10 @@ def trained_fraction(cfg: Any) -> float:
     (adapter_parameters, e.g. LoRA's) those (added to the frozen whole), when the family lists its linear cells
     (linear_shapes); 1 otherwise."""
     fam = FAMILIES[cfg.model.family]
-    count = getattr(PEFT[cfg.peft.name], "adapter_parameters", None)
+    count = PEFT[cfg.peft.name].adapter_parameters
     if count is None or fam.linear_shapes is None:
         return 1.0
-    adapters = count(fam.linear_shapes(cfg.model), cfg.peft)
+    adapters = count(fam.linear_shapes(cfg.model), cfg.peft, fam.LORA_TARGETS or ())
     return adapters / (fam.parameter_count(cfg.model)["total"] + adapters)
 
 
@@ -236,5 +236,5 @@ def _best_section(cfg: Any, best: Option) -> str:
     pipeline = f"{c.micro_batches} pipeline micro-batches" if c.pp > 1 else (
         f"grad_accum {c.micro_batches}" if c.micro_batches > 1 else "no accumulation")
     return (f"the fastest: {c.describe()}, micro_batch_size {c.micro_batch_size}, {pipeline}, recompute {c.recompute}, "
-            f"attention {FAMILIES[cfg.model.family].attention_kind(cfg.model, cfg.device.target, cfg.precision.compute_dtype, c.tp * c.cp * c.pp > 1)}\n"
+            f"attention {FAMILIES[cfg.model.family].attention_kind(cfg.model, cfg.device, cfg.precision.compute_dtype, c.tp * c.cp * c.pp > 1)}\n"
             f"  overrides: {' '.join(c.overrides())}")

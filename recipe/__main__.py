@@ -19,9 +19,9 @@ from omegaconf import DictConfig, OmegaConf
 from base.errors import ConfigError, entry_point
 from base.paths import REPO_ROOT
 from plugins import register
-from recipe import report
 from recipe.runner import build_datasets, check_links, check_recipe_dir, dry_run_report, plan, run
 from recipe.spec import parse
+from sweeps import recipe_report as report
 
 RECIPES = REPO_ROOT / "conf" / "recipe"
 

@@ -31,7 +31,7 @@ from base.outputs import HYDRA_WRITES, MARKER, file_lock
 from base.paths import REPO_ROOT, data_dir
 from base.registry import OBJECTIVES
 from base.validate import validate
-from recipe.report import CURVES, RECORD, REPORT
+from sweeps.recipe_report import CURVES, RECORD, REPORT
 from recipe.spec import Stage, override_value
 
 STORE = "stages"
@@ -100,40 +100,58 @@ def plan(stages: List[Stage], root: Path, compose: Callable[[List[str]], DictCon
                           + ([stage.tasks_dir] if stage.tasks_dir else []))  # (the keys of runs before it stay)
             planned = Planned(stage, key, root / STORE / f"{stage.name}-{key}", list(stage.overrides), source=target)
         else:
-            overrides = list(stage.overrides)
-            source = line if stage.source else None
-            start = stage.init_from or (str(source.dir) if source else None)
-            if start and not any(o.startswith("stage.init_from=") for o in overrides):
-                overrides.append(f"stage.init_from={override_value(start)}")
-            try:
-                cfg = compose(overrides)
-                needs = OBJECTIVES[cfg.objective.name].NEEDS or {}
-                missing = {what: key for what, key in needs.items() if not any(o.startswith(f"{key}=") for o in overrides)}
-                for what, key in missing.items():  # e.g. PPO's reward model: the last stage that trained one
-                    given = [p for p in done if p.config is not None and
-                             OBJECTIVES[p.config.objective.name].PROVIDES == what]
-                    if not given:
-                        raise ConfigError(f"recipe.stages.{stage.name}", f"objective={cfg.objective.name} takes a "
-                                          f"{what} from an earlier stage: put a stage that trains one before it, or "
-                                          f"set recipe.stages.{stage.name}.{key}=<checkpoint>")
-                    overrides.append(f"{key}={override_value(str(given[-1].dir))}")
-                if missing:
-                    cfg = compose(overrides)
-                validate(OmegaConf.merge(cfg, {"dry_run": True}))  # (files that later stages write: not yet there)
-                if cfg.stage.needs_init and not start and not cfg.stage.allow_random_init:
-                    raise ConfigError(f"recipe.stages.{stage.name}", f"stage={cfg.stage.name} continues a trained "
-                                      "model: put a training stage before it, or set its init_from")
-            except ConfigError as err:
-                raise err if err.key.startswith("recipe.") else _stage_error(stage, err) from None
-            except Exception as err:  # Hydra's composition errors: an unknown preset or key
-                raise _stage_error(stage, _one_line(err)) from None
-            key = config_key(cfg)
-            planned = Planned(stage, key, root / STORE / f"{stage.name}-{key}", overrides, cfg, source)
-            if OBJECTIVES[cfg.objective.name].PROVIDES is None:  # (a reward model is a side branch)
+            planned = _plan_training(stage, line if stage.source else None, done, root, compose)
+            if OBJECTIVES[planned.config.objective.name].PROVIDES is None:  # (a reward model is a side branch)
                 line = planned
         done.append(planned)
         by_name[stage.name] = planned
     return done
+
+
+def _plan_training(stage: Stage, source: Optional[Planned], done: List[Planned], root: Path,
+                   compose: Callable[[List[str]], DictConfig]) -> Planned:
+    """A training stage started from `source` (or its own init_from), composed and validated (a ConfigError naming
+    recipe.stages.<name> for what fails)."""
+    overrides = list(stage.overrides)
+    start = stage.init_from or (str(source.dir) if source else None)
+    if start and not any(o.startswith("stage.init_from=") for o in overrides):
+        overrides.append(f"stage.init_from={override_value(start)}")
+    try:
+        cfg = _composed(stage, overrides, start, done, compose)
+    except ConfigError as err:
+        raise err if err.key.startswith("recipe.") else _stage_error(stage, err) from None
+    except Exception as err:  # Hydra's composition errors: an unknown preset or key
+        raise _stage_error(stage, _one_line(err)) from None
+    key = config_key(cfg)
+    return Planned(stage, key, root / STORE / f"{stage.name}-{key}", overrides, cfg, source)
+
+
+def _composed(stage: Stage, overrides: List[str], start: Optional[str], done: List[Planned],
+              compose: Callable[[List[str]], DictConfig]) -> DictConfig:
+    """The stage's config: the side inputs its objective NEEDS that no override gives taken from the earlier stages
+    (appended to `overrides`), then validated as a dry run."""
+    cfg = compose(overrides)
+    needs = OBJECTIVES[cfg.objective.name].NEEDS or {}
+    missing = {what: key for what, key in needs.items() if not any(o.startswith(f"{key}=") for o in overrides)}
+    for what, key in missing.items():  # e.g. PPO's reward model: the last stage that trained one
+        overrides.append(f"{key}={override_value(_provider(stage, cfg, what, key, done))}")
+    if missing:
+        cfg = compose(overrides)
+    validate(OmegaConf.merge(cfg, {"dry_run": True}))  # (files that later stages write: not yet there)
+    if cfg.stage.needs_init and not start and not cfg.stage.allow_random_init:
+        raise ConfigError(f"recipe.stages.{stage.name}", f"stage={cfg.stage.name} continues a trained "
+                          "model: put a training stage before it, or set its init_from")
+    return cfg
+
+
+def _provider(stage: Stage, cfg: DictConfig, what: str, key: str, done: List[Planned]) -> str:
+    """The directory of the last earlier stage whose objective PROVIDES `what`."""
+    given = [p for p in done if p.config is not None and OBJECTIVES[p.config.objective.name].PROVIDES == what]
+    if not given:
+        raise ConfigError(f"recipe.stages.{stage.name}", f"objective={cfg.objective.name} takes a "
+                          f"{what} from an earlier stage: put a stage that trains one before it, or "
+                          f"set recipe.stages.{stage.name}.{key}=<checkpoint>")
+    return str(given[-1].dir)
 
 
 def _one_line(err: Exception) -> str:

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from base.errors import ArgumentParser, UsageError, UserError, entry_point
 from base.outputs import owned_files
-from recipe import report as recipe_report
+from sweeps import recipe_report
 from sweeps import table
 from sweeps.page import render
 from sweeps.plots import curves, png, val_by_source

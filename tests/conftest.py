@@ -43,10 +43,7 @@ def corpus_path(*parts: str) -> str:
     never hides a test that did not run."""
     path = os.path.join(CORPORA, *parts)
     if not os.path.exists(path):
-        message = f"{path} is absent (MINDLAB_CORPORA names the shared corpora)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message + "; under CI=true a test that needs the corpora fails", pytrace=False)
-        pytest.skip(message)
+        absent(f"{path} is absent (MINDLAB_CORPORA names the shared corpora)")
     return path
 
 
@@ -66,6 +63,14 @@ def built_kernel(name: str) -> str:
     if platform.machine().lower() in ("x86_64", "amd64") and shutil.which("g++") and not kernels.switched_off():
         pytest.fail(f"kernels/{name}.cc should be built on this x86 host with g++: {why}", pytrace=False)
     pytest.skip(f"the kernel-against-plain comparison needs kernels/{name}.cc built: {why}")
+
+
+def absent(message: str) -> None:
+    """What the calling test needs and this machine lacks (the corpora, a system package .ci/run installs): the test
+    is skipped with `message`, and fails under CI (CI=true), where it is provided."""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(message + "; under CI=true a test that needs it fails", pytrace=False)
+    pytest.skip(message)
 
 
 def pytest_runtest_setup(item):

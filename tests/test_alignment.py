@@ -107,7 +107,7 @@ def test_on_policy_pairs_are_the_best_and_worst_of_the_models_samples(tmp_path, 
     from data.cache import prepare
     from builders.preferences import main, sample_responses
     from evaluation.tasks import alpaca_item
-    from models.generation import generator, make_generate_fn
+    from models.generation import SamplingOptions, generator, make_generate_fn
     from models.pretrained import build, load
 
     k, opts = 4, ["--samples", "4", "--max-new-tokens", "8", "--max-prompt-len", "80", "--seed", "5"]
@@ -119,7 +119,8 @@ def test_on_policy_pairs_are_the_best_and_worst_of_the_models_samples(tmp_path, 
     for split, instructions in splits.items():
         prompts = [alpaca_item({"instruction": i, "output": ""})["prompt"] for i in instructions]
         drawn[split] = [[r.strip() for r in rs] for rs in sample_responses(
-            generate_fn, prompts, range(len(prompts)), k, 8, temperature=1.0, seed=5, prompt_len=80)]
+            generate_fn, prompts, range(len(prompts)), k, 8, sampling=SamplingOptions(temperature=1.0, seed=5),
+            prompt_len=80)]
     assert all(r for rs in drawn["train"] + drawn["val"] for r in rs)
 
     def answer(i, rs):  # verbatim; half of one and half of another; nothing in common; verbatim, cut

@@ -20,7 +20,8 @@ import evaluation.__main__ as E
 from base.errors import ConfigError
 from base.objective import ObjectiveBase, ObjectivePlugin
 from base.paths import task_path
-from builders import instructions as I
+from builders import corpus_parsers as P
+from builders import instruction_set as S
 from builders import tasks as BT
 from conftest import CORPORA, corpus_path, load_preset
 from data.tokenizer import Tokenizer
@@ -275,7 +276,7 @@ def test_task_names_map_to_files(tmp_path):
 @pytest.fixture(scope="module")
 def built():
     corpus_path("tiny")
-    docs = list(I.read_documents(TINY))
+    docs = list(S.read_documents(TINY))
     return BT.build(docs, n_items=500, seed=0), {d["id"]: d for d in docs}
 
 
@@ -290,36 +291,36 @@ def test_builders_on_the_tiny_corpora_give_true_golds_and_different_distractors(
     for item in tasks["definitions_mc"]:
         assert item["choices"][item["gold"]] == " " + item["entry"]
         gloss = item["context"].removeprefix("Definition: ").removesuffix("\nWord:")
-        assert I.normalize(gloss) in I.normalize(by_id[item["id"]]["text"])
-        assert I.split_of("dict", item["entry"], BT.VAL_FRACTION) == "val"
+        assert P.normalize(gloss) in P.normalize(by_id[item["id"]]["text"])
+        assert S.split_of("dict", item["entry"], BT.VAL_FRACTION) == "val"
     for item in tasks["cloze_code"]:
         lines = by_id[item["id"]]["text"].split("\n")
         t = item["line"] - 1
         assert item["choices"][item["gold"]] == lines[t] and item["context"] == "\n".join(lines[t - 5:t]) + "\n"
         indent = {c[:len(c) - len(c.lstrip())] for c in item["choices"]}
         assert len(indent) == 1  # distractors re-indented like the true line
-        assert I.split_of("python", item["entry"], BT.VAL_FRACTION) == "val"
+        assert S.split_of("python", item["entry"], BT.VAL_FRACTION) == "val"
     for item in tasks["verse_mc"]:
-        verses = dict(I.bible_verses(by_id[item["id"]]["text"]))
+        verses = dict(P.bible_verses(by_id[item["id"]]["text"]))
         number, first = item["context"].split(" ", 1)
         assert item["entry"].endswith(":" + number)
         assert first + item["choices"][item["gold"]] == verses[item["entry"]]
-        assert I.split_of("bible", item["entry"], BT.VAL_FRACTION) == "val"
+        assert S.split_of("bible", item["entry"], BT.VAL_FRACTION) == "val"
     for item in tasks["verse_complete"]:
-        verses = dict(I.bible_verses(by_id[item["id"]]["text"]))
+        verses = dict(P.bible_verses(by_id[item["id"]]["text"]))
         assert item["prompt"].split(" ", 1)[1] + " " + item["answer"] == verses[item["entry"]]
     BT.write_tasks(tmp_path, tasks, {})
     kinds = {name: T.load_task(tmp_path / f"{name}.jsonl").kind for name in tasks}
     assert kinds == {"definitions_mc": "multiple_choice", "cloze_code": "multiple_choice",
                      "verse_mc": "multiple_choice", "verse_complete": "generation"}
-    again = BT.build(I.read_documents(TINY), n_items=500, seed=0)
+    again = BT.build(S.read_documents(TINY), n_items=500, seed=0)
     assert again == tasks  # a function of the files and the seed
 
 
 def test_task_val_fraction_is_the_instruction_sets_default():
     import inspect
 
-    assert inspect.signature(I.build).parameters["val_fraction"].default == BT.VAL_FRACTION
+    assert inspect.signature(S.build).parameters["val_fraction"].default == BT.VAL_FRACTION
 
 
 # -------------------------------------------------------------------------------------------------- the CLI

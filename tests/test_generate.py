@@ -19,6 +19,7 @@ from data.tokenizer import Tokenizer
 from models import build_model
 from models.convert import export_hf, main as cli_convert
 from models.common.generation import Generator, Sampler
+from models.generation import SamplingOptions
 
 LINES = ["To be, or not to be, that is the question:", "Shall I compare thee to a summer's day?",
          "Now is the winter of our discontent", "Friends, Romans, countrymen, lend me your ears;"]
@@ -141,10 +142,11 @@ def gen32(ckpt):
 
 @pytest.mark.slow
 def test_two_graphs_for_a_32_token_generation(ckpt, gen32):
-    result = gen32.generate(two_prompts(ckpt[2]), 32, temperature=0.8, seed=0)
+    result = gen32.generate(two_prompts(ckpt[2]), 32, SamplingOptions(temperature=0.8, seed=0))
     assert result.timings["steps"] == 32 and all(len(s.tokens) == 32 for s in result.samples)
     assert gen32.compile_count == 2  # prefill [2, 16] and decode [2, 1], sampling in both: none per token
-    gen32.generate([ckpt[2].encode(LINES[2]), ckpt[2].encode(LINES[3])], 32, temperature=0.8, seed=1)  # same shapes
+    gen32.generate([ckpt[2].encode(LINES[2]), ckpt[2].encode(LINES[3])], 32,
+                   SamplingOptions(temperature=0.8, seed=1))  # the same shapes: no new graph
     assert gen32.compile_count == 2
 
 
@@ -154,7 +156,7 @@ def test_sampling_options(ckpt, gen32):
     prompts = two_prompts(tok)
 
     def tokens(**options):
-        return [s.tokens for s in gen32.generate(prompts, 32, **options).samples]
+        return [s.tokens for s in gen32.generate(prompts, 32, SamplingOptions(**options)).samples]
 
     greedy = tokens()
     first, again = tokens(temperature=1.0, seed=1), tokens(temperature=1.0, seed=1)
@@ -166,7 +168,7 @@ def test_sampling_options(ckpt, gen32):
     assert sum(len(row) - len(set(row)) for row in tokens(repetition_penalty=5.0)) < sum(repeats)
     # a row's sample depends on its seed and row index, not on the rows beside it
     assert tokens(temperature=1.0, seed=1)[1] == [s.tokens for s in gen32.generate(
-        [prompts[1], prompts[1]], 32, temperature=1.0, seed=1).samples][1]
+        [prompts[1], prompts[1]], 32, SamplingOptions(temperature=1.0, seed=1)).samples][1]
     # stop strings (cut before) and eos
     text = tok.decode(prompts[0] + greedy[0])[len(LINES[0]):]
     stop = text[6:9]
@@ -188,9 +190,9 @@ def test_generate_fn_batches_without_changing_the_text(ckpt):
     model, _, tok = ckpt
     gen = generator("llama", model)
     prompts = LINES + [LINES[0][:9]]
-    for options in ({}, {"temperature": 1.0, "seed": 4}):
-        whole = make_generate_fn(gen, tok, batch_size=5)(prompts, 12, **options)
-        assert make_generate_fn(gen, tok, batch_size=2)(prompts, 12, **options) == whole
+    for sampling in (SamplingOptions(), SamplingOptions(temperature=1.0, seed=4)):
+        whole = make_generate_fn(gen, tok, batch_size=5)(prompts, 12, sampling=sampling)
+        assert make_generate_fn(gen, tok, batch_size=2)(prompts, 12, sampling=sampling) == whole
         assert len(set(whole)) > 1
 
 

@@ -277,9 +277,9 @@ def test_one_prompt_generates_through_the_adapters_as_the_full_forward():
 def test_the_dry_run_counts_the_adapters_that_apply_lora_adds(pynative):
     """The memory plan gives gradients and AdamW states to LoRA's adapters only: its count of them (from the family's
     linear shapes and target_modules) is what apply_lora adds to the model, for the default targets and a regex."""
-    from models.llama import linear_shapes
+    from models.llama import LORA_TARGETS, linear_shapes
 
-    for targets in (list(LoraConfig().target_modules), ["re:model\\.layers\\.0\\..*", "lm_head"]):
+    for targets in (list(LORA_TARGETS), ["re:model\\.layers\\.0\\..*", "lm_head"]):
         cfg = OmegaConf.merge(load_preset("model", "tiny"), {"tie_embeddings": False})
         model = build_model(cfg, 16, "fp32", "CPU", seed=0)
         peft = OmegaConf.structured(LoraConfig(r=4, target_modules=targets))

@@ -15,7 +15,7 @@ import numpy as np
 import psutil
 import pytest
 
-from conftest import ROOT, train_main
+from conftest import ROOT, absent, train_main
 
 COMMON = ["data.seq_len=64", "trainer.log_every=1", "optim.warmup_steps=2", "optim.lr=3e-3",
           "trainer.eval_batches=1", "logger.progress_bar=false"]
@@ -42,11 +42,8 @@ def netns():
         if os.geteuid() != 0:
             raise OSError("making a network namespace needs root")
         _ip("netns", "add", name)
-    except (OSError, FileNotFoundError) as err:
-        reason = f"no second node: {err}"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(reason + "; under CI=true the two-node launch must run", pytrace=False)
-        pytest.skip(reason)
+    except OSError as err:  # (FileNotFoundError: no `ip`)
+        absent(f"no second node: {err}")
     try:
         _ip("link", "add", host_end, "type", "veth", "peer", "name", node_end)
         _ip("link", "set", node_end, "netns", name)

@@ -7,6 +7,7 @@ import pytest
 
 from base.validate import ConfigError, validate
 from conftest import compose_cfg, load_preset
+from objectives.ppo import check_checkpoints
 
 
 def test_gae_and_whitening_equal_a_reference_loop():
@@ -394,9 +395,21 @@ def test_a_short_ppo_run_raises_the_mean_reward_model_score(tmp_path, signed_voc
         "score-norm", "rm-val-missing"])
 def test_bad_ppo_configs_are_refused(base_checkpoint, reward_checkpoint, overrides, key, message):
     overrides = [o.replace("=BASE", f"={base_checkpoint}").replace("=RM", f"={reward_checkpoint}") for o in overrides]
+    cfg = compose_cfg("stage=ppo", f"stage.init_from={base_checkpoint}", "model=tiny", *overrides)
     with pytest.raises(ConfigError) as err:
-        validate(compose_cfg("stage=ppo", f"stage.init_from={base_checkpoint}", "model=tiny", *overrides))
+        validate(cfg)
+        check_checkpoints(cfg)  # the run's start reads the reward model's checkpoint (validation reads none)
     assert err.value.key == key and message in str(err.value)
+
+
+def test_validation_reads_no_reward_model_checkpoint(base_checkpoint):
+    """The reward model's checks read its checkpoint, so they run when training starts, not in validation: a dry
+    run or a recipe's plan validates a reward model that is not trained yet."""
+    cfg = compose_cfg("stage=ppo", f"stage.init_from={base_checkpoint}", "model=tiny",
+                      "objective.reward_model=/nonexistent")
+    validate(cfg)
+    with pytest.raises(ConfigError, match="/nonexistent is not a checkpoint directory"):
+        check_checkpoints(cfg)
 
 
 def test_a_reward_model_of_another_vocabulary_is_refused(tmp_path, base_checkpoint, reward_checkpoint):
@@ -410,8 +423,8 @@ def test_a_reward_model_of_another_vocabulary_is_refused(tmp_path, base_checkpoi
     cfg.model.vocab_size = 8192
     OmegaConf.save(cfg, other / "config.yaml")
     with pytest.raises(ConfigError, match="its vocabulary \\(8192\\) differs from the policy's \\(4096\\)"):
-        validate(compose_cfg("stage=ppo", f"stage.init_from={base_checkpoint}", "model=tiny",
-                             f"objective.reward_model={other}"))
+        check_checkpoints(compose_cfg("stage=ppo", f"stage.init_from={base_checkpoint}", "model=tiny",
+                                      f"objective.reward_model={other}"))
 
 
 def test_a_reward_model_of_another_tokenizer_of_the_same_size_is_refused(tmp_path, base_checkpoint,
@@ -430,8 +443,8 @@ def test_a_reward_model_of_another_tokenizer_of_the_same_size_is_refused(tmp_pat
     a.piece, b.piece = b.piece, a.piece
     (other / "tokenizer.model").write_bytes(proto.SerializeToString())
     with pytest.raises(ConfigError) as err:
-        validate(compose_cfg("stage=ppo", f"stage.init_from={base_checkpoint}", "model=tiny",
-                             f"objective.reward_model={other}"))
+        check_checkpoints(compose_cfg("stage=ppo", f"stage.init_from={base_checkpoint}", "model=tiny",
+                                      f"objective.reward_model={other}"))
     assert err.value.key == "objective.reward_model"
     assert str(err.value).startswith(f"objective.reward_model: the reward model {other} and the policy's data use "
                                      f"different tokenizers ({other / 'tokenizer.model'}: sha256 ")

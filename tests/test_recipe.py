@@ -10,9 +10,10 @@ from omegaconf import OmegaConf
 
 from base.errors import ConfigError
 from base.paths import REPO_ROOT
+from conftest import absent
 from recipe import runner
-from recipe.report import markdown, variants
 from recipe.spec import flatten, parse
+from sweeps.recipe_report import markdown, variants
 
 PRESETS = sorted(p.stem for p in (REPO_ROOT / "conf" / "stage").glob("*.yaml"))
 
@@ -254,7 +255,7 @@ def dpo_sweep(tmp_path):
 
 
 def test_the_report_leads_with_what_differs_and_shows_shared_stages_once(dpo_sweep):
-    from recipe.report import MAX_COLUMNS, tables
+    from sweeps.recipe_report import MAX_COLUMNS, tables
 
     runs = variants(dpo_sweep)
     found = tables(runs)
@@ -294,7 +295,7 @@ def test_the_report_leads_with_what_differs_and_shows_shared_stages_once(dpo_swe
 
 
 def test_the_report_page_shows_shared_generations_once_and_validation_curves(dpo_sweep):
-    from recipe.report import write
+    from sweeps.recipe_report import write
 
     page = write(dpo_sweep).read_text(encoding="utf-8")
     assert page.count("<h2>generations:") == 2 and "海洋是一片水。1" in page  # the evaluation differs per variant
@@ -442,17 +443,17 @@ def test_the_report_of_two_variants_renders_in_headless_chromium_within_a_laptop
     import subprocess
     import warnings
 
-    from recipe.report import cjk_fonts, write
+    from sweeps.recipe_report import cjk_fonts, write
 
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
-        pytest.skip("chromium is not installed (Debian: apt-get install -y chromium)")
+        absent("chromium is not installed (Debian: apt-get install -y chromium)")
     if not cjk_fonts():
-        pytest.skip("no CJK font is installed (Debian: apt-get install -y fonts-wqy-microhei)")
+        absent("no CJK font is installed (Debian: apt-get install -y fonts-wqy-microhei)")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # "Glyph ... missing from font(s)": Chinese drawn as boxes
         page = write(dpo_sweep)
-        from recipe.report import curves_png, variants as load
+        from sweeps.recipe_report import curves_png, variants as load
 
         runs = load(dpo_sweep)
         runs[0]["variant"] = "学习率=0.05"

@@ -1,6 +1,6 @@
-"""The dry run's time model (planner/timing.py) against published training throughput, out of sample: 30 runs on
+"""The dry run's time model (planner/timing.py) against published training throughput, out of sample: 31 runs on
 three kinds of hardware (A100, H100, Atlas 800T A2), each predicted within 30% of the tokens/s per device its
-authors report by the compute_efficiency fitted to the other 29 (leave-one-out).
+authors report by the compute_efficiency fitted to the other 30 (leave-one-out).
 
 The runs, their sources and how each maps onto the planner are in planner/published.py:
   [N]  Narayanan et al. 2021 (Megatron-LM) Table 1: ten GPT models from 1.7B on 32 A100s to 1T on 3,072.
@@ -12,6 +12,7 @@ The runs, their sources and how each maps onto the planner are in planner/publis
   [LF] LLM Foundry: MPT 7B / 13B / 30B at 2K-8K with FSDP (ZeRO-3) on one node of 8 H100s.
   [MC] Megatron-Core's MoE README: Mixtral 8x7B on 64 H100s (TP 1, EP 8, PP 4, VP 8): the moe family's expert
        parallelism, its memory and all-to-all terms.
+  [MX] MindFormers' Mixtral model card: Mixtral 8x7B fine-tuned on 16 Atlas 900 A2 NPUs (DP 8, EP 8, PP 2).
 What the predictions rest on besides the fit (docs/planning.md has the model): the presets' peaks, links (rails:
 a group crossing nodes rides the NICs of its ranks on a node) and memory bandwidth (Megatron's 2021 attention had
 no flash kernel: its [a, s, s] scores go through HBM, a quarter of the step at 1.7B); the mapping's assumptions

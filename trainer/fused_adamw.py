@@ -15,12 +15,14 @@ import mindspore as ms
 from mindspore import Tensor, ops
 
 import kernels
+from base.schema import as_device
 from trainer.adamw import AdamW
 
 
-def applies(params: List, device_target: str, sharded: bool) -> bool:
-    """Whether FusedAdamW updates `params` in a run on `device_target` (`sharded`: a semi-auto layout)."""
-    return (device_target == "CPU" and not sharded and all(p.dtype == ms.float32 for p in params)
+def applies(params: List, device, sharded: bool) -> bool:
+    """Whether FusedAdamW updates `params` in a run on `device` (a preset that runs mindlab's kernels/:
+    device.cpu_kernels, or a target naming one; `sharded`: a semi-auto layout)."""
+    return (as_device(device).cpu_kernels and not sharded and all(p.dtype == ms.float32 for p in params)
             and kernels.library("optimizer")[0] is not None)
 
 

@@ -9,15 +9,15 @@ from typing import Callable, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from adapters import method as peft_method
 from base import checkpoint
-from base.errors import ConfigError
 from base.schema import global_batch_size, is_sharded, peak_tflops, pipeline_micro_batches
 from data import build_data
 from models import build_model, family
 from objectives import objective as objective_plugin
 from planner.layout import Layout
-from trainer.callbacks import (Callbacks, Checkpointing, Evaluation, GuardStop, PreemptionNotice, Sinks, SkipLog,
-                               TrainMetrics, WeightsDigest)
+from trainer.callbacks import (Callbacks, Checkpointing, Evaluation, FamilyUpdate, GuardStop, PreemptionNotice, Sinks,
+                               SkipLog, TrainMetrics, WeightsDigest)
 from trainer.console import ConsoleProgress
 from trainer.guard import SpikeGuard
 from trainer.metrics import MetricsFile, SpeedMonitor
@@ -85,18 +85,21 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
 
 def _check_before_building(cfg: DictConfig, rt) -> None:
     """What can fail in seconds, checked before minutes of data and model building: W&B's credentials, the
-    checkpoint stage.init_from names."""
+    checkpoint stage.init_from names, those the objective reads (check_checkpoints: PPO's reward model)."""
     if rt.is_main and cfg.logger.name == "wandb":
         from trainer.wandb_logger import check_credentials
 
         check_credentials(cfg.logger.mode)
     if cfg.stage.init_from:
         checkpoint.weights_file(cfg.stage.init_from, whole=True)
+    read_checkpoints = objective_plugin(cfg.objective.name).check_checkpoints
+    if read_checkpoints is not None:
+        read_checkpoints(cfg)
 
 
 def _build(cfg: DictConfig, rt, run_dir: str, dp_rank: int, sharded: bool) -> tuple:
     """(data, objective, model as trained, the language model inside it, train module) as `cfg` says: the stage's
-    weights loaded, LoRA applied, the objective's additions attached, the optimizer over what trains."""
+    weights loaded, the PEFT method applied, the objective's additions attached, the optimizer over what trains."""
     t = cfg.trainer
     rows_per_batch = t.micro_batch_size * pipeline_micro_batches(cfg)  # a pipeline step takes all its micro-batches
     plugin = objective_plugin(cfg.objective.name)
@@ -106,17 +109,19 @@ def _build(cfg: DictConfig, rt, run_dir: str, dp_rank: int, sharded: bool) -> tu
         checkpoint.check_same_tokenizer("data.tokenizer.path", f"stage.init_from={cfg.stage.init_from}",
                                         checkpoint.tokenizer_of(cfg.stage.init_from), f"data={cfg.data.name}",
                                         str(data.tokenizer.path))
-    model = build_model(cfg.model, cfg.data.seq_len, cfg.precision.compute_dtype, cfg.device.target, t.seed, sharded)
+    model = build_model(cfg.model, cfg.data.seq_len, cfg.precision.compute_dtype, cfg.device, t.seed, sharded)
     if cfg.stage.init_from:
         checkpoint.load_weights(cfg.stage.init_from, model)
-    adapters = add_adapters(model, cfg) if cfg.peft.name != "none" else None  # LoRA: the base frozen
+    adapters = peft_method(cfg.peft.name).apply(model, cfg)  # a PEFT method's adapters, the base frozen (or None)
+    if adapters:
+        print(f"[peft] {adapters.summary}", flush=True)
     objective = plugin.Objective(cfg.objective, data.tokenizer, t.seed)
     lm = model  # the language model itself, before an objective wraps it (what evaluation tasks score)
     if objective.attach is not None:  # e.g. the reward model's head, DPO's frozen reference
         model = objective.attach(model, cfg)
-        if adapters:  # a LoRA run saves what it trains: the adapters and any head the objective added
+        if adapters:  # a PEFT run saves what it trains: the adapters and any head the objective added
             adapters = adapters._replace(names={param.name for param in model.trainable_params()})
-    optimizer = build_optimizer(model.trainable_params(), cfg.optim, t.max_steps, cfg.device.target, sharded)
+    optimizer = build_optimizer(model.trainable_params(), cfg.optim, t.max_steps, cfg.device, sharded)
     module = ShardedModule(model, objective, optimizer, cfg, rt.rank, run_dir) if sharded else \
         local_module(model, objective, optimizer, cfg, rt.world_size, adapters)
     return data, objective, model, lm, module
@@ -162,8 +167,11 @@ def _callbacks(cfg: DictConfig, rt, run_dir: str, data, objective, model, module
     extra = lambda: {"skipped_steps": run.skipped_steps, **({"loss_scale": scaler.scale} if scaler else {}),
                      **(objective.logged or {}),  # an objective's host-side numbers (PPO's rollout)
                      **model_metrics(),
-                     **({} if cfg.device.target == "CPU" else {"peak_device_memory_gb": _peak_device_memory_gb()})}
+                     **({"peak_device_memory_gb": _peak_device_memory_gb()} if cfg.device.memory_stats else {})}
     callbacks = Callbacks()
+    after_step = family(cfg.model.family).after_step
+    if after_step is not None:
+        callbacks.add(FamilyUpdate(after_step, model, cfg.model))
     train_metrics = TrainMetrics(sinks, t.log_every, t.max_steps, speed, run.tokens_per_step, tokens_by_source,
                                  extra, objective.timings)
     evaluation = Evaluation(callbacks, t.eval_every, t.max_steps, t.eval_at_start, module, val, *downstream)
@@ -192,22 +200,6 @@ def _downstream(cfg: DictConfig, lm, objective, data, val) -> tuple:
         tasks = task_scorer(t.eval_tasks, t.eval_task_items, objective, lm, cfg.model.family, data.tokenizer,
                             t.micro_batch_size, cfg.data.seq_len, template=template_of(cfg))
     return val_target_bytes(objective, val, data.tokenizer), tasks
-
-
-def add_adapters(model, cfg: DictConfig):
-    """LoRA on `model` as cfg.peft says; returns what its checkpoints hold."""
-    from adapters.lora import Adapters, apply_lora, describe, lora_state, peft_adapter_files, single_name
-    from models import family
-
-    try:
-        info = apply_lora(model, cfg.peft, cfg.trainer.seed)
-    except ValueError as err:
-        raise ConfigError("peft.target_modules", str(err).removeprefix("peft.target_modules=")) from None
-    print(f"[peft] {describe(info)}", flush=True)
-    weights = lora_state(model)
-    _, adapter_config = peft_adapter_files(weights, cfg.peft, single_name(family(cfg.model.family).hf.to_hf),
-                                           cfg.stage.init_from or "")
-    return Adapters(set(weights), adapter_config)
 
 
 def _file_sinks(cfg: DictConfig, run_dir: str, run_id: str, start: int) -> list:

@@ -53,7 +53,7 @@ class LocalModule:
 
     def __init__(self, model, objective, optimizer, clip_grad_norm: float, world_size: int = 1, adapters=None,
                  one_graph: bool = False):
-        """`adapters`: a LoRA run's adapters/lora.py Adapters, whose checkpoints hold only those weights."""
+        """`adapters`: a PEFT run's base/peft.py Adapters, whose checkpoints hold only those weights."""
         self.model, self.objective, self.optimizer, self.adapters = model, objective, optimizer, adapters
         self.loss_net = loss_cell(objective, model)
         if one_graph:
@@ -117,9 +117,10 @@ class LocalModule:
 
     def save(self, root: str, step: int, state: dict, cfg, tokenizer_file: str, is_main: bool) -> None:
         if is_main:
-            names, adapter_config = self.adapters or (None, None)
-            checkpoint.save(root, step, self.model, self.optimizer, state, cfg, tokenizer_file, names,
-                            {"adapter_config.json": adapter_config} if adapter_config else None)
+            adapters = self.adapters
+            checkpoint.save(root, step, self.model, self.optimizer, state, cfg, tokenizer_file,
+                            adapters.names if adapters else None,
+                            {"adapter_config.json": adapters.config} if adapters and adapters.config else None)
 
     def load(self, path: str, example_inputs: Optional[tuple] = None) -> dict:
         """The weights and optimizer state of checkpoint `path` loaded; returns its training state. Local graphs

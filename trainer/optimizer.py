@@ -54,20 +54,20 @@ def param_groups(params: List, cfg: OptimConfig) -> List[dict]:
     return groups
 
 
-def build_optimizer(params: List, cfg: OptimConfig, max_steps: int, device_target: str = "CPU",
+def build_optimizer(params: List, cfg: OptimConfig, max_steps: int, device="CPU",
                     sharded: bool = False) -> nn.Optimizer:
-    """The `optim` preset over `params`; `device_target` and `sharded` (the run's device.target and
-    base.schema.is_sharded(parallel)) choose AdamW's kernel version where it applies (trainer/fused_adamw.py)."""
+    """The `optim` preset over `params`; `device` and `sharded` (the run's device preset, or a target naming one,
+    and base.schema.is_sharded(parallel)) choose AdamW's kernel version where it applies (trainer/fused_adamw.py)."""
     with deferred_initialisation(sharded):  # the moments too: each rank initialises its slices when it compiles
-        return _build_optimizer(params, cfg, max_steps, device_target, sharded)
+        return _build_optimizer(params, cfg, max_steps, device, sharded)
 
 
-def _build_optimizer(params: List, cfg: OptimConfig, max_steps: int, device_target: str, sharded: bool):
+def _build_optimizer(params: List, cfg: OptimConfig, max_steps: int, device, sharded: bool):
     lr = build_schedule(cfg, max_steps)
     if cfg.name == "adamw":
         from trainer import fused_adamw
 
-        adamw = fused_adamw.FusedAdamW if fused_adamw.applies(params, device_target, sharded) else AdamW
+        adamw = fused_adamw.FusedAdamW if fused_adamw.applies(params, device, sharded) else AdamW
         return adamw(param_groups(params, cfg), learning_rate=lr, betas=tuple(cfg.betas), eps=cfg.eps)
     if cfg.name == "adamw_bert":
         beta1, beta2 = cfg.betas

@@ -31,7 +31,7 @@ def recompute_cells(model, mode: str) -> list:
     return [layer if mode == "full" else layer.attention.self.core for layer in model.layers()]
 
 
-def attention_kind(cfg: Config, device_target: str, compute_dtype: str, sharded: bool) -> str:
+def attention_kind(cfg: Config, device, compute_dtype: str, sharded: bool) -> str:
     """Always plain: BERT attends under a padding mask, which flash attention is not used for here (check())."""
     return "plain"
 

@@ -325,6 +325,8 @@ class BertForPreTraining(nn.Cell):
     """(input_ids, token_type_ids, attention_mask), int32 [B, S] each -> (MLM logits fp32 [B, S, vocab],
     NSP logits fp32 [B, 2]). MLM logits are computed at every position; the loss picks the masked ones."""
 
+    family = "bert"  # the family that builds it (what a converter asks: LoRA's default targets)
+
     def __init__(self, cfg, compute_dtype: str = "fp32", seed: int = 0, deferred: bool = False):
         """`deferred`: the weights are initialised by the sharded compile, each rank its slices (_normal)."""
         super().__init__()

@@ -3,7 +3,7 @@ cache in two compiled graphs, sampling in them. The model is a CausalLM (models/
 `model` has `tok_embeddings`, `layers` (each with its models/common/attention.py `attention`), the RoPE tables `cos`
 and `set_rope_length`, and whose `cached(tokens, positions, bias, k_caches, v_caches, slot)` is the inference step.
 
-    result = model.generate([[ids...], [ids...]], 128, temperature=0.8, top_p=0.95, eos_id=3, seed=0)
+    result = model.generate([[ids...], [ids...]], 128, SamplingOptions(temperature=0.8, top_p=0.95, seed=0), eos_id=3)
 
 Device side (graph mode), through the model's `cached` (e.g. models/llama/model.py), in the model's compute dtype:
 - **cache**: per layer K and V of [B, n_kv_heads, L, head_dim] (the kv heads: GQA is not repeated into the
@@ -40,26 +40,13 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
+from models.generation import GREEDY, SamplingOptions
+
 NEG = -1e9  # the additive attention bias of a hidden column (as the training path's masks)
 PROMPT_BUCKET = 16  # the padded prompt length P is rounded up to a multiple of this (fewer distinct graphs)
 
 
-# --- options and results ---------------------------------------------------------------------------------------
-
-def check_options(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0,
-                  max_new_tokens: int = 1) -> None:
-    """ValueError naming the option for values outside their ranges."""
-    if not temperature >= 0:
-        raise ValueError(f"temperature must be >= 0 (0: greedy), got {temperature}")
-    if not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    if top_k < 0:
-        raise ValueError(f"top_k must be >= 0 (0: off), got {top_k}")
-    if not repetition_penalty > 0:
-        raise ValueError(f"repetition_penalty must be > 0 (1: off), got {repetition_penalty}")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-
+# --- results ---------------------------------------------------------------------------------------------------
 
 def find_stop(text: str, stops: Sequence[str]) -> int:
     """Where the earliest stop string starts in `text`, or -1."""
@@ -249,33 +236,35 @@ class Generator:
         cells = list(self.cells.values())
         return sum(len(cell.compile_cache) for cell in cells)
 
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, temperature: float = 0.0,
-                 top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0, eos_id: Optional[int] = None,
-                 stop: Sequence[str] = (), decode: Optional[Callable[[List[int]], str]] = None,
-                 seed: Optional[int] = None, rows: Optional[Sequence[int]] = None, prompt_len: Optional[int] = None,
-                 pad_id: int = 0, use_cache: bool = True, return_logits: bool = False,
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, sampling: SamplingOptions = GREEDY, *,
+                 eos_id: Optional[int] = None, stop: Sequence[str] = (),
+                 decode: Optional[Callable[[List[int]], str]] = None, rows: Optional[Sequence[int]] = None,
+                 prompt_len: Optional[int] = None, pad_id: int = 0, use_cache: bool = True,
+                 return_logits: bool = False,
                  on_step: Optional[Callable[[int, List[List[int]], List[bool]], None]] = None) -> Generation:
-        """Continue each prompt (a list of token ids) by up to `max_new_tokens` tokens.
+        """Continue each prompt (a list of token ids) by up to `max_new_tokens` tokens, each chosen as `sampling`
+        says (models/generation.py SamplingOptions: greedy by default).
 
-        temperature 0 is greedy; top_k 0 and top_p 1 are off. `stop` strings need `decode` (ids -> text; the
-        new text is decode(prompt + new) after decode(prompt), so a leading space survives sentencepiece).
+        `stop` strings need `decode` (ids -> text; the new text is decode(prompt + new) after decode(prompt), so a
+        leading space survives sentencepiece).
         `rows`: each prompt's index for its random stream (default 0..B-1); `prompt_len`: the padded prompt
         length P (default: the longest prompt rounded up to PROMPT_BUCKET), fixed by callers that want one pair
         of graphs for many batches. `use_cache=False` runs the uncached baseline (a full forward per token).
         `on_step(step, new, finished)` is called after each step with every row's new tokens so far."""
-        check_options(temperature, top_k, top_p, repetition_penalty, max_new_tokens)
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if stop and decode is None:
             raise ValueError("stop strings need a decode function")
         tokens, valid, pads, width = self._layout(prompts, max_new_tokens, prompt_len, pad_id)
         batch, total = tokens.shape
         self.model.model.set_rope_length(total)  # dynamic NTK: one table for the whole cache (rope.py)
-        options = (temperature, top_k, top_p, repetition_penalty) if temperature else (0.0, 0, 1.0, repetition_penalty)
-        if repetition_penalty != 1.0:  # the prompts' tokens; each graph adds the tokens it picks
+        options, temperature = sampling.sampler_arguments(), sampling.temperature
+        if sampling.repetition_penalty != 1.0:  # the prompts' tokens; each graph adds the tokens it picks
             seen = np.zeros((batch, self.vocab), bool)
             for i, p in enumerate(prompts):
                 seen[i, np.asarray(p)] = True
             self.seen_of(batch).set_data(Tensor(seen))
-        seed = seed if seed is not None else np.random.SeedSequence().entropy
+        seed = sampling.seed if sampling.seed is not None else np.random.SeedSequence().entropy
         rngs = [np.random.default_rng([seed, r]) for r in (rows if rows is not None else range(batch))]
         columns = np.arange(total)
 

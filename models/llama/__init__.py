@@ -11,7 +11,7 @@ Importing this package is cheap (no MindSpore): the config schema and the dry ru
 from typing import Set
 
 from base.errors import ConfigError, require
-from base.schema import use_flash_attention
+from base.schema import as_device, use_flash_attention
 from models.common import rope
 from models.common.checks import check_attention_shape
 from models.llama import hf
@@ -19,10 +19,16 @@ from models.llama.accounting import flops_per_token, layer_activation_factors, l
     matmul_parameter_count, parameter_count, stage_parameters
 from models.llama.config import LlamaConfig as Config
 
-__all__ = ["Config", "apply_kernels", "attention_kind", "build", "check", "describe", "device_passes",
-           "flops_per_token", "hf", "kernel_libraries", "layer_activation_factors", "matmul_parameter_count",
-           "parameter_count", "stage_parameters"]
+__all__ = ["Config", "LORA_TARGETS", "apply_kernels", "attention_kind", "build", "check", "describe",
+           "device_passes", "flops_per_token", "hf", "kernel_libraries", "layer_activation_factors",
+           "matmul_parameter_count", "parameter_count", "stage_parameters"]
 CAUSAL = True  # decoder-only: objectives that need bidirectional attention refuse it
+# the device twins (device_passes) that need the model outside a tp/pp layout
+UNSHARDED_PASSES = frozenset({"cpu", "ascend-rope"})
+# peft=lora's cells when peft.target_modules is null: the attention and MLP projections, every linear cell but the
+# head (as QLoRA adapts them)
+LORA_TARGETS = ("attention.wq", "attention.wk", "attention.wv", "attention.wo",
+                "feed_forward.w1", "feed_forward.w2", "feed_forward.w3")
 
 
 def build(cfg: Config, seq_len: int, compute_dtype: str, use_flash: bool, seed: int, sharded: bool = False):
@@ -39,18 +45,20 @@ def build(cfg: Config, seq_len: int, compute_dtype: str, use_flash: bool, seed: 
     return model
 
 
-def kernel_libraries(cfg: Config, compute_dtype: str, device_target: str, sharded: bool) -> Set[str]:
+def kernel_libraries(cfg: Config, compute_dtype: str, device, sharded: bool) -> Set[str]:
     """The kernels/ libraries this model runs on (models/llama/kernels.py has their twins), from the config alone:
     "attention" (model.attention_kernel) and "layers" (model.layer_kernels: RMSNorm, SwiGLU, RoPE, the Linears'
     products and the objectives' cross-entropy over the logits). `auto` takes a library where it applies (the
-    native model in fp32 on CPU outside a tp/pp layout, `sharded`, whose plan sets its strategies on the plain ops;
+    native model in fp32 on a device that runs them (device.cpu_kernels) outside a tp/pp layout, `sharded`, whose
+    plan sets its strategies on the plain ops;
     the attention also without flash attention or model.attention_chunk) and is built (kernels.library: not on a
     non-x86 host, nor with MINDLAB_KERNELS=plain); `fused` where it is not built is one ConfigError (validation
     refuses it where it does not apply); `plain` never."""
     import kernels
 
-    applies = cfg.impl == "native" and compute_dtype == "fp32" and device_target == "CPU" and not sharded
-    attention = applies and not cfg.attention_chunk and not use_flash_attention(cfg, device_target)
+    device = as_device(device)
+    applies = cfg.impl == "native" and compute_dtype == "fp32" and device.cpu_kernels and not sharded
+    attention = applies and not cfg.attention_chunk and not use_flash_attention(cfg, device)
     chosen = set()
     for library, key, fits in (("attention", "attention_kernel", attention), ("layers", "layer_kernels", applies)):
         setting = cfg[key]
@@ -63,30 +71,27 @@ def kernel_libraries(cfg: Config, compute_dtype: str, device_target: str, sharde
     return chosen
 
 
-def device_passes(cfg: Config, device_target: str, sharded: bool) -> Set[str]:
-    """The device twins (models/llama/device_ops.py) the native model takes: "cpu" (MindSpore's CPU kernels'
-    workarounds) on CPU outside a tp/pp layout (a sharded plan runs on Ascend/GPU only; its strategies are set on the
-    plain ops); on Ascend its fused RMSNorm ("ascend") and, outside a tp/pp layout, its fused RoPE ("ascend-rope")."""
+def device_passes(cfg: Config, device, sharded: bool) -> Set[str]:
+    """The device twins (models/llama/device_ops.py) the native model takes: those the device preset lists
+    (device.device_ops: "cpu", MindSpore's CPU kernels' workarounds; "ascend", the fused RMSNorm; "ascend-rope", the
+    fused RoPE), less, in a tp/pp layout (whose plan sets its strategies on the plain ops), UNSHARDED_PASSES."""
     if cfg.impl != "native":
         return set()
-    if device_target == "CPU":
-        return set() if sharded else {"cpu"}
-    if device_target == "Ascend":
-        return {"ascend"} if sharded else {"ascend", "ascend-rope"}
-    return set()
+    passes = set(as_device(device).device_ops)
+    return passes - UNSHARDED_PASSES if sharded else passes
 
 
-def apply_kernels(model, cfg: Config, compute_dtype: str, device_target: str, sharded: bool) -> Set[str]:
+def apply_kernels(model, cfg: Config, compute_dtype: str, device, sharded: bool) -> Set[str]:
     """Swap the twins of kernel_libraries' choice into the built model, then the device's (device_passes) into the
     cells the kernels left plain (adapters/twins.py overlay); returns the passes applied."""
     from adapters.twins import overlay
 
-    libraries = kernel_libraries(cfg, compute_dtype, device_target, sharded)
+    libraries = kernel_libraries(cfg, compute_dtype, device, sharded)
     if libraries:
         import models.llama.kernels  # noqa: F401  (registers the twins)
 
         overlay(model, libraries)
-    passes = device_passes(cfg, device_target, sharded)
+    passes = device_passes(cfg, device, sharded)
     if passes:
         import models.llama.device_ops  # noqa: F401  (registers the twins)
 
@@ -94,12 +99,12 @@ def apply_kernels(model, cfg: Config, compute_dtype: str, device_target: str, sh
     return libraries | passes
 
 
-def attention_kind(cfg: Config, device_target: str, compute_dtype: str, sharded: bool) -> str:
+def attention_kind(cfg: Config, device, compute_dtype: str, sharded: bool) -> str:
     """flash (Ascend's flash attention), fused (kernels/attention.cc) or plain (MindSpore ops): what build and
     apply_kernels give this config; the dry-run planner reads it (no [S, S] probabilities kept unless plain)."""
-    if use_flash_attention(cfg, device_target):
+    if use_flash_attention(cfg, device):
         return "flash"
-    return "fused" if "attention" in kernel_libraries(cfg, compute_dtype, device_target, sharded) else "plain"
+    return "fused" if "attention" in kernel_libraries(cfg, compute_dtype, device, sharded) else "plain"
 
 
 def export_mindformers(cfg, weights: dict, out_dir: str, location=None) -> None:
@@ -142,7 +147,7 @@ def check(cfg) -> None:
         if m[kind] != "fused":
             continue
         rules = ((m.impl == "native", "model.impl", "is the native model's"),
-                 (cfg.device.target == "CPU", "device.target", "runs on CPU"),
+                 (cfg.device.cpu_kernels, "device", "runs on CPU (device.cpu_kernels)"),
                  (cfg.precision.compute_dtype == "fp32", "precision.compute_dtype", "computes in fp32"),
                  (p.tp == p.pp == 1, "parallel", "has no tensor/pipeline sharding plan"))
         if kind == "attention_kernel":
@@ -162,7 +167,7 @@ def check_flash_precision(cfg) -> None:
     (some newer CANN kernels also take fp32, far slower). Checked in the dry run too, so a plan never says
     "compute fp32 ... attention flash"."""
     m, device = cfg.model, cfg.device
-    if cfg.precision.compute_dtype != "fp32" or device.target != "Ascend" or not use_flash_attention(m, device.target):
+    if cfg.precision.compute_dtype != "fp32" or not device.flash_attention or not use_flash_attention(m, device):
         return  # (elsewhere flash attention is refused for having no kernel: base/validate.py)
     how = "null: on by default on " + device.target if m.flash_attention is None else str(m.flash_attention).lower()
     raise ConfigError("precision", f"fp32 with flash attention (model.flash_attention={how}): flash attention takes "

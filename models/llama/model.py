@@ -119,6 +119,8 @@ class LlamaModel(DecoderTrunk):
 class LlamaForCausalLM(CausalLM):
     """tokens [B, S] int32 -> logits [B, S, vocab] fp32. `flash`: Ascend's flash attention (Attention)."""
 
+    family = "llama"  # the family that builds it (what a converter asks: LoRA's default targets)
+
     def __init__(self, cfg: LlamaConfig, compute_dtype: str = "fp32", flash: bool = False, seed: int = 0,
                  deferred: bool = False):
         super().__init__()
