@@ -2,7 +2,6 @@
 import gzip
 import json
 import os
-import random
 import shutil
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import pytest
 from mindspore.mindrecord import FileReader
 from omegaconf import OmegaConf
 
-from base.schema import CleaningConfig, DataConfig, SourceConfig
+from base.schema import CleaningConfig, DataConfig
 import data.sources
 from data import DataError
 from data.cache import prepare
@@ -24,71 +23,13 @@ from data.cleaning import clean_batch, repeated_line_fraction, symbol_fraction
 from data.documents import Work, _dedup_and_split, clean, split_documents
 from data.minhash import NUM_PERM, lsh_bands, signature
 from data.parallel import WorkerPool
-from data.sources import no_documents, read_unit, source_files, work_units
+from data.sources import source_files
 from data.tokenizer import sample_lines
 
 from conftest import corpus_path, write_docs
+from helpers import VOCAB, data_cfg, make_docs, prose, read_documents, source_cfg
 
 REPO = Path(__file__).resolve().parents[1]
-VOCAB = 384
-WORDS = ("the of and to in a is that for it as with was on be by he at or from his but not are "
-         "naïve café 中文 😀 x_1 def return {} () 42 3.14").split()
-NO_FILTERS = {"min_chars": 0, "exact_dedup": False, "near_dedup": False}
-
-
-def make_docs(seed, n):
-    """Unique documents with indentation, tabs, trailing spaces, blank lines and non-ASCII text."""
-    rng = random.Random(seed)
-    docs = []
-    for i in range(n):
-        lines = [" " * rng.choice([0, 0, 4, 8]) + "\t" * (rng.random() < 0.1)
-                 + " ".join(rng.choice(WORDS) for _ in range(rng.randint(0, 12)))
-                 + " " * (rng.random() < 0.1) for _ in range(rng.randint(1, 8))]
-        docs.append(f"doc {seed}-{i}\n" + "\n".join(lines) + "\n" * (i % 3))
-    return docs
-
-
-def prose(seed, n_words=120):
-    """A document of distinct-ish words that passes every filter (for the cleaning tests)."""
-    rng = random.Random(seed)
-    return " ".join(f"{rng.choice(WORDS[:24])}{rng.randint(0, 999)}" for _ in range(n_words)) + "\n"
-
-
-
-
-def source_cfg(**kw):
-    return OmegaConf.merge(OmegaConf.structured(SourceConfig), kw)
-
-
-def read_documents(source):
-    """`source`'s documents in reading order, as prepare's clean step reads them (its work units in turn)."""
-    n = 0
-    for unit in work_units(source):
-        for doc in read_unit(source, unit):
-            n += 1
-            yield doc
-    if n == 0:
-        raise no_documents(source, source_files(source))
-
-
-def data_cfg(tmp_path, sources, **overrides):
-    base = {"name": "t", "cache_dir": str(tmp_path / "cache"), "seq_len": 32, "val_fraction": 0.1,
-            "num_workers": 0, "sources": sources, "cleaning": NO_FILTERS,
-            "tokenizer": {"vocab_size": VOCAB, "sample_chars": 100_000}}
-    return OmegaConf.merge(OmegaConf.structured(DataConfig), base, overrides)
-
-
-@pytest.fixture
-def corpus(tmp_path):
-    """Two JSONL sources, the second gzipped and found by a glob; returns (cfg, docs by source)."""
-    docs = {"a": make_docs(1, 40), "b": make_docs(2, 30)}
-    write_docs(tmp_path / "a.jsonl", docs["a"])
-    write_docs(tmp_path / "b.jsonl.gz", docs["b"])
-    sources = [{"name": "a", "kind": "jsonl", "paths": [str(tmp_path / "a.jsonl")]},
-               {"name": "b", "kind": "jsonl", "paths": [str(tmp_path / "b*.jsonl.gz")]}]
-    return data_cfg(tmp_path, sources), docs
-
-
 def decode_docs(prepared, source, split):
     """A split's documents decoded at the stored boundaries (each must end in eos, the only one)."""
     tok, tokens, starts = prepared.tokenizer(), prepared.tokens(source, split), prepared.doc_offsets(source, split)
