@@ -50,6 +50,26 @@ def corpus_path(*parts: str) -> str:
     return path
 
 
+# The test files that train, launch or prepare the most, longest first: `make test` hands whole files to its
+# workers in collection order (--dist loadfile --no-loadscope-reorder), so these start first and no worker takes
+# one of them on while the others run out of work. The rest follow by their number of slow tests, then of tests.
+HEAVY_FIRST = ("test_recipe.py", "test_train.py", "test_sft.py", "test_mlm.py", "test_ppo.py", "test_checkpoint.py",
+               "test_alignment.py", "test_generate.py", "test_errors.py", "test_data.py")
+
+
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected
+def pytest_collection_modifyitems(config, items):
+    files, slow, count = {}, {}, {}
+    for item in items:
+        name = item.path.name
+        files.setdefault(name, []).append(item)
+        slow[name] = slow.get(name, 0) + (item.get_closest_marker("slow") is not None)
+        count[name] = count.get(name, 0) + 1
+    heavy = {name: rank for rank, name in enumerate(HEAVY_FIRST)}
+    order = sorted(files, key=lambda name: (heavy.get(name, len(heavy)), -slow[name], -count[name], name))
+    items[:] = [item for name in order for item in files[name]]
+
+
 def pytest_runtest_setup(item):
     for mark in item.iter_markers("corpora"):  # @pytest.mark.corpora("tiny"): corpus_path("tiny") before the test
         corpus_path(*mark.args)

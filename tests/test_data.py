@@ -349,15 +349,26 @@ def test_leftover_tmp_dirs_are_removed(corpus):
         assert len(read_rows(rebuilt, "a", "train")) == rebuilt.meta["sources"]["a"]["train"]["rows"]
 
 
-@pytest.mark.slow
-def test_corpora_tiny_prepares_in_worker_processes_then_is_a_no_op(tmp_path, monkeypatch):
-    monkeypatch.delenv("MINDLAB_CORPORA", raising=False)
+@pytest.fixture(scope="module")
+def corpora_tiny(tmp_path_factory):
+    """corpus/tiny as data=corpora_tiny prepares it (a 4,096-piece tokenizer), built once in worker processes for
+    the test of that build and for the command line's run over the same cache."""
     corpus_path("tiny")
-    preset = OmegaConf.load(REPO / "conf/data/corpora_tiny.yaml")
-    preset.pop("defaults")
-    cfg = OmegaConf.merge(OmegaConf.structured(DataConfig), preset, {
-        "cache_dir": str(tmp_path), "num_workers": 2, "tokenizer": {"vocab_size": 4096, "sample_chars": 300_000}})
-    prepared = prepare(cfg)
+    cache = tmp_path_factory.mktemp("corpora_tiny")
+    with pytest.MonkeyPatch.context() as env:
+        env.delenv("MINDLAB_CORPORA", raising=False)
+        preset = OmegaConf.load(REPO / "conf/data/corpora_tiny.yaml")
+        preset.pop("defaults")
+        cfg = OmegaConf.merge(OmegaConf.structured(DataConfig), preset, {
+            "cache_dir": str(cache), "num_workers": 2, "tokenizer": {"vocab_size": 4096, "sample_chars": 300_000}})
+        OmegaConf.resolve(cfg)
+    return cache, cfg, prepare(cfg)
+
+
+@pytest.mark.slow
+def test_corpora_tiny_prepares_in_worker_processes_then_is_a_no_op(corpora_tiny):
+    tmp_path, cfg, prepared = corpora_tiny
+    assert not prepared.reused
     files = sorted(p.name for p in prepared.rows_dir.iterdir())
     assert "books_en.train.00000.mindrecord" in files and "zh.val.00000.mindrecord.db" in files
     assert list(prepared.meta["sources"]) == ["books_en", "code", "reference_en", "techdocs_en", "zh"]
@@ -385,15 +396,23 @@ def test_concurrent_prepares_build_once(corpus):
 
 
 @pytest.mark.slow
-def test_prepare_command_line(tmp_path):
-    corpus_path("tiny")
+def test_prepare_command_line(corpora_tiny):
+    """`python prepare.py data=corpora_tiny` over the cache the fixture built: it finds it and prints its table."""
+    cache, cfg, prepared = corpora_tiny
     run = lambda *args: subprocess.run([sys.executable, "prepare.py", "data=corpora_tiny", "data.num_workers=0",
-                                        f"data.cache_dir={tmp_path}", *args], cwd=REPO, capture_output=True, text=True)
+                                        f"data.cache_dir={cache}", "data.tokenizer.vocab_size=4096",
+                                        "data.tokenizer.sample_chars=300000", *args],
+                                       cwd=REPO, capture_output=True, text=True)
     done = run()
     assert done.returncode == 0, done.stderr[-2000:]
     table = done.stdout.splitlines()[-6:]
     assert table[0].split()[:3] == ["source", "read", "min_chars"] and [row.split()[0] for row in table[1:]] == [
         "books_en", "code", "reference_en", "techdocs_en", "zh"]
+    for row in table[1:]:  # the cache's own counts: documents read, kept, training rows
+        name, read, *_, kept, _, rows, _, _, _ = row.split()
+        meta = prepared.meta["sources"][name]
+        assert (read, kept, rows) == tuple(f"{n:,}" for n in (meta["docs_read"], meta["docs_kept"],
+                                                                 meta["train"]["rows"]))
     refused = run("+data.weights.cod=1")
     assert refused.returncode == 2 and "data.weights.cod: no source named 'cod'" in refused.stderr
 

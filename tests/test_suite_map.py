@@ -42,3 +42,9 @@ def test_no_test_module_imports_another():
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             found += [f"{path.name}:{node.lineno} imports {n}" for n in names if n.split(".")[-1].startswith("test_")]
     assert found == []
+
+
+def test_the_files_make_test_starts_first_exist():
+    from conftest import HEAVY_FIRST
+
+    assert sorted(name for name in HEAVY_FIRST if not (TESTS / name).is_file()) == []
