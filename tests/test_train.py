@@ -36,9 +36,9 @@ def metrics(run_dir):
 
 
 @pytest.mark.slow
-def test_tiny_pretraining_on_the_default_data_learns(tmp_path):
+def test_tiny_pretraining_on_the_default_data_learns(tmp_path, monkeypatch):
     """The README's first command, shortened: the loss falls far below its step-1 value."""
-    run_dir, steps, evals = train(tmp_path, "stage=tiny_pretrain", "trainer.max_steps=60",
+    run_dir, steps, evals = train_in_process(tmp_path, monkeypatch, "stage=tiny_pretrain", "trainer.max_steps=60",
                                   "trainer.micro_batch_size=8", "trainer.log_every=1", "trainer.eval_every=30",
                                   "optim.warmup_steps=10")
     assert [m["step"] for m in steps] == list(range(1, 61))
