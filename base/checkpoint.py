@@ -74,7 +74,11 @@ def tokenizer_of(path: str) -> Optional[str]:
 # the model keys that say what the weights are (their shapes, and what they were trained at), which a stage started
 # from a checkpoint takes from it; the others say how to compute (kernels, recompute) and stay the run's
 SHAPE = ("name", "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
-         "tie_embeddings", "max_position_embeddings", "rope_theta", "norm_eps")
+         "tie_embeddings", "max_position_embeddings", "rope_theta", "norm_eps",
+         # a mixture of experts' (models/moe): its experts and how a token is routed to them; how many tokens an
+         # expert takes and the router's losses (capacity_factor, aux_loss_coef, z_loss_coef) stay the run's
+         "num_experts", "top_k", "expert_intermediate_size", "norm_topk_prob", "shared_expert_intermediate_size",
+         "shared_expert_gate")
 
 
 def inherit(cfg: DictConfig, typed: Set[str]) -> List[str]:

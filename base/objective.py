@@ -21,6 +21,7 @@ class ObjectiveBase:
     token_nll = None  # token_nll(model) -> a causal LM's per-token NLL cell (evaluation's measures)
     fill_mask = None  # fill_mask(model, k) -> a masked LM's predictions (fill-mask accuracy)
     next_inputs = None  # next_inputs(draw) -> the next micro-batch's inputs (an objective making its own batches)
+    timings = None  # timings() -> {phase: seconds} spent making inputs since the last call (PPO's rollout phases)
     state_dict = None  # state_dict() -> what a checkpoint holds besides the weights (JSON), with load_state_dict
     load_state_dict = None
 

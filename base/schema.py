@@ -285,9 +285,11 @@ class Config:
 
 
 def is_sharded(parallel) -> bool:
-    """Whether the layout needs MindSpore's semi-auto parallel (distributed/semi_auto.py): tp, pp, cp, or
-    optimizer sharding over dp. Plain data parallelism runs without it (distributed/data_parallel.py)."""
-    return parallel.tp > 1 or parallel.pp > 1 or parallel.cp > 1 or (parallel.optimizer_shard and parallel.dp > 1)
+    """Whether the layout needs MindSpore's semi-auto parallel (distributed/semi_auto.py): tp, pp, cp, ep (the
+    experts split over data-parallel ranks), or optimizer sharding over dp. Plain data parallelism runs without it
+    (distributed/data_parallel.py)."""
+    return parallel.tp > 1 or parallel.pp > 1 or parallel.cp > 1 or parallel.ep > 1 or \
+        (parallel.optimizer_shard and parallel.dp > 1)
 
 
 def world_size(parallel) -> int:

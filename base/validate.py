@@ -338,11 +338,12 @@ def _check_target(cfg: DictConfig) -> None:
     these, so a planned layout can start on the device it was planned for."""
     p, d, target = cfg.parallel, cfg.device, cfg.device.target
     devices = devices_of(p)
-    if target == "CPU" and (p.tp > 1 or p.pp > 1 or p.cp > 1):
+    if target == "CPU" and (p.tp > 1 or p.pp > 1 or p.cp > 1 or p.ep > 1):
         cp = f" x cp={p.cp}" if p.cp > 1 else ""
-        raise ConfigError("parallel", f"parallel={p.name} (dp={p.dp} x tp={p.tp}{cp} x pp={p.pp}) needs "
-                          f"{devices} Ascend/GPU devices, found CPU (device={d.name}): MindSpore runs tensor, context "
-                          "and pipeline parallelism only on Ascend/GPU. On such nodes set device=ascend910b|h100|a100; "
+        ep = f", ep={p.ep}" if p.ep > 1 else ""
+        raise ConfigError("parallel", f"parallel={p.name} (dp={p.dp} x tp={p.tp}{cp} x pp={p.pp}{ep}) needs "
+                          f"{devices} Ascend/GPU devices, found CPU (device={d.name}): MindSpore runs tensor, context, "
+                          "pipeline and expert parallelism only on Ascend/GPU. On such nodes set device=ascend910b|h100|a100; "
                           "here add that device= and dry_run=true to see its layout and memory plan")
     _require(target != "CPU" or not is_sharded(p), "parallel.optimizer_shard", "optimizer sharding runs in "
              "MindSpore's semi-auto parallel mode, which needs Ascend/GPU; set parallel.optimizer_shard=false on CPU")

@@ -26,7 +26,7 @@ import tempfile
 
 import boot  # noqa: F401  (first: MindSpore before anything that loads protobuf)
 
-from benchmarks.measure import ROOT, summarize, train_and_measure
+from benchmarks.measure import ROOT, summarize, time_shares, train_and_measure
 from benchmarks.results import recorded
 
 COMMON = ["trainer.micro_batch_size=8", "trainer.log_every=10", "trainer.eval_batches=16", "logger.progress_bar=false"]
@@ -123,6 +123,7 @@ def main() -> None:
               f"{m['objective/rlhf_reward']:>12.3f} {m['gen_len']:>8.1f} {m['eos_fraction']:>6.2f} "
               f"{m['policy/clipfrac']:>9.3f}")
 
+    print(time_shares(ppo_logs))
     print(f"\nrule-based check on {args.rule_items} held-out instructions (greedy)")
     print(f"{'policy':>8} {'exact match':>12} {'ROUGE-L':>8}")
     for name, r in rules.items():

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from base.paths import data_dir
+from benchmarks.measure import time_shares
 from benchmarks.results import recorded
 from recipe.report import variants
 
@@ -84,6 +85,9 @@ def main() -> None:
     shown = ppo[::max(len(ppo) // 8, 1)]
     for m in shown + ppo[len(ppo) - 1:] if ppo and ppo[-1] is not shown[-1] else shown:
         print(f"| {m['step']} | {m['objective/scores']:.4f} | {m['objective/kl']:.4f} |")
+    print()
+    print(time_shares(ppo) + " (rollout: sampling and the policy's own log-probabilities; reward: the reward model; "
+          "reference: the frozen reference)")
     rose, closer = ppo[-1]["objective/scores"] > ppo[0]["objective/scores"], \
         answers["ppo"]["rouge_l"] >= answers["sft"]["rouge_l"]
     print()

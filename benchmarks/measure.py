@@ -26,6 +26,20 @@ def summarize(run_dir: str) -> dict:
             "peak_rss_gb": logs[-1]["peak_rss_gb"], "final_loss": logs[-1]["loss"]}
 
 
+def time_shares(logged: list) -> str:
+    """Where a PPO run's step time went (its metrics.jsonl lines' time/<part>, seconds per step over each logging
+    interval, weighted by the interval's steps), one line: each part's seconds per step and share."""
+    parts = ("rollout", "reward", "reference", "update")
+    timed = [m for m in logged if "time/step" in m]
+    if not timed:
+        return "no time/ numbers in the run's metrics (logged by objectives with timings: PPO)"
+    spans = [m["step"] - (prev["step"] if prev else 0) for prev, m in zip([None] + timed[:-1], timed)]
+    total = {p: sum(m[f"time/{p}"] * n for m, n in zip(timed, spans)) for p in (*parts, "step")}
+    steps = sum(spans)
+    shares = ", ".join(f"{p} {total[p] / steps:.3f} s ({total[p] / total['step']:.0%})" for p in parts)
+    return f"PPO's time per step over {steps} steps: {shares}; step {total['step'] / steps:.3f} s"
+
+
 def train_command(overrides: list, run_dir: str) -> list:
     return [sys.executable, os.path.join(ROOT, "train.py"), *overrides, f"hydra.run.dir={run_dir}"]
 

@@ -21,7 +21,7 @@ def main() -> None:
     import plugins
 
     plugins.register()  # before planner.published, whose Llama 3 rows count FLOPs through the llama family
-    from planner.published import RUNS, fit, leave_one_out, own, predict
+    from planner.published import OUTLIERS, RUNS, fit, leave_one_out, own, predict, ratio as ratio_at
 
     fitted = fit(RUNS)
     folds = leave_one_out(RUNS)
@@ -38,6 +38,12 @@ def main() -> None:
         t = predict(r, efficiency)
         print(f"| {r.name} | {r.source} | {r.device} | {layout(r)} | {r.published:,.0f} | "
               f"{t.tokens_per_s_per_device:,.0f} | {ratio:.2f} | {efficiency:.3f} | {t.mfu:.0%} |")
+    print(f"\nOutliers (planner/published.py says why), predicted by the fit to the {len(RUNS)} runs above:\n")
+    print("| run | source | device | layout | published tokens/s/device | predicted | ratio |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in OUTLIERS:
+        print(f"| {r.name} | {r.source} | {r.device} | {layout(r)} | {r.published:,.0f} | "
+              f"{predict(r, fitted).tokens_per_s_per_device:,.0f} | {ratio_at(r, fitted):.2f} |")
 
 
 if __name__ == "__main__":

@@ -40,7 +40,9 @@ def write_section(name: str, title: str, body: str) -> None:
     """Replace (or add) the section of benchmark `name` (its module, e.g. benchmarks.speed_memory): `title`, the
     stamp, then `body` (markdown)."""
     begin, end = f"<!-- {name}: begin -->", f"<!-- {name}: end -->"
-    stamp = f"_{machine()}; {datetime.date.today().isoformat()}; commit {commit()}; `python -m {name}`_"
+    # the load says whether timings were taken on a quiet machine (about 1 per busy core) or beside other work
+    stamp = (f"_{machine()}, load {os.getloadavg()[1]:.1f} over the last 5 minutes; {datetime.date.today().isoformat()}; "
+             f"commit {commit()}; `python -m {name}`_")
     block = f"{begin}\n## {title}\n\n{stamp}\n\n{body.strip()}\n{end}"
     text = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else HEAD
     if begin in text and end in text:

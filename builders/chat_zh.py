@@ -25,7 +25,9 @@ preferred one) with a worse one made by a rule, drawn with the seed (`rule` says
 - `loop`: the answer's first clause (up to the first '，', '。' or line end) repeated to the answer's length.
 Which of response1 and response2 holds the corpus answer is a seeded coin, and `preference` names it. They are
 held out as their samples are. Writes train.jsonl, val.jsonl (alpaca samples), feedback_train.jsonl, feedback_val.jsonl and stats.json to
-`--out` (default `${MINDLAB_DATA_DIR:-~/.cache/mindlab/data}/chat_zh`), atomically. Pure Python.
+`--out` (default `${MINDLAB_DATA_DIR:-~/.cache/mindlab/data}/chat_zh`), atomically, and tasks/<task>.jsonl: each
+task's held-out samples alone, the evaluation tasks of `python -m evaluation CKPT --tasks-dir <out>/tasks
+tasks=[poem_zh]` (scored per task, by exact match and ROUGE-L of greedy answers). Pure Python.
 """
 from __future__ import annotations
 
@@ -45,7 +47,7 @@ from builders.instructions import existing_shards, read_documents, split_of
 
 
 TOOL = "builders.chat_zh"
-OWN = ("train.jsonl", "val.jsonl", "feedback_train.jsonl", "feedback_val.jsonl", "stats.json")
+OWN = ("train.jsonl", "val.jsonl", "feedback_train.jsonl", "feedback_val.jsonl", "stats.json", "tasks")
 SHARDS = {"manpages_zh": "zh/manpages_zh.jsonl.gz", "tang_song_poems": "zh/tang_song_poems.jsonl.gz",
           "debian_handbook_zh_cn": "zh/debian_handbook_zh_cn.jsonl.gz",
           "debian_reference_zh_cn": "zh/debian_reference_zh_cn.jsonl.gz",
@@ -194,6 +196,10 @@ def write(out_dir: Path, records: Dict[str, list], stats: dict) -> Path:
             with open(tmp / f"{name}.jsonl", "w", encoding="utf-8") as f:
                 f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
         (tmp / "stats.json").write_text(json.dumps(stats, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        (tmp / "tasks").mkdir()
+        for task in TASKS:
+            with open(tmp / "tasks" / f"{task}.jsonl", "w", encoding="utf-8") as f:
+                f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records["val"] if r["task"] == task)
     return out_dir
 
 

@@ -35,11 +35,12 @@ class DataBundle:
 
 
 def build_data(cfg: DataConfig, micro_batch_size: int, dp_rank: int = 0, dp_size: int = 1, seed: int = 0,
-               eval_batches: int = 8, spec: RowSpec = PACKED) -> DataBundle:
+               eval_batches: int = 8, spec: RowSpec = PACKED, fit_small_val: bool = True) -> DataBundle:
     """Prepare (or reuse) the cache for `cfg` in the row layout `spec` (the objective's) and open this rank's
-    training and validation batches over it."""
+    training and validation batches over it (`fit_small_val`: data/loader.py validation_batches' fit_small)."""
     check_weights(cfg.weights, [s.name for s in cfg.sources])  # before the work of preparing
     prepared = cache.prepare(cfg, spec)
     train = BlendedBatches(prepared, cfg.weights, micro_batch_size, dp_rank, dp_size, seed, cfg.allow_weight_change)
     meta = {**prepared.meta, "cache_dir": str(prepared.rows_dir), "weights": train.weights}
-    return DataBundle(prepared.tokenizer(), train, validation_batches(prepared, micro_batch_size, eval_batches), meta)
+    val = validation_batches(prepared, micro_batch_size, eval_batches, fit_small_val)
+    return DataBundle(prepared.tokenizer(), train, val, meta)

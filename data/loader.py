@@ -130,23 +130,31 @@ class BlendedBatches:
         return pipeline.create_tuple_iterator(num_epochs=1, output_numpy=True), src, draw
 
 
-def validation_batches(prepared: PreparedData, micro_batch_size: int,
-                       n_batches: int) -> Dict[str, List[Dict[str, np.ndarray]]]:
+def validation_batches(prepared: PreparedData, micro_batch_size: int, n_batches: int,
+                       fit_small: bool = True) -> Dict[str, List[Dict[str, np.ndarray]]]:
     """Per source, its first min(n_batches, val rows // micro_batch_size) batches of validation rows, in order
-    (each a dict of columns like BlendedBatches.next_batch)."""
+    (each a dict of columns like BlendedBatches.next_batch). A source that held out fewer rows than a batch (a
+    small dataset: packing puts several samples in a row, so even half of 50 samples may not fill 8 rows) is
+    one batch of the rows it has, said in one line with the settings that give full batches; `fit_small=False`
+    (a graph compiled for one batch shape: sharded runs) refuses it instead."""
     out = {}
     for name, rows in prepared.rows("val").items():
         if prepared.meta["sources"][name]["val"]["docs"] == 0:
             continue  # data.val_fraction = 0, or a one-document source: nothing was held out
-        n = min(n_batches, rows // micro_batch_size)
+        n, size = min(n_batches, rows // micro_batch_size), micro_batch_size
         if n == 0:
-            raise DataError(f"data source '{name}' has {rows} validation rows of data.seq_len + 1 tokens, fewer "
-                            f"than one batch of {micro_batch_size}; " + _enough_validation(
-                                prepared.meta["sources"][name], prepared.meta["seq_len"], micro_batch_size, rows))
+            fix = _enough_validation(prepared.meta["sources"][name], prepared.meta["seq_len"], micro_batch_size, rows)
+            if not fit_small:
+                raise DataError(f"data source '{name}' has {rows} validation rows of data.seq_len + 1 tokens, fewer "
+                                f"than one batch of {micro_batch_size}; {fix}")
+            n, size = 1, rows
+            print(f"[data] source '{name}' held out {rows} validation row(s) of data.seq_len + 1 tokens, fewer than "
+                  f"a batch of {micro_batch_size}: it is evaluated as one batch of {rows} (for full batches {fix})",
+                  flush=True)
         pipeline = ds.MindDataset(prepared.shard_files(name, "val"), columns_list=list(prepared.columns),
-                                  shuffle=False, num_samples=n * micro_batch_size)
+                                  shuffle=False, num_samples=n * size)
         rows = list(pipeline.create_tuple_iterator(num_epochs=1, output_numpy=True))
-        out[name] = [{column: np.stack([row[i] for row in rows[b * micro_batch_size:(b + 1) * micro_batch_size]])
+        out[name] = [{column: np.stack([row[i] for row in rows[b * size:(b + 1) * size]])
                       for i, column in enumerate(prepared.columns)} for b in range(n)]
     return out
 

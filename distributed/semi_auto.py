@@ -43,20 +43,21 @@ TP_OVERLAP = {"matmul_grad_comm_overlap": True, "interleaved_matmul_comm": True}
 def shard_model(model: nn.Cell, cfg: DictConfig) -> None:
     p, plan = cfg.parallel, plan_of(cfg.model.family)
     apply_tensor_parallel(model, plan, p.dp, p.tp, p.sequence_parallel, p.cp, p.cp_algo,
-                          cfg.device.devices_per_node)
+                          cfg.device.devices_per_node, p.ep)
     if p.pp > 1:
         assign_stages(model, plan, p.pp, p.vp)
 
 
 def apply_tensor_parallel(model: nn.Cell, plan, dp: int, tp: int, sequence_parallel: bool = False, cp: int = 1,
-                          cp_algo: str = "ring", devices_per_node: int = 8) -> dict:
-    """Shard the model's primitives as the family's plan says (call under SEMI_AUTO_PARALLEL), with the output
+                          cp_algo: str = "ring", devices_per_node: int = 8, ep: int = 1) -> dict:
+    """Shard the model's primitives as the family's plan says (call under SEMI_AUTO_PARALLEL; `ep`: the experts
+    over ep of the dp ranks), with the output
     strategies the plan gives (sequence parallelism's reduce-scatters); returns the input strategies applied,
     `<cell path>.<primitive>` -> one tuple per input. Context parallelism: the plan's context_parallel_attributes
     (ring attention) set on the primitives too."""
     cells = dict(model.cells_and_names())
     ulysses = ulysses_degree(cp, cp_algo, tp, devices_per_node)
-    strategies = plan.tensor_parallel_strategies(model, dp, tp, sequence_parallel, cp, ulysses)
+    strategies = plan.tensor_parallel_strategies(model, dp, tp, sequence_parallel, cp, ulysses, ep)
     outputs = plan.output_strategies(model, dp, tp, sequence_parallel, cp)
     for path, strategy in strategies.items():
         owner, _, primitive = path.rpartition(".")

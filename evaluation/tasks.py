@@ -277,11 +277,13 @@ def run_tasks(tasks: Sequence[Task], loglikelihood: Optional[Callable], generate
 
 
 def task_scorer(names: Sequence[str], max_items: int, objective, model, family_name: str, tokenizer,
-                batch_size: int, max_len: int, max_new_tokens: int = 64) -> Callable[[], dict]:
+                batch_size: int, max_len: int, max_new_tokens: int = 64,
+                template: Optional[Dict[str, str]] = None) -> Callable[[], dict]:
     """The task files `names` (loaded and checked now: a bad one fails before training starts) ->
     score() -> {"<task>/<metric>": value}, with the scorers `python -m evaluation` uses (training's
-    trainer.eval_tasks)."""
-    tasks = load_tasks(list(names), None, max_items)
+    trainer.eval_tasks); Alpaca samples among them are prompted in `template` (the run's, which its checkpoints
+    keep)."""
+    tasks = load_tasks(list(names), None, max_items, template)
     loglikelihood, generate_fn, skip = scorers(objective, model, family_name, tokenizer, batch_size, max_len)
 
     def score() -> dict:

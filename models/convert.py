@@ -118,8 +118,8 @@ def export_hf(ckpt_dir: str, out_dir: str, merge_lora: bool = False, location: O
 
 def export_mindformers(ckpt_dir: str, out_dir: str, location: Optional[str] = None) -> None:
     """A MindFormers `.ckpt` and the model part of a MindFormers run YAML, by the family's `export_mindformers`
-    hook (Llama's: MindFormers 1.9 has no other family mindlab trains). `location`: where out_dir will be once in
-    place, for the YAML's load_checkpoint."""
+    hook (Llama's, and the MoE family's as MindFormers' Llama with a moe_config). `location`: where out_dir will be
+    once in place, for the YAML's load_checkpoint."""
     cfg, weights = _read_checkpoint(ckpt_dir)
     fam = model_family(cfg)
     if fam.export_mindformers is None:

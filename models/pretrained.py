@@ -78,7 +78,9 @@ def build(model_cfg, path: str, device: str, precision: str = "auto"):
 
     # the native model (MindFormers' checkpoints hold the same names), built as training builds it: with the CPU
     # kernels where they apply, so decoding runs one attention op a layer and step (kernels/attention.cc)
-    native = OmegaConf.merge(model_cfg, {"impl": "native", "flash_attention": False, "recompute": "none"})
+    # (`impl` only where the family has one: the llama family's choice of native or MindFormers' network)
+    plain = {"flash_attention": False, "recompute": "none", **({"impl": "native"} if "impl" in model_cfg else {})}
+    native = OmegaConf.merge(model_cfg, plain)
     dtype = precision if precision != "auto" else ("fp32" if device == "CPU" else "bf16")
     model = build_model(native, native.max_position_embeddings, dtype, device, seed=0)
     checkpoint.load_weights(path, model)

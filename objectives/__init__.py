@@ -42,6 +42,8 @@ its `Objective` subclasses base.objective.ObjectiveBase, whose optional hooks ar
                          them (no held-out evaluation is run on rows then)
     state_dict() / load_state_dict(state)   what a checkpoint must hold besides the weights (JSON)
     logged               a dict of host-side numbers logged with each step
+    timings()            {phase: seconds} spent making inputs since the last call (PPO: rollout, reward,
+                         reference): the loop logs each as time/<phase> per step beside time/update and time/step
 """
 import importlib
 import pkgutil

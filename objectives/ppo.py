@@ -34,12 +34,18 @@ Logged per step (TRL's names): from the rollout that step trained on, `objective
 `objective/kl_coef`, `gen_len`, `eos_fraction`; from the update, `policy/approxkl`, `policy/clipfrac`,
 `loss/policy`, `loss/value`, `val/clipfrac`, `entropy`. The rollout buffer, the running score moments, the KL
 coefficient and the rollout count are saved with every checkpoint, so a resumed run equals an uninterrupted one.
+Where the time goes, per step (the loop's trainer/callbacks.py TrainMetrics): `time/rollout` (sampling, the
+policy's log-probabilities and values of the samples, rewards and advantages on the host), `time/reward` (the
+reward model), `time/reference` (the reference's log-probabilities), `time/update` (the optimizer step on a
+minibatch), `time/step` (their sum, up to the loop's own bookkeeping), each part's share as `time_share/<part>`;
+the run ends with a `[time]` line of the same over all its steps.
 No held-out evaluation (`trainer.eval_every` is ignored): score a checkpoint with `python -m evaluation`.
 
     python train.py stage=ppo stage.init_from=runs/sft/checkpoints/latest \
         objective.reward_model=runs/rm/checkpoints/latest
 """
 import os
+import time
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Iterator, Optional
@@ -61,6 +67,7 @@ from objectives import _reference, check_fine_tuning
 from objectives.rm import RewardModel, val_reward_stats
 
 ESTIMATORS = ("k1", "k3")
+PHASES = ("rollout", "reward", "reference")  # timings(): where a rollout's time goes (the update is the loop's)
 SCORE_NORMS = ("auto", "rm_val", "running")
 
 
@@ -254,19 +261,28 @@ class PolicyWithValue(nn.Cell):
         return self.lm.head(h), (h.astype(ms.float32) * self.value_head).sum(-1), aux
 
 
-class RolloutForward(nn.Cell):
-    """tokens [B, S + 1] -> the policy's and the reference's log-probabilities of tokens[:, 1:] and the values."""
+class PolicyForward(nn.Cell):
+    """tokens [B, S + 1] -> the policy's log-probabilities of tokens[:, 1:] and its values."""
 
-    def __init__(self, policy: PolicyWithValue, reference: nn.Cell):
+    def __init__(self, policy: PolicyWithValue):
         super().__init__(auto_prefix=False)
-        self.policy, self.reference = policy, reference
+        self.policy = policy
 
     def construct(self, tokens):
-        inputs, targets = tokens[:, :-1], tokens[:, 1:]
-        logits, values = self.policy(inputs)
-        logp, _ = _reference.token_logps(logits, targets)
-        ref_logp, _ = _reference.token_logps(self.reference(inputs), targets)
-        return logp, ref_logp, values
+        logits, values = self.policy(tokens[:, :-1])
+        return _reference.token_logps(logits, tokens[:, 1:])[0], values
+
+
+class ReferenceForward(nn.Cell):
+    """tokens [B, S + 1] -> the frozen reference's log-probabilities of tokens[:, 1:] (a cell of its own, so
+    the rollout's time in the reference is measured apart from the policy's)."""
+
+    def __init__(self, reference: nn.Cell):
+        super().__init__(auto_prefix=False)
+        self.reference = reference
+
+    def construct(self, tokens):
+        return _reference.token_logps(self.reference(tokens[:, :-1]), tokens[:, 1:])[0]
 
 
 class PPOLoss(nn.Cell):
@@ -311,6 +327,7 @@ class Objective(ObjectiveBase):
         self.score_stats = None  # rm_val: (mean, std) the reward model's checkpoint holds
         self.buffer: list = []  # the current rollout's remaining minibatches (tuples of arrays)
         self.logged: dict = {}  # the rollout's numbers, logged with each step trained on it
+        self.seconds = dict.fromkeys(PHASES, 0.0)  # spent in each phase of the rollouts since timings() last read
 
     # --- the loop's hooks -----------------------------------------------------------------------------------
 
@@ -336,7 +353,7 @@ class Objective(ObjectiveBase):
         print("[ppo] scores normalized by " + (f"the reward model's held-out mean {self.score_stats[0]:.4f} and std "
               f"{self.score_stats[1]:.4f}" if self.score_stats else "their running mean and std"), flush=True)
         self.policy = PolicyWithValue(model)
-        self.forward = RolloutForward(self.policy, self.reference)
+        self.policy_forward, self.reference_forward = PolicyForward(self.policy), ReferenceForward(self.reference)
         return self.policy
 
     def loss_cell(self, model: nn.Cell) -> nn.Cell:
@@ -345,7 +362,10 @@ class Objective(ObjectiveBase):
     def next_inputs(self, draw: Callable[[], tuple]) -> tuple:
         """The next minibatch of the current rollout; a new rollout from `draw()` (rows, sample) when it is spent."""
         if not self.buffer:
+            began, scoring = time.perf_counter(), self.seconds["reward"] + self.seconds["reference"]
             self.buffer = self.rollout(*draw())
+            scoring = self.seconds["reward"] + self.seconds["reference"] - scoring
+            self.seconds["rollout"] += time.perf_counter() - began - scoring  # reading the prompts too
         return self.buffer.pop(0)
 
     def batch(self, rows: dict, sample: int) -> tuple:
@@ -353,6 +373,13 @@ class Objective(ObjectiveBase):
 
     def loss_tokens(self, inputs: tuple) -> int:
         return int(inputs[1].sum())
+
+    def timings(self) -> dict:
+        """{phase: seconds} of the rollouts since the last call: rollout (sampling, the policy's log-probabilities
+        and values of the samples, rewards and advantages on the host), reward (the reward model's scores),
+        reference (the reference's log-probabilities)."""
+        out, self.seconds = self.seconds, dict.fromkeys(PHASES, 0.0)
+        return out
 
     def state_dict(self) -> dict:
         return {"kl_coef": self.kl_coef, "rollouts": self.rollouts, "score_moments": list(self.score_moments),
@@ -386,8 +413,13 @@ class Objective(ObjectiveBase):
             tokens[i, :len(seq)] = seq
             mask[i, len(p) - 1:len(seq) - 1] = 1.0
             ends[i] = len(seq) - 1
-        logp, ref_logp, values = (x.asnumpy().astype(np.float64) for x in self.forward(Tensor(tokens)))
+        logp, values = (x.asnumpy().astype(np.float64) for x in self.policy_forward(Tensor(tokens)))
+        start = time.perf_counter()
+        ref_logp = self.reference_forward(Tensor(tokens)).asnumpy().astype(np.float64)
+        scored = time.perf_counter()
         scores = self.reward_model(Tensor(tokens[:, :-1]), Tensor(ends)).asnumpy().astype(np.float64)
+        self.seconds["reference"] += scored - start
+        self.seconds["reward"] += time.perf_counter() - scored
         mean, std = self.score_stats if self.score_stats else self._update_moments(scores)
         normalized = (scores - mean) / std - c.missing_eos_penalty * ~eos
         kl = kl_per_token(logp, ref_logp, c.kl_estimator) * mask

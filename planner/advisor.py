@@ -32,6 +32,7 @@ from planner.timing import StepTime, step_time
 DEFAULT_BATCH_TOKENS = 4 * 2 ** 20
 MICRO_BATCH_SIZES = (1, 2, 4, 8, 16, 32)
 MAX_DEVICES = 4096  # how far "needs at least" looks
+COMM_KINDS = ("tp", "cp", "dp", "pp", "ep")  # the table's communication column: exposed seconds of each kind
 VIRTUAL_STAGES = (2, 4)  # interleaved schedules searched besides the plain one
 # cp is searched while each rank keeps at least this many tokens of a sequence: below it the ring's blocks are too
 # small to hide their transfer (Megatron-LM's context parallelism targets 8k and longer sequences)
@@ -152,9 +153,12 @@ class Search:
         self.cfg, self.m, self.device = cfg, plain(cfg.model), plain(cfg.device)
         self.dtype, self.seq_len = cfg.precision.compute_dtype, cfg.data.seq_len
         self.refused: Dict[str, List] = {}  # the refusing key -> [its first message, grid points refused]
-        # one copy of the config whose layout each grid point sets in turn (merging a config per point is slow)
+        # one copy of the config whose layout each grid point sets in turn (merging a config per point is slow),
+        # its interpolations resolved once: none reads the layout, and resolving them on every read of every
+        # grid point's validation was most of the search's time
         self._trial = OmegaConf.merge(cfg, {"nodes": None, "dry_run": True,
                                             "trainer": {"grad_accum": 1, "global_batch_size": None}})
+        OmegaConf.resolve(self._trial)
 
     def refusal(self, point: "Point") -> Optional[ConfigError]:
         """Why base/validate.py refuses this grid point (None: allowed). The rules see dp only as dp > 1 (optimizer
@@ -287,16 +291,20 @@ class Search:
 
     def devices_needed(self, devices: int, batch: int) -> Optional[int]:
         """The fewest devices, in whole nodes beyond `devices`, on which some layout fits (None: not even
-        MAX_DEVICES); memory alone decides, so each grid point's lightest layout is enough."""
+        MAX_DEVICES); memory alone decides, so each grid point's lightest layout is enough. Every node count is
+        tried: a layout that fits on n devices may not on more (the batch must split over dp), so no count can be
+        skipped."""
         per_node = self.device.devices_per_node
+        return next((n for n in range((devices // per_node + 1) * per_node, MAX_DEVICES + 1, per_node)
+                     if self._fits_on(n, batch)), None)
 
-        for count in range((devices // per_node + 1) * per_node, MAX_DEVICES + 1, per_node):
-            for c in self.candidates(count, batch, lightest=True):
-                plan = memory_plan(self.m, c, self.seq_len, c.micro_batch_size, self.dtype, c.recompute,
-                                   self._flash(c.tp * c.cp * c.pp > 1), self._needs(c.micro_batch_size))
-                if fits(plan, self.device):
-                    return count
-        return None
+    def _fits_on(self, devices: int, batch: int) -> bool:
+        for c in self.candidates(devices, batch, lightest=True):
+            plan = memory_plan(self.m, c, self.seq_len, c.micro_batch_size, self.dtype, c.recompute,
+                               self._flash(c.tp * c.cp * c.pp > 1), self._needs(c.micro_batch_size))
+            if fits(plan, self.device):
+                return True
+        return False
 
 
 def best_of(options: List[Option]) -> List[Option]:
@@ -323,12 +331,13 @@ def _key(o: Option) -> tuple:
 def summary_row(rank: int, o: Option, usable: float) -> Dict[str, str]:
     """One line of the ranked table."""
     c, t = o.candidate, o.time
-    by_kind = {kind: sum(x.exposed for x in t.comms if x.kind == kind) for kind in ("tp", "cp", "dp", "pp")}
+    by_kind = {kind: sum(x.exposed for x in t.comms if x.kind == kind) for kind in COMM_KINDS}
     return {
         "#": str(rank), "layout": c.describe(), "mbs": str(c.micro_batch_size),
         "micro-batches": f"{c.micro_batches}" + (" (accum)" if c.pp == 1 and c.micro_batches > 1 else ""),
         "recompute": c.recompute, "memory GiB": f"{needed_bytes(o.plan) / 2 ** 30:.1f} ({needed_bytes(o.plan) / usable:.0%})",
-        "bubble": f"{t.bubble_fraction:.0%}", "comm s tp/cp/dp/pp": "/".join(f"{by_kind[k]:.2f}" for k in ("tp", "cp", "dp", "pp")),
+        "bubble": f"{t.bubble_fraction:.0%}",
+        f"comm s {'/'.join(COMM_KINDS)}": "/".join(f"{by_kind[k]:.2f}" for k in COMM_KINDS),
         "step s": f"{t.step:.3g}", "tokens/s/device": f"{t.tokens_per_s_per_device:,.0f}", "MFU": f"{t.mfu:.0%}",
     }
 

@@ -171,13 +171,16 @@ def _alternatives(cfg: Any, devices: int) -> str:
 
 
 def _no_fit_line(cfg: Any, search: Search, devices: int, batch: int) -> str:
+    """Why nothing fits: how many devices any layout needs, and what the rules removed from the search of
+    `devices` (read before devices_needed searches other counts)."""
+    restricted = "".join(f"; {line.strip()}" for line in _restrictions(search))
     needed = search.devices_needed(devices, batch)
     per_node = cfg.device.devices_per_node
     at_least = (f"needs at least {needed} (nodes={needed // per_node})" if needed else
                 f"not on {MAX_DEVICES} either: shorten data.seq_len, use a device with more memory, or give "
                 f"trainer.global_batch_size more sequences (more micro-batches allow more pipeline stages)")
     return (f"no layout of {devices} x {cfg.device.name} fits model={cfg.model.name} at seq_len {cfg.data.seq_len} "
-            f"({batch} sequences per step): {at_least}")
+            f"({batch} sequences per step): {at_least}{restricted}")
 
 
 def advisor_report(cfg: Any, devices: int, overrides: Optional[Sequence[str]] = None) -> str:

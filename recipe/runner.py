@@ -96,7 +96,8 @@ def plan(stages: List[Stage], root: Path, compose: Callable[[List[str]], DictCon
     for stage in stages:
         if stage.kind == "evaluate":
             target = by_name[stage.source]
-            key = _digest([target.key, stage.overrides, stage.tasks, stage.prompts, stage.max_new_tokens])
+            key = _digest([target.key, stage.overrides, stage.tasks, stage.prompts, stage.max_new_tokens]
+                          + ([stage.tasks_dir] if stage.tasks_dir else []))  # (the keys of runs before it stay)
             planned = Planned(stage, key, root / STORE / f"{stage.name}-{key}", list(stage.overrides), source=target)
         else:
             overrides = list(stage.overrides)
@@ -209,6 +210,7 @@ def stage_commands(p: Planned, workdir: Path, variant: str) -> List[List[str]]:
         return [[python, str(REPO_ROOT / "train.py"), *p.args, *logger, f"hydra.run.dir={workdir}"]]
     ckpt = resolve(str(p.source.dir))
     tasks = [] if p.stage.tasks is None else [f"tasks={override_value(p.stage.tasks)}"]
+    tasks += ["--tasks-dir", p.stage.tasks_dir] if p.stage.tasks_dir else []
     commands = [[python, "-m", "evaluation", ckpt, *p.args, *tasks, "--out", str(workdir / "eval.json.tmp")]]
     if p.stage.prompts:
         prompts = workdir / "prompts.jsonl"
@@ -224,15 +226,18 @@ DATASETS = {"instructions": ["-m", "builders.instructions"],
             "preferences": ["-m", "builders.preferences"],
             "tasks": ["-m", "builders.tasks", "build"],
             "chat_zh": ["-m", "builders.chat_zh"]}
+# what a dataset's directory must hold besides itself: a directory built before its builder wrote this is built again
+NEEDED = {"chat_zh": "tasks"}
 
 
 def build_datasets(names: List[str], stream=sys.stdout) -> None:
-    """Build each dataset the recipe names whose directory is not there yet (builders/), in order."""
+    """Build each dataset the recipe names whose directory (or what NEEDED names in it) is not there yet
+    (builders/), in order."""
     root = data_dir()
     for name in names:
         if name not in DATASETS:
             raise ConfigError("recipe.datasets", f"no builder for {name!r}; choose from {', '.join(DATASETS)}")
-        if (root / name).is_dir():
+        if (root / name / NEEDED.get(name, "")).exists():
             continue
         print(f"[recipe] building {name}: python {' '.join(DATASETS[name])}", file=stream, flush=True)
         root.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,8 @@ instead); what
 its objective takes from an earlier stage (its NEEDS: PPO's reward model) comes from the last stage whose objective
 PROVIDES it, unless its key is set (`objective: {reward_model: <path>}`); `overrides: [...]` takes
 raw train.py overrides for anything the mapping cannot say. An evaluation stage scores the previous training
-stage's checkpoint (`of: <stage>` another one) with `python -m evaluation` (`data`, `tasks`, `eval: {key: value}`)
+stage's checkpoint (`of: <stage>` another one) with `python -m evaluation` (`data`, `tasks`, `tasks_dir`: where
+their names are looked up, `eval: {key: value}`)
 and greedy generations for `prompts` (instructions, wrapped in the checkpoint's own template).
 """
 import json
@@ -32,7 +33,7 @@ from base.errors import ConfigError
 GROUPS = ("model", "parallel", "data", "objective", "peft", "optim", "precision", "device", "logger")
 KINDS = ("train", "evaluate")
 TRAIN_KEYS = ("stage", "kind", "init_from", "overrides")
-EVALUATE_KEYS = ("kind", "of", "data", "tasks", "eval", "prompts", "max_new_tokens", "overrides")
+EVALUATE_KEYS = ("kind", "of", "data", "tasks", "tasks_dir", "eval", "prompts", "max_new_tokens", "overrides")
 
 
 @dataclass
@@ -44,6 +45,7 @@ class Stage:
     source: Optional[str] = None  # the stage whose final checkpoint it starts from (train) or scores (evaluate)
     init_from: Optional[str] = None  # a checkpoint given instead of a source stage
     tasks: Optional[List[str]] = None  # evaluate: task names (None: evaluate's default, every built task)
+    tasks_dir: Optional[str] = None  # evaluate: where task names are looked up (None: evaluate's default)
     prompts: List[str] = field(default_factory=list)  # evaluate: instructions to generate answers for
     max_new_tokens: int = 64
 
@@ -152,9 +154,11 @@ def parse(recipe: DictConfig, declared: List[str], stage_presets: List[str]) -> 
                 raise ConfigError(f"{key}.of", f"{source!r} is not a training stage before it")
             overrides = [f"data={node['data']}"] if "data" in node else []
             overrides += [f"eval.{k}={override_value(v)}" for k, v in (node.get("eval") or {}).items()]
-            tasks = node.get("tasks")
+            tasks, tasks_dir = node.get("tasks"), node.get("tasks_dir")
+            if tasks_dir is not None:  # e.g. ${oc.env:MINDLAB_DATA_DIR,...}/chat_zh/tasks, as the data presets write it
+                tasks_dir = str(OmegaConf.create({"dir": tasks_dir}).dir)
             stages.append(Stage(index, name, kind, overrides + [str(o) for o in extra], source=source,
-                                tasks=None if tasks is None else [str(t) for t in tasks],
+                                tasks=None if tasks is None else [str(t) for t in tasks], tasks_dir=tasks_dir,
                                 prompts=[str(p) for p in node.get("prompts") or []],
                                 max_new_tokens=int(node.get("max_new_tokens", 64))))
             continue

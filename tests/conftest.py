@@ -43,11 +43,16 @@ def corpus_path(*parts: str) -> str:
     never hides a test that did not run."""
     path = os.path.join(CORPORA, *parts)
     if not os.path.exists(path):
-        message = f"{path} is absent (MINDLAB_CORPORA names the shared corpora)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message + "; under CI=true a test that needs the corpora fails", pytrace=False)
-        pytest.skip(message)
+        absent(f"{path} is absent (MINDLAB_CORPORA names the shared corpora)")
     return path
+
+
+def absent(message: str) -> None:
+    """What the calling test needs and this machine lacks (the corpora, a system package .ci/run installs): the test
+    is skipped with `message`, and fails under CI (CI=true), where it is provided."""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(message + "; under CI=true a test that needs it fails", pytrace=False)
+    pytest.skip(message)
 
 
 # The test files that train, launch or prepare the most, longest first: `make test` hands whole files to its

@@ -61,3 +61,20 @@ def test_the_corpus_set_is_held_out_by_entry_and_its_feedback_prefers_the_corpus
                                  {"name": name, "kind": "auto", "paths": [str(tmp_path / "chat_zh" / f"{name}.jsonl")]})
         read = read_samples(source)
         assert read.format.name == kind and len(read.samples) == len(records[name])
+
+
+def test_each_tasks_held_out_samples_are_an_evaluation_task_prompted_in_the_checkpoints_template(built, tmp_path):
+    """tasks/<task>.jsonl: the task's val samples alone, which `python -m evaluation --tasks-dir` (the recipe's
+    evaluate stage) loads as generation tasks in the article's template, the corpus answer as the reference."""
+    from data.samples import TEMPLATES
+    from evaluation.tasks import load_tasks
+
+    records, stats = built
+    Z.write(tmp_path / "chat_zh", records, stats)
+    tasks = load_tasks(list(Z.TASKS), str(tmp_path / "chat_zh" / "tasks"), 0, TEMPLATES["alpaca_zh"])
+    assert [t.name for t in tasks] == list(Z.TASKS) and {t.kind for t in tasks} == {"generation"}
+    for task in tasks:
+        val = [s for s in records["val"] if s["task"] == task.name]
+        assert len(task.items) == len(val) == stats["tasks"][task.name]["val"]
+        assert [i["answer"] for i in task.items] == [s["output"] for s in val]
+        assert task.items[0]["prompt"] == f"### 指令: {val[0]['instruction']}\n### 输出: "

@@ -185,10 +185,16 @@ def test_build_data_bundle(prepared, tmp_path):
         expected = [tokens[i * SEQ:i * SEQ + SEQ + 1] for i in range(3 * len(bundle.val[name]))]
         assert np.array_equal(np.concatenate([b["input_ids"] for b in bundle.val[name]]), np.stack(expected))
         assert {"docs_read", "removed", "docs_kept", "train", "val"} <= set(bundle.meta["sources"][name])
+    small = build_data(cfg, micro_batch_size=10)  # c holds out fewer rows than a batch: one batch of those rows
+    held_out = small.meta["sources"]["c"]["val"]["rows"]
+    assert 0 < held_out < 10 and [b["input_ids"].shape[0] for b in small.val["c"]] == [held_out]
+    tokens = prepared.tokens("c", "val")
+    assert np.array_equal(small.val["c"][0]["input_ids"],
+                          np.stack([tokens[i * SEQ:i * SEQ + SEQ + 1] for i in range(held_out)]))
     with pytest.raises(DataError, match=r"source 'c' has \d+ validation rows.*fewer than one batch of 10; set "
                                         r"data.val_fraction=([\d.]+) .* or trainer.micro_batch_size=(\d+), or lower "
                                         r"data.seq_len") as err:
-        build_data(cfg, micro_batch_size=10)
+        build_data(cfg, micro_batch_size=10, fit_small_val=False)
     fraction, rows = re.search(r"val_fraction=([\d.]+) .*micro_batch_size=(\d+)", str(err.value)).groups()
     for fixed, batch in ((OmegaConf.merge(cfg, {"val_fraction": float(fraction)}), 10), (cfg, int(rows))):
         assert len(build_data(fixed, micro_batch_size=batch).val["c"]) >= 1  # either setting it names works

@@ -313,3 +313,246 @@ def test_the_advisor_searches_expert_parallelism():
     assert eps == {1, 2, 4, 8}
     dense = Search(compose_cfg("model=7b", "device=ascend910b", "dry_run=true"))
     assert dense.expert_splits(8) == [1]
+
+
+def test_the_ranked_tables_communication_column_shows_the_all_to_alls_of_ep():
+    from conftest import compose_cfg
+    from planner.advisor import Search, summary_row
+
+    search = Search(compose_cfg("model=mixtral_8x7b", "device=ascend910b", "nodes=4", "dry_run=true"))
+    candidates = [c for c in search.candidates(32, 1024) if c.recompute == "none" and c.micro_batch_size == 1]
+    assert {c.ep for c in candidates} == {1, 2, 4, 8}
+    for c in candidates:
+        o = search.option(c)
+        ep = sum(x.exposed for x in o.time.comms if x.kind == "ep")
+        row = summary_row(1, o, 1.0)
+        assert float(row["comm s tp/cp/dp/pp/ep"].split("/")[-1]) == pytest.approx(ep, abs=0.005)
+        assert (ep > 0) == (c.ep > 1)
+
+
+# --- the expert-parallel plan (models/moe/plan.py), as data: built under SEMI_AUTO_PARALLEL, never run on CPU -------
+
+@pytest.fixture
+def semi_auto_parallel():
+    import mindspore as ms
+
+    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.SEMI_AUTO_PARALLEL, device_num=16, pipeline_stages=2)
+    yield
+    ms.reset_auto_parallel_context()
+
+
+def mindformers_expert_strategies(dp, tp, ep, experts, hidden, width):
+    """MindFormers 1.9's own MoE feed-forward (LlamaFeedForward with expert_num > 1) sharded for this layout: its
+    w1, w2, w3 BatchMatMul strategies, on x [dp x cp / ep, E, C, in] and weights [E, out, in] (ours' shapes)."""
+    import mindspore as ms
+    from mindformers.models.llama.llama_layer import LlamaFeedForward
+    from mindformers.modules.transformer.moe import MoEConfig
+    from mindformers.modules.transformer.op_parallel_config import MoEParallelConfig
+
+    config = MoEParallelConfig(data_parallel=dp, model_parallel=tp, expert_parallel=ep)
+    ffn = LlamaFeedForward(dim=hidden, intermediate_size=width, expert_num=experts, parallel_config=config,
+                           moe_config=MoEConfig(expert_num=experts), compute_dtype=ms.float32)
+    ffn.shard(config)
+    return {name: getattr(ffn, name).matmul.attrs["in_strategy"] for name in ("w1", "w2", "w3")}
+
+
+def test_the_expert_parallel_plan_splits_experts_over_ep_and_their_width_over_tp_as_mindformers(semi_auto_parallel):
+    """dp 8 x tp 2, ep 2 over a Qwen2-MoE shape (shared gated expert): per layer, attention and the shared expert
+    as Llama's tensor-parallel plan (column / row), the router and the gate replicated, the experts [E, C, h] over
+    ep = 2 with their rows over dp / ep = 4 and their width over tp; the expert matmuls' weight strategies are
+    MindFormers' own, and its activation's (dp / ep, ep, 1, k) is ours with the expert axis first."""
+    from distributed.semi_auto import apply_tensor_parallel, assign_stages
+    from models import build_model
+    from models.moe import plan as moe_plan
+
+    cfg = config(**QWEN)
+    model = build_model(cfg, 16, "fp32", "CPU", seed=0, sharded=True)
+    plan = apply_tensor_parallel(model, moe_plan, dp=8, tp=2, ep=2)
+    col, row, heads, replicated = ((8, 1), (2, 1)), ((8, 2), (1, 2)), ((8, 2, 1, 1),) * 2, ((8, 1), (1, 1))
+    layer = {"attention.wq.matmul": col, "attention.wk.matmul": col, "attention.wv.matmul": col,
+             "attention.wo.matmul": row, "attention.core.block.qk": heads, "attention.core.block.pv": heads,
+             "attention_residual": ((8, 1, 1),) * 2, "ffn_residual": ((8, 1, 1),) * 2,
+             "feed_forward.router.matmul": replicated, "feed_forward.shared_expert_gate.matmul": replicated,
+             "feed_forward.shared_expert.w1.matmul": col, "feed_forward.shared_expert.w3.matmul": col,
+             "feed_forward.shared_expert.w2.matmul": row,
+             "feed_forward.experts.up": ((2, 4, 1), (2, 2, 1)), "feed_forward.experts.down": ((2, 4, 2), (2, 1, 2))}
+    expected = {f"model.layers.{i}.{op}": s for i in range(2) for op, s in layer.items()}
+    expected.update({"model.tok_embeddings.gather": ((2, 1), (8, 1)), "lm_head.matmul": col})
+    assert plan == expected
+    experts = dict(model.cells_and_names())["model.layers.1.feed_forward.experts"]
+    assert experts.down.in_strategy == ((2, 4, 2), (2, 1, 2))  # set on the primitive itself
+
+    theirs = mindformers_expert_strategies(8, 2, 2, cfg.num_experts, cfg.hidden_size, cfg.expert_intermediate_size)
+    for name, primitive in (("w1", "up"), ("w3", "up"), ("w2", "down")):
+        (x, w), (ours_x, ours_w) = theirs[name], plan[f"model.layers.0.feed_forward.experts.{primitive}"]
+        assert ours_w == w and ours_x == (x[1], x[0] * x[2], x[3])
+
+    for path, strategy in plan.items():  # the checkpoint splits: the weights' tp part of their strategies
+        owner, _, primitive = path.rpartition(".")
+        if primitive == "matmul":
+            assert moe_plan.weight_split(f"{owner}.weight", 2, 2) == strategy[1], path
+        elif primitive in ("up", "down"):
+            for weight in (("w1", "w3") if primitive == "up" else ("w2",)):
+                assert moe_plan.weight_split(f"{owner}.{weight}", 3, 2) == (1, *strategy[1][1:]), path
+    assert assign_stages(model, moe_plan, pp=2) == {"model.tok_embeddings": 0, "model.layers.0": 0,
+                                                     "model.layers.1": 1, "model.norm_out": 1, "lm_head": 1}
+
+
+def test_sequence_parallel_splits_the_moe_layers_norms_and_residuals_along_the_sequence(semi_auto_parallel):
+    from models import build_model
+    from models.moe import plan as moe_plan
+
+    model = build_model(config(**MIXTRAL), 16, "fp32", "CPU", seed=0, sharded=True)
+    plan = moe_plan.tensor_parallel_strategies(model, dp=2, tp=4, sequence_parallel=True, ep=2)
+    act = (2, 4, 1)
+    assert plan["model.layers.0.ffn_norm.normalize"] == (act, act) and plan["model.layers.1.ffn_residual"] == (act, act)
+    assert plan["model.layers.0.feed_forward.experts.up"] == ((2, 1, 1), (2, 4, 1))
+    assert moe_plan.output_strategies(model, 2, 4, True) == {f"model.layers.{i}.attention.wo.matmul": ((8, 1),)
+                                                             for i in range(2)}
+
+
+def test_the_moe_family_takes_tensor_pipeline_and_expert_parallel_layouts_outside_the_dry_run():
+    """What the plan covers passes the layout rules a run meets (base/validate.py validate_layout: the machine's own
+    devices aside); an expert width tp does not divide is refused with its key."""
+    from base.validate import validate_layout
+    from conftest import compose_cfg
+
+    validate_layout(compose_cfg("model=mixtral_8x7b", "device=ascend910b", "parallel=tp8pp4", "parallel.dp=2",
+                                "parallel.ep=2", "parallel.micro_batches=8", "nodes=8"))
+    with pytest.raises(ConfigError, match=r"model.expert_intermediate_size: 14338 is not divisible by "
+                                          r"parallel.tp=4"):
+        validate_layout(compose_cfg("model=mixtral_8x7b", "device=ascend910b", "parallel=single", "parallel.tp=4",
+                                    "model.expert_intermediate_size=14338"))
+
+
+# --- MindFormers' export: its own config classes and model take the files ------------------------------------------
+
+@pytest.mark.parametrize("keys", [dict(MIXTRAL, capacity_factor=1.25),
+                                  dict(QWEN, shared_expert_intermediate_size=32, z_loss_coef=0.002,
+                                       bias_update_rate=0.001)],
+                         ids=["mixtral-capacity", "qwen-shared-gated-biased"])
+def test_mindformers_export_is_taken_by_mindformers_moe_config_and_llama(tmp_path, tokenizer_file, keys):
+    """The exported YAML's moe_config builds MindFormers 1.9's MoEConfig (its own validation) with our routing, and
+    its model_config + moe_config build its LlamaForCausalLM, into which the .ckpt loads strictly: every parameter,
+    the same values (shapes and names are MindFormers' own)."""
+    import mindspore as ms
+    from mindformers.models.llama import LlamaConfig, LlamaForCausalLM
+    from mindformers.modules.transformer.moe import MoEConfig
+
+    from base import checkpoint
+    from models.convert import main as convert_main
+    from models.moe.mindformers import mindformers_names
+
+    cfg, model = built(keys)
+    run = OmegaConf.create({"model": cfg, "data": {"seq_len": 16}})
+    path = checkpoint.save(str(tmp_path / "ckpt"), 1, model, ms.nn.SGD(model.trainable_params()), {}, run,
+                           tokenizer_file)
+    assert convert_main([path, str(tmp_path / "mf"), "--to", "mindformers"]) == 0
+    yaml = OmegaConf.to_container(OmegaConf.load(tmp_path / "mf" / "llama_mindlab.yaml"))
+    moe = MoEConfig(**yaml["moe_config"])
+    shared = cfg.shared_expert_intermediate_size // cfg.expert_intermediate_size
+    assert (moe.expert_num, moe.num_experts_chosen, moe.norm_topk_prob) == (cfg.num_experts, cfg.top_k,
+                                                                           cfg.norm_topk_prob)
+    dropless = -1.0  # MindFormers' "capacity_factor <= 0 means dropless" (research/mixtral's YAML)
+    assert (moe.capacity_factor, moe.aux_loss_factor, moe.z_loss_factor) == (
+        cfg.capacity_factor or dropless, cfg.aux_loss_coef, cfg.z_loss_coef)
+    assert (moe.shared_expert_num, moe.use_shared_expert_gating) == (shared, cfg.shared_expert_gate)
+    assert (moe.balance_via_topk_bias, moe.topk_bias_update_rate) == (cfg.bias_update_rate > 0, cfg.bias_update_rate)
+    model_config = {k: v for k, v in yaml["model"]["model_config"].items() if k != "type"}
+    assert model_config["intermediate_size"] == cfg.expert_intermediate_size
+    mf = LlamaForCausalLM(LlamaConfig(**{**model_config, "compute_dtype": "float32"}, moe_config=moe))
+    not_loaded, unused = ms.load_param_into_net(mf, ms.load_checkpoint(yaml["load_checkpoint"]), strict_load=True)
+    assert not_loaded == [] and unused == []
+    ours = mindformers_names({p.name: p.asnumpy() for p in model.get_parameters()}, shared > 0)
+    theirs = {p.name: p.asnumpy() for p in mf.get_parameters()}
+    assert any(name.endswith("router.router.topk_bias") for name in theirs) == (cfg.bias_update_rate > 0)
+    assert sorted(ours) == sorted(theirs) and all(np.array_equal(ours[k], theirs[k]) for k in ours)
+
+
+def test_mindformers_export_refuses_what_moe_config_cannot_say():
+    from models.moe.mindformers import moe_config
+
+    with pytest.raises(ConfigError, match="model.shared_expert_intermediate_size: 40 is not a multiple of "
+                                          "model.expert_intermediate_size=16"):
+        moe_config(config(**QWEN))
+    with pytest.raises(ConfigError, match=r"model.aux_loss_coef: 0.0: MindFormers' MoEConfig takes an "
+                                          r"aux_loss_factor in \(0, 1\)"):
+        moe_config(config(**dict(MIXTRAL, aux_loss_coef=0.0)))
+
+
+# --- DeepSeek-V3's auxiliary-loss-free balancing (model.bias_update_rate) ---------------------------------------------
+
+def test_the_routing_bias_chooses_the_experts_and_the_unbiased_probabilities_weigh_them(pynative):
+    """A layer's output with a routing bias, by hand: p = softmax(x W_r^T), the top-k of p + b chosen, weighted by
+    p at those experts (renormalised, Mixtral); the load it records is each expert's share of the assignments, and
+    the update after the step is b + gamma sign(1/E - load) (DeepSeek-V3 section 2.1.2)."""
+    from models.moe import after_step
+
+    cfg, model = built(dict(MIXTRAL, bias_update_rate=0.05))
+    ffn = model.model.layers[0].feed_forward
+    bias = np.array([0.0, 0.3, -0.2, 0.05], np.float32)  # enough to change some choices
+    ffn.routing_bias.set_data(Tensor(bias))
+    x = np.random.default_rng(1).normal(size=(1, 12, cfg.hidden_size)).astype(np.float32)
+    y = ffn(Tensor(x))[0].asnumpy()[0]
+
+    w = {k: getattr(ffn.experts, k).asnumpy() for k in ("w1", "w2", "w3")}
+    logits = x[0] @ ffn.router.weight.asnumpy().T
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    chosen = np.argsort(-(p + bias), -1, kind="stable")[:, :cfg.top_k]
+    assert (chosen != np.argsort(-p, -1, kind="stable")[:, :cfg.top_k]).any()  # the bias changed some choices
+    weight = np.take_along_axis(p, chosen, -1)
+    weight /= weight.sum(-1, keepdims=True)
+    silu = lambda a: a / (1 + np.exp(-a))
+    expert = lambda e, v: w["w2"][e] @ (silu(w["w1"][e] @ v) * (w["w3"][e] @ v))
+    expected = np.stack([sum(weight[t, i] * expert(chosen[t, i], x[0, t]) for i in range(cfg.top_k))
+                         for t in range(x.shape[1])])
+    np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-5)
+
+    load = np.bincount(chosen.ravel(), minlength=cfg.num_experts) / chosen.size
+    np.testing.assert_allclose(ffn.expert_load.asnumpy(), load, atol=1e-6)
+    others = [layer.feed_forward.routing_bias.asnumpy().copy() for layer in model.model.layers[1:]]
+    after_step(model, cfg)
+    np.testing.assert_allclose(ffn.routing_bias.asnumpy(), bias + 0.05 * np.sign(1 / cfg.num_experts - load),
+                               atol=1e-7)
+    for layer, before in zip(model.model.layers[1:], others):  # each layer by its own load (zero before a forward)
+        np.testing.assert_allclose(layer.feed_forward.routing_bias.asnumpy(), before + 0.05, atol=1e-7)
+
+
+def test_the_bias_matches_transformers_deepseek_v3_choice_rule():
+    """transformers 4.57.1's DeepseekV3TopkRouter chooses by scores + e_score_correction_bias and weighs by the
+    scores (n_group = topk_group = 1: no group limit). Its scores are sigmoids of the logits, ours the softmax: the
+    rule (models/moe/model.py's biased branch, here in NumPy) is compared on its scores."""
+    import torch
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+
+    e, k, h = 6, 2, 8
+    router = DeepseekV3TopkRouter(DeepseekV3Config(hidden_size=h, n_routed_experts=e, num_experts_per_tok=k,
+                                                   n_group=1, topk_group=1, norm_topk_prob=True,
+                                                   routed_scaling_factor=1.0))
+    rng = np.random.default_rng(2)
+    weight, bias = rng.normal(size=(e, h)).astype(np.float32), rng.normal(scale=0.3, size=e).astype(np.float32)
+    x = rng.normal(size=(10, h)).astype(np.float32)
+    with torch.no_grad():
+        router.weight.copy_(torch.from_numpy(weight))
+        router.e_score_correction_bias.copy_(torch.from_numpy(bias))
+        indices, weights = (t.numpy() for t in router(torch.from_numpy(x)))
+    scores = 1 / (1 + np.exp(-(x @ weight.T)))
+    chosen = np.argsort(-(scores + bias), -1, kind="stable")[:, :k]
+    assert (chosen != np.argsort(-scores, -1, kind="stable")[:, :k]).any()  # the bias changed some choices
+    ours = np.take_along_axis(scores, chosen, -1)
+    ours /= ours.sum(-1, keepdims=True)
+    theirs_order, ours_order = np.argsort(indices, -1), np.argsort(chosen, -1)
+    assert (np.take_along_axis(indices, theirs_order, -1) == np.take_along_axis(chosen, ours_order, -1)).all()
+    np.testing.assert_allclose(np.take_along_axis(weights, theirs_order, -1),
+                               np.take_along_axis(ours, ours_order, -1), rtol=1e-5)
+
+
+def test_bias_balancing_is_refused_where_it_cannot_run():
+    from models.moe.hf import architecture
+
+    with pytest.raises(ConfigError, match="model.bias_update_rate: a routing bias"):
+        architecture(config(**dict(MIXTRAL, bias_update_rate=0.001)))
+    with pytest.raises(ConfigError, match="model.bias_update_rate: moves the routing bias by one device"):
+        _validated(["model=moe_tiny", "model.bias_update_rate=0.001", "parallel=dp2"])

@@ -154,9 +154,16 @@ def test_ppo_run_logs_trls_metrics_and_resumes_mid_rollout_exactly(tmp_path, bas
     assert full[0]["objective/kl"] == 0.0 and full[0]["policy/approxkl"] == 0.0  # policy == reference, old
     assert full[1]["policy/approxkl"] > 0  # the rollout's second update sees the first one's change
     assert full[0]["objective/scores"] == full[1]["objective/scores"] != full[2]["objective/scores"]
+    timed = lambda k: "tokens_per_sec" in k or k == "mfu" or "rss" in k or k.startswith(("time/", "time_share/"))
     for a, b in zip(full, resumed):
-        assert {k: v for k, v in a.items() if "tokens_per_sec" not in k and k != "mfu" and "rss" not in k} == \
-            {k: v for k, v in b.items() if "tokens_per_sec" not in k and k != "mfu" and "rss" not in k}
+        assert {k: v for k, v in a.items() if not timed(k)} == {k: v for k, v in b.items() if not timed(k)}
+    # where each step's time went: the rollout's phases and the update add up to the step
+    for m in full:
+        parts = [m[f"time/{p}"] for p in ("rollout", "reward", "reference", "update")]
+        assert all(p >= 0 for p in parts) and sum(parts) == pytest.approx(m["time/step"], rel=0.02, abs=1e-3)
+        assert sum(m[f"time_share/{p}"] for p in ("rollout", "reward", "reference", "update")) == pytest.approx(
+            1.0, abs=0.02)
+    assert full[0]["time/rollout"] > 0 and full[1]["time/rollout"] == 0  # the second step trains on the same rollout
     weights = load_file(str(tmp_path / "full" / "checkpoints" / "step_000006" / "model.safetensors"))
     again = load_file(str(tmp_path / "resumed" / "checkpoints" / "step_000006" / "model.safetensors"))
     assert "value_head.weight" in weights and np.abs(weights["value_head.weight"]).max() > 0

@@ -2,6 +2,7 @@
 directories shared by variants, resumable runs, one report."""
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ from omegaconf import OmegaConf
 
 from base.errors import ConfigError
 from base.paths import REPO_ROOT
+from conftest import absent
 from recipe import runner
 from recipe.report import markdown, variants
 from recipe.spec import flatten, parse
@@ -65,6 +67,26 @@ def test_a_recipe_that_cannot_work_is_refused_naming_the_stage(stages, declared,
     with pytest.raises(ConfigError) as err:
         parse(recipe(stages), declared if declared is not None else list(stages), PRESETS)
     assert err.value.key == key and message in str(err.value)
+
+
+def test_tiny_chat_zh_evaluates_the_held_out_chinese_tasks_of_its_data_dir(tmp_path, monkeypatch):
+    """The recipe's evaluate stage names builders/chat_zh.py's four tasks, looked up in <data dir>/chat_zh/tasks
+    (MINDLAB_DATA_DIR resolved as the data presets resolve it), and `python -m evaluation` gets that directory."""
+    from builders.chat_zh import TASKS
+
+    monkeypatch.setenv("MINDLAB_DATA_DIR", str(tmp_path / "data"))
+    node = OmegaConf.load(REPO_ROOT / "conf" / "recipe" / "tiny_chat_zh.yaml")
+    stages = parse(node, list(node.stages), PRESETS)
+    evaluate = stages[-1]
+    assert evaluate.tasks == list(TASKS) and evaluate.tasks_dir == str(tmp_path / "data" / "chat_zh" / "tasks")
+    checkpoint = tmp_path / "ppo" / "checkpoints" / "step_000001"
+    checkpoint.mkdir(parents=True)
+    (tmp_path / "ppo" / "checkpoints" / "latest").write_text("step_000001\n")
+    source = runner.Planned(stages[-2], "k", tmp_path / "ppo", [])
+    [command, _] = runner.stage_commands(runner.Planned(evaluate, "e", tmp_path / "ev", evaluate.overrides,
+                                                        source=source), tmp_path, "v")
+    assert command[command.index("--tasks-dir") + 1] == evaluate.tasks_dir
+    assert f"tasks=[{','.join(TASKS)}]" in command
 
 
 def test_plan_keys_a_stage_by_its_config_and_the_stages_before_it(tmp_path):
@@ -180,19 +202,111 @@ def test_a_failed_stage_stops_the_recipe_with_one_line_and_keeps_what_finished(t
     assert runner.finished(planned[0]) and not runner.finished(planned[1])
 
 
-def test_the_report_puts_every_stage_of_every_variant_side_by_side(tmp_path, monkeypatch):
-    monkeypatch.setattr(runner, "execute", fake_execute([]))
-    for num in range(2):
-        stages = stages_of({**CHAIN, "sft": {"data": "instructions", "optim": {"lr": 1e-4 * (num + 1)}}})
-        job = tmp_path / str(num)
-        records = runner.run(runner.plan(stages, tmp_path), job, f"lr{num}")
-        (job / "recipe.json").write_text(json.dumps({"recipe": "r", "variant": f"lr{num}", "metric": "sft/val_loss",
-                                                     "goal": "min", "stages": records}))
-    table = markdown(variants(tmp_path)).splitlines()
-    assert table[0] == ("| variant | pretrain/loss | pretrain/val_loss | sft/loss | sft/val_loss | evaluate/loss | "
-                        "evaluate/bits_per_byte |")
-    assert table[2].startswith("| lr0 (best) | 1.5000 | 1.2500 |") and table[3].startswith("| lr1 | 1.5000")
+def _jsonl(path: Path, rows: list) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
 
+
+def _training(path: Path, seed: int, val_keys: tuple, logged: tuple) -> None:
+    """A training stage's metrics.jsonl: training steps (loss, the objective's logged numbers) and evaluations
+    (val_loss, val_bpb per source, the objective's val_ numbers) every 2 steps, as trainer/callbacks.py writes."""
+    rows = []
+    for step in range(0, 7, 2):
+        if step:
+            rows.append({"step": step, "loss": 3.0 - 0.1 * step - seed / 100, "lr": 1e-4, "tokens_seen": 64 * step,
+                         **{k: 0.5 + step / 10 + seed / 10 for k in logged}, "tokens_seen/a": 32 * step})
+        rows.append({"step": step, "val_loss": 3.1 - 0.1 * step - seed / 50, "val_loss/a": 3.2 - step / 20,
+                     "val_ppl": 20.0, "val_bpb": 1.5 - step / 100, "val_bpb/a": 1.6,
+                     **{f"val_{k}": 0.25 + step / 20 + seed / 7 for k in val_keys}})
+    _jsonl(path / "metrics.jsonl", rows)
+
+
+DPO = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
+       "logps/rejected", "kl")
+
+
+@pytest.fixture
+def dpo_sweep(tmp_path):
+    """What `python -m recipe -m recipe=tiny_chat recipe.stages.dpo.objective.beta=0.05,0.2` leaves, written by hand:
+    pretraining and SFT shared (one stage directory each), DPO and the evaluation once per variant; answers in
+    Chinese."""
+    _training(tmp_path / "stages/pretrain-p", 0, (), ())
+    _training(tmp_path / "stages/sft-s", 1, ("mean_token_accuracy",), ("mean_token_accuracy",))
+    for num, beta in enumerate(("0.05", "0.2")):
+        _training(tmp_path / f"stages/dpo-d{num}", num + 2, DPO, DPO)
+        evaluate = tmp_path / f"stages/evaluate-e{num}"
+        evaluate.mkdir(parents=True)
+        (evaluate / "eval.json").write_text(json.dumps({"data_eval": {"all": {
+            "loss": 2.5 + num, "ppl": 12.2, "bits_per_byte": 1.25 + num / 8, "top1_accuracy": 0.3}},
+            "tasks": {"define": {"acc": 0.5 - num / 10, "exact_match": 0.0}}}))
+        _jsonl(evaluate / "samples.jsonl", [{"instruction": "海洋是什么？", "completion": f"海洋是一片水。{num}"}])
+        job = tmp_path / str(num)
+        job.mkdir()
+        stages = []
+        for index, (name, kind, key) in enumerate((("pretrain", "train", "p"), ("sft", "train", "s"),
+                                                   ("dpo", "train", f"d{num}"), ("evaluate", "evaluate", f"e{num}")), 1):
+            (job / f"{index:02d}-{name}").symlink_to(f"../stages/{name}-{key}")
+            stages.append({"name": name, "kind": kind, "key": key, "link": f"{index:02d}-{name}",
+                           "state": "ran" if num == 0 or name in ("dpo", "evaluate") else "reused"})
+        (job / "recipe.json").write_text(json.dumps({
+            "recipe": "tiny_chat", "variant": f"recipe.stages.dpo.objective.beta={beta}",
+            "metric": "dpo/val_rewards/accuracies", "goal": "max", "stages": stages}))
+    return tmp_path
+
+
+def test_the_report_leads_with_what_differs_and_shows_shared_stages_once(dpo_sweep):
+    from recipe.report import MAX_COLUMNS, tables
+
+    runs = variants(dpo_sweep)
+    found = tables(runs)
+    titles = [t.title for t in found]
+    # the swept stages' held-out numbers first (DPO's, the recipe's metric its first column), then what they logged
+    # at their last step, then the shared stages, once each
+    assert titles == ["dpo: held out, per variant (first: the recipe's metric, max)", "evaluate: held out, per variant",
+                      "dpo: at its last step, per variant", "pretrain: held out", "pretrain: at its last step",
+                      "sft: held out", "sft: at its last step"]
+    assert found[0].keys[0] == "val_rewards/accuracies" and found[0].keys[1] == "val_loss"
+    assert [label for label, _ in found[0].rows] == [r["variant"] for r in runs]
+    assert found[0].mark == "recipe.stages.dpo.objective.beta=0.2"  # the larger held-out preference accuracy
+    for shared in found[3:]:
+        assert [label for label, _ in shared.rows] == ["shared by every variant"]
+    # every table fits a laptop: the label and at most MAX_COLUMNS numbers
+    assert all(len(keys) <= MAX_COLUMNS for t in found for _, keys, _ in t.parts())
+    # the numbers are the stage files' own
+    for num, run in enumerate(runs):
+        logged = [json.loads(line) for line in (dpo_sweep / f"stages/dpo-d{num}/metrics.jsonl").read_text().splitlines()]
+        dpo = dict(found[0].rows[num][1])
+        assert dpo == {k: v for k, v in [m for m in logged if "val_loss" in m][-1].items() if k.startswith("val_")
+                       and k != "val_ppl"}
+        last = dict(found[2].rows[num][1])
+        assert last["loss"] == [m for m in logged if "loss" in m][-1]["loss"]
+        assert last["rewards/margins"] == [m for m in logged if "loss" in m][-1]["rewards/margins"]
+        evaluated = json.loads((dpo_sweep / f"stages/evaluate-e{num}/eval.json").read_text())
+        assert dict(found[1].rows[num][1]) == {**evaluated["data_eval"]["all"], "define/acc": evaluated["tasks"]
+                                               ["define"]["acc"], "define/exact_match": 0.0} | {"ppl": 12.2}
+        # validation curves: each evaluation's val_loss over steps
+        assert run["stages"][2]["val_curve"] == [(m["step"], m["val_loss"]) for m in logged if "val_loss" in m]
+    sft = [json.loads(line) for line in (dpo_sweep / "stages/sft-s/metrics.jsonl").read_text().splitlines()]
+    assert dict(found[5].rows[0][1])["val_mean_token_accuracy"] == [m for m in sft if "val_loss" in m][-1][
+        "val_mean_token_accuracy"]
+    table = markdown(runs)
+    assert table.count("### sft: held out") == 1 and table.count("shared by every variant") == 4
+    assert f"| recipe.stages.dpo.objective.beta=0.2 (best) | {dpo['val_rewards/accuracies']:.4f} |" in table
+
+
+def test_the_report_page_shows_shared_generations_once_and_validation_curves(dpo_sweep):
+    from recipe.report import write
+
+    page = write(dpo_sweep).read_text(encoding="utf-8")
+    assert page.count("<h2>generations:") == 2 and "海洋是一片水。1" in page  # the evaluation differs per variant
+    assert page.count("<h3>pretrain: held out</h3>") == 1 and "training and validation loss" in page
+    assert page.count('<tr class="best">') == 4  # DPO's held out (11 numbers: two tables), last step, the evaluation's
+    curves = (dpo_sweep / "curves.png").read_bytes()
+    from PIL import Image
+    import io
+
+    width, height = Image.open(io.BytesIO(curves)).size
+    assert width <= 1300 and height == 3 * 261  # a row of train and val loss per training stage, a laptop's width
 
 
 def test_a_sweep_writes_its_own_report_of_every_variant(tmp_path, monkeypatch):
@@ -210,7 +324,7 @@ def test_a_sweep_writes_its_own_report_of_every_variant(tmp_path, monkeypatch):
     assert (sweep / "0" / "report.html").is_file() and (sweep / "1" / "report.html").is_file()
     names = [json.loads((sweep / str(n) / "recipe.json").read_text())["variant"] for n in range(2)]
     assert names == ["recipe.stages.dpo.objective.beta=0.05", "recipe.stages.dpo.objective.beta=0.2"]
-    report = (sweep / "report.html").read_text(encoding="utf-8")
+    report = (sweep / "report.html").read_text(encoding="utf-8").replace("<wbr>", "")  # (names wrap after = / . _)
     assert "beta=0.05" in report and "beta=0.2" in report
 
 # --- real stages: train.py, evaluate and generate processes on model=tiny ---------------------------------------
@@ -322,31 +436,41 @@ def test_a_recipe_killed_during_sft_resumes_and_ends_as_the_uninterrupted_one(ch
 
 
 @pytest.mark.slow  # a headless Chromium, ~5 s
-def test_the_report_of_two_variants_renders_in_headless_chromium(tmp_path, monkeypatch):
+def test_the_report_of_two_variants_renders_in_headless_chromium_within_a_laptop_screen(dpo_sweep, tmp_path):
+    """The page in a 1366-pixel-wide frame: no horizontal scrolling, Chinese answers as written, the curves' PNG
+    drawn with a CJK font (matplotlib warns of every glyph it lacks)."""
     import shutil
     import subprocess
+    import warnings
 
-    from recipe.report import write
+    from recipe.report import cjk_fonts, write
 
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
-        pytest.skip("chromium is not installed (Debian: apt-get install -y chromium)")
-    monkeypatch.setattr(runner, "execute", fake_execute([]))
-    for num in range(2):
-        job = tmp_path / str(num)
-        records = runner.run(runner.plan(stages_of({**CHAIN, "sft": {"data": "instructions",
-                                                                    "optim": {"lr": 1e-4 * (num + 1)}}}), tmp_path),
-                             job, f"recipe.stages.sft.optim.lr={1e-4 * (num + 1):g}")
-        (job / "recipe.json").write_text(json.dumps({"recipe": "r", "variant": f"lr{num}", "metric": "sft/val_loss",
-                                                     "goal": "min", "stages": records}))
-    page = write(tmp_path)
+        absent("chromium is not installed (Debian: apt-get install -y chromium)")
+    if not cjk_fonts():
+        absent("no CJK font is installed (Debian: apt-get install -y fonts-wqy-microhei)")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "Glyph ... missing from font(s)": Chinese drawn as boxes
+        page = write(dpo_sweep)
+        from recipe.report import curves_png, variants as load
+
+        runs = load(dpo_sweep)
+        runs[0]["variant"] = "学习率=0.05"
+        curves_png(runs)
+    frame = tmp_path / "frame.html"
+    frame.write_text(f"<!doctype html><body style=margin:0><iframe id=f src='file://{page}' "
+                     "style='width:1366px;height:800px;border:0'></iframe><script>f.onload = () => {const d = "
+                     "f.contentDocument.documentElement; document.body.dataset.scroll = d.scrollWidth; "
+                     "document.body.dataset.text = f.contentDocument.querySelector('pre').textContent};</script>",
+                     encoding="utf-8")
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}"]
-    dom = subprocess.run([chromium, *flags, "--dump-dom", f"file://{page}"], capture_output=True, text=True, timeout=90)
+             "--disable-component-update", "--disable-sync", "--allow-file-access-from-files",
+             "--disable-web-security", f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([chromium, *flags, "--virtual-time-budget=5000", "--dump-dom", f"file://{frame}"],
+                         capture_output=True, text=True, timeout=90)
     assert dom.returncode == 0, dom.stderr[-2000:]
-    assert dom.stdout.count("<tr") == 3 and dom.stdout.count('class="best"') == 1  # a header, two variants
-    assert "lr0" in dom.stdout and "lr1" in dom.stdout and "data:image/png;base64," in dom.stdout
-    shot = tmp_path / "report.png"
-    subprocess.run([chromium, *flags, f"--screenshot={shot}", "--window-size=1400,1200", f"file://{page}"],
-                   capture_output=True, timeout=90, check=True)
-    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    scroll = re.search(r'data-scroll="(\d+)"', dom.stdout)
+    assert scroll is not None, dom.stdout[-2000:]
+    assert int(scroll.group(1)) <= 1366  # nothing wider than the laptop's screen
+    assert 'data-text="海洋是一片水。0"' in dom.stdout

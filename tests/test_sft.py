@@ -339,3 +339,28 @@ def test_a_short_sft_run_works_as_it_is(tmp_path, base_checkpoint, pynative):
     hand = [min_lr + (lr - min_lr) * 0.5 * (1 + math.cos(math.pi * step / 20)) for step in range(20)] + [min_lr]
     got = [float(schedule(ms.Tensor(step, ms.int32)).asnumpy()) for step in range(21)]
     assert got == pytest.approx(hand, rel=1e-5, abs=1e-9)
+
+
+def test_fifty_samples_on_the_defaults_are_evaluated_on_the_rows_they_hold_out(tmp_path, base_checkpoint, capsys):
+    """50 Alpaca samples, stage=sft as it is (seq_len 512, packed, batches of 8, val_fraction 0.02): the one sample
+    held out packs into one row, fewer than a batch; the validation is that row as one batch, said in one line."""
+    from data import build_data
+    from objectives import objective
+
+    samples = [{"instruction": f"Repeat word {i}.", "input": "", "output": " ".join(["apple"] * (i % 5 + 1))}
+               for i in range(50)]
+    path = write_jsonl(tmp_path / "small.jsonl", samples)
+    cfg = compose_cfg("stage=sft", f"stage.init_from={base_checkpoint}", "model=tiny",
+                      f"data.sources=[{{name: small, kind: alpaca, paths: [{path}]}}]", "data.name=small",
+                      f"data.cache_dir={tmp_path / 'cache'}")
+    assert (cfg.data.seq_len, cfg.trainer.micro_batch_size, cfg.data.val_fraction) == (512, 8, 0.02)
+    bundle = build_data(cfg.data, cfg.trainer.micro_batch_size, spec=objective("sft").row_spec(cfg.objective))
+    held_out = bundle.meta["sources"]["small"]["val"]
+    assert held_out["docs"] == 1 and held_out["rows"] == 1
+    [batch] = bundle.val["small"]
+    assert batch["input_ids"].shape == (1, 513) and (batch["labels"] >= 0).sum() > 0  # the sample's response
+    [line] = [line for line in capsys.readouterr().out.splitlines() if "validation row" in line]
+    assert line.startswith("[data] source 'small' held out 1 validation row(s) of data.seq_len + 1 tokens, fewer "
+                           "than a batch of 8: it is evaluated as one batch of 1 (for full batches set ")
+    with pytest.raises(DataError, match="fewer than one batch of 8; set"):  # a sharded run's graph takes 8 rows
+        build_data(cfg.data, 8, spec=objective("sft").row_spec(cfg.objective), fit_small_val=False)

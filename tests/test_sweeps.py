@@ -16,7 +16,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from base.validate import validate
-from conftest import ROOT, compose_cfg, invoke
+from conftest import ROOT, absent, compose_cfg, invoke
 from helpers import SYNTHETIC, eval_line, train_line, write_job
 from sweeps.report import build
 
@@ -190,7 +190,7 @@ def test_report_shows_the_objectives_final_val_metrics(tmp_path):
 def test_report_renders_in_headless_chromium(synthetic_sweep, tmp_path):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
-        pytest.skip("chromium is not installed (Debian: apt-get install -y chromium)")
+        absent("chromium is not installed (Debian: apt-get install -y chromium)")
     page = build(str(synthetic_sweep), use_wandb=False)
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",

@@ -81,6 +81,49 @@ def test_a_stage_takes_the_checkpoints_template_and_model_shape_unless_typed(tmp
     assert cfg.data.template.name == "chatml"
 
 
+def test_a_stage_from_a_mixture_of_experts_takes_its_experts_and_routing_from_the_checkpoint(tmp_path):
+    """models/moe's keys that say what the weights are and how a token is routed travel as the Llama shape keys do;
+    how the run computes (an expert's capacity, the router's losses) stays the run's."""
+    path = tmp_path / "moe"
+    path.mkdir()
+    OmegaConf.save(OmegaConf.merge(compose_cfg("model=moe_tiny"), {"model": {
+        "num_experts": 4, "top_k": 1, "expert_intermediate_size": 352, "norm_topk_prob": False,
+        "shared_expert_intermediate_size": 64, "shared_expert_gate": True, "aux_loss_coef": 0.1}}),
+        path / "config.yaml")
+    cfg = compose_cfg("stage=sft", f"stage.init_from={path}", "model=moe_tiny", "model.top_k=2")
+    notes = inherit(cfg, {"stage", "stage.init_from", "model", "model.top_k"})
+    m = cfg.model
+    assert (m.num_experts, m.top_k, m.expert_intermediate_size, m.norm_topk_prob, m.shared_expert_intermediate_size,
+            m.shared_expert_gate, m.aux_loss_coef) == (4, 2, 352, False, 64, True, 0.01)
+    assert "model.num_experts=4 from the checkpoint (the preset says 8)" in notes
+    assert "model.top_k=2 as typed; the checkpoint's is 1" in notes
+
+
+def test_training_time_eval_tasks_prompt_alpaca_samples_in_the_checkpoints_template(tmp_path, monkeypatch):
+    """trainer.eval_tasks on a stage started from an alpaca_zh checkpoint: an Alpaca task file's prompts are the
+    article's template (as `python -m evaluation` on that checkpoint prompts them), not the English default."""
+    from evaluation import tasks as T
+    from trainer.loop import _downstream
+
+    ckpt = saved_checkpoint(tmp_path, data={"template": {"name": "alpaca_zh"}})
+    task = tmp_path / "held_out.jsonl"
+    task.write_text(json.dumps({"instruction": "写出李白的《静夜思》。", "input": "", "output": "床前明月光"},
+                               ensure_ascii=False) + "\n", encoding="utf-8")
+    cfg = compose_cfg("stage=sft", f"stage.init_from={ckpt}", f"trainer.eval_tasks=[{task}]")
+    inherit(cfg, {"stage", "stage.init_from", "trainer.eval_tasks"})
+    prompts = []
+
+    def generate(batch, max_new_tokens):
+        prompts.extend(batch)
+        return ["床前明月光"] * len(batch)
+
+    monkeypatch.setattr(T, "scorers", lambda *args: (None, generate, {}))
+    objective = type("Objective", (), {"token_nll": None})()
+    _, score = _downstream(cfg, None, objective, type("Data", (), {"tokenizer": None})(), {})
+    assert score() == {"held_out/exact_match": 1.0, "held_out/rouge_l": 1.0}
+    assert prompts == ["### 指令: 写出李白的《静夜思》。\n### 输出: "]
+
+
 def test_generation_and_the_export_use_the_checkpoints_template_unless_told(tmp_path, capsys):
     config = OmegaConf.create({"data": {"template": {"name": "alpaca_zh"}}})
     assert template_of(config) == parts(name="alpaca_zh")

@@ -7,10 +7,13 @@
     on_checkpoint(step)          after Checkpointing has saved
     on_end(step)                 after the last step (or the one a signal stopped at)
 
+    FamilyUpdate   after every applied step, the model family's own update outside the gradient (its
+                   `after_step`: a MoE's routing bias)
     SkipLog        a skipped step's reason, data position and loss
     GuardStop      the spike guard's record of each step: it stops the run (after a checkpoint) on too many skips
     TrainMetrics   every trainer.log_every steps: loss, the objective's metrics, loss tokens per step (and
-                   their fraction of the target tokens), lr, grad norm, tokens, speed
+                   their fraction of the target tokens), lr, grad norm, tokens, speed; for an objective with
+                   timings (PPO), where the step's time went
     Evaluation     every trainer.eval_every steps, at the end, and at step 0 with trainer.eval_at_start: the
                    objective's loss and metrics per source, bits per byte (objectives whose loss is a per-token
                    NLL) and the trainer.eval_tasks scores
@@ -96,6 +99,17 @@ class Sinks(Callback):
             sink.close()
 
 
+class FamilyUpdate(Callback):
+    """The model family's `after_step(model, model_cfg)` after each step whose update was applied."""
+
+    def __init__(self, update: Callable, model, model_cfg):
+        self.update, self.model, self.model_cfg = update, model, model_cfg
+
+    def on_step(self, step: int, result: StepResult) -> None:
+        if result.finite and result.skip is None:
+            self.update(self.model, self.model_cfg)
+
+
 class SkipLog(Callback):
     """A skipped step's line: why, where the data stood before it, its loss (None when not finite)."""
 
@@ -132,14 +146,18 @@ class TrainMetrics(Callback):
     """Means over the accepted steps of each logging interval (an all-skipped interval logs nothing)."""
 
     def __init__(self, sinks: Sinks, every: int, max_steps: int, speed: SpeedMonitor, tokens_per_step: int,
-                 tokens_by_source: Callable[[], Dict[str, int]], extra: Callable[[], dict]):
+                 tokens_by_source: Callable[[], Dict[str, int]], extra: Callable[[], dict],
+                 timings: Optional[Callable[[], Dict[str, float]]] = None):
+        """`timings`: the objective's (base/objective.py), whose phases the step's time is split into."""
         self.sinks, self.every, self.max_steps, self.speed = sinks, every, max_steps, speed
         self.tokens_per_step, self.tokens_by_source, self.extra = tokens_per_step, tokens_by_source, extra
         self.window: List[StepResult] = []
         self.last: dict = {}
+        self.timings, self.spent, self.run_spent = timings, [], {}
 
     def on_step(self, step: int, result: StepResult) -> None:
         self.speed.add(self.tokens_per_step)
+        self.spent.append(result.seconds)
         if result.skip is None:
             self.window.append(result)
         if self.window and (step % self.every == 0 or step == self.max_steps):
@@ -150,9 +168,37 @@ class TrainMetrics(Callback):
                          "lr": float(last.lr.asnumpy()), "grad_norm": float(last.grad_norm.asnumpy()),
                          "tokens_seen": step * self.tokens_per_step, **self.speed.measure(), **self.extra(),
                          "peak_rss_gb": peak_rss_gb(),
-                         **{f"tokens_seen/{source}": n for source, n in self.tokens_by_source().items()}}
+                         **{f"tokens_seen/{source}": n for source, n in self.tokens_by_source().items()},
+                         **self._times()}
             self.window = []
             self.sinks.log(self.last)
+
+    def _times(self) -> dict:
+        """Seconds per step over the steps since the last log (skipped ones too): time/step, the loop's making of
+        the inputs and the update, the inputs split into the objective's phases (`timings`: PPO's rollout,
+        reward, reference), and each part's share of the step as time_share/<part>; {} without `timings`."""
+        if self.timings is None or not self.spent:
+            self.spent = []
+            return {}
+        seconds = {**self.timings(), "update": sum(s.get("update", 0.0) for s in self.spent)}
+        seconds["step"] = sum(s.get("inputs", 0.0) + s.get("update", 0.0) for s in self.spent)
+        for part, value in seconds.items():
+            self.run_spent[part] = self.run_spent.get(part, 0.0) + value
+        self.run_spent["steps"] = self.run_spent.get("steps", 0) + len(self.spent)
+        out = {f"time/{part}": value / len(self.spent) for part, value in seconds.items()}
+        out.update({f"time_share/{part}": value / max(seconds["step"], 1e-12) for part, value in seconds.items()
+                    if part != "step"})
+        self.spent = []
+        return out
+
+    def time_line(self) -> Optional[str]:
+        """Where the run's step time went, one line (None without the objective's `timings`)."""
+        if not self.run_spent:
+            return None
+        steps, total = self.run_spent["steps"], self.run_spent["step"]
+        parts = [f"{part} {value / steps:.3f} s ({value / max(total, 1e-12):.0%})"
+                 for part, value in self.run_spent.items() if part not in ("step", "steps")]
+        return f"[time] per step over {steps} steps: {', '.join(parts)} of {total / steps:.3f} s"
 
     def _loss_tokens(self) -> dict:
         """Tokens that carried loss per step, and their share of the step's target tokens."""

@@ -3,6 +3,7 @@ callbacks log, evaluate and save. It knows no objective, stage or layout: those 
 (objectives/, conf/stage/, trainer/module.py)."""
 import math
 import os
+import time
 import uuid
 from typing import Callable, Optional
 
@@ -15,8 +16,8 @@ from data import build_data
 from models import build_model, family
 from objectives import objective as objective_plugin
 from planner.layout import Layout
-from trainer.callbacks import (Callbacks, Checkpointing, Evaluation, GuardStop, PreemptionNotice, Sinks, SkipLog,
-                               TrainMetrics, WeightsDigest)
+from trainer.callbacks import (Callbacks, Checkpointing, Evaluation, FamilyUpdate, GuardStop, PreemptionNotice, Sinks,
+                               SkipLog, TrainMetrics, WeightsDigest)
 from trainer.console import ConsoleProgress
 from trainer.guard import SpikeGuard
 from trainer.metrics import MetricsFile, SpeedMonitor
@@ -62,7 +63,11 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
     callbacks.on_start(start)
     for step in range(start + 1, t.max_steps + 1):
         scale = math.nan if step in t.inject_nan_steps else (scaler.scale if scaler else 1.0)
-        result = module.step([next_inputs() for _ in range(micro_steps)], scale, guard)
+        began = time.perf_counter()
+        inputs = [next_inputs() for _ in range(micro_steps)]
+        made = time.perf_counter()
+        result = module.step(inputs, scale, guard)
+        result.seconds = {"inputs": made - began, "update": time.perf_counter() - made}
         if scaler:
             scaler.update(result.finite)  # an overflow under fp16 is routine: the scaler backs off, the guard ignores it
         elif not result.finite and result.skip is None:
@@ -72,6 +77,8 @@ def train(cfg: DictConfig, run_dir: str) -> dict:
         if preemption.signal:
             break
     callbacks.on_end(step)
+    if rt.is_main and train_metrics.time_line():
+        print(train_metrics.time_line(), flush=True)
     return {**train_metrics.last, **evaluation.last, "step": step,
             **({"preempted": preemption.signal} if preemption.signal else {})}
 
@@ -94,7 +101,7 @@ def _build(cfg: DictConfig, rt, run_dir: str, dp_rank: int, sharded: bool) -> tu
     rows_per_batch = t.micro_batch_size * pipeline_micro_batches(cfg)  # a pipeline step takes all its micro-batches
     plugin = objective_plugin(cfg.objective.name)
     data = build_data(cfg.data, rows_per_batch, dp_rank=dp_rank, dp_size=cfg.parallel.dp, seed=t.seed,
-                      eval_batches=t.eval_batches, spec=plugin.row_spec(cfg.objective))
+                      eval_batches=t.eval_batches, spec=plugin.row_spec(cfg.objective), fit_small_val=not sharded)
     if cfg.stage.init_from:  # the checkpoint must read the data's ids as the same text
         checkpoint.check_same_tokenizer("data.tokenizer.path", f"stage.init_from={cfg.stage.init_from}",
                                         checkpoint.tokenizer_of(cfg.stage.init_from), f"data={cfg.data.name}",
@@ -157,8 +164,11 @@ def _callbacks(cfg: DictConfig, rt, run_dir: str, data, objective, model, module
                      **model_metrics(),
                      **({} if cfg.device.target == "CPU" else {"peak_device_memory_gb": _peak_device_memory_gb()})}
     callbacks = Callbacks()
+    after_step = family(cfg.model.family).after_step
+    if after_step is not None:
+        callbacks.add(FamilyUpdate(after_step, model, cfg.model))
     train_metrics = TrainMetrics(sinks, t.log_every, t.max_steps, speed, run.tokens_per_step, tokens_by_source,
-                                 extra)
+                                 extra, objective.timings)
     evaluation = Evaluation(callbacks, t.eval_every, t.max_steps, t.eval_at_start, module, val, *downstream)
     callbacks.add(SkipLog(sinks, data.train), GuardStop(guard, checkpointer.save), progress, train_metrics,
                   evaluation, Checkpointing(checkpointer.save, callbacks, t.save_every, t.max_steps, preemption),
@@ -176,13 +186,14 @@ def _peak_device_memory_gb() -> float:
 def _downstream(cfg: DictConfig, lm, objective, data, val) -> tuple:
     """What Evaluation measures besides the objective: (the val targets' UTF-8 bytes when the objective's loss
     is a per-token NLL, for bits per byte; the trainer.eval_tasks scorer), each None when not wanted."""
+    from data.samples import template_of
     from evaluation.bpb import val_target_bytes
     from evaluation.tasks import task_scorer
 
     tasks, t = None, cfg.trainer
-    if t.eval_tasks:
+    if t.eval_tasks:  # Alpaca task files prompted as this run's samples are (its template: the checkpoint's)
         tasks = task_scorer(t.eval_tasks, t.eval_task_items, objective, lm, cfg.model.family, data.tokenizer,
-                            t.micro_batch_size, cfg.data.seq_len)
+                            t.micro_batch_size, cfg.data.seq_len, template=template_of(cfg))
     return val_target_bytes(objective, val, data.tokenizer), tasks
 
 

@@ -43,6 +43,7 @@ class StepResult:
     skip: Optional[str] = None  # why the host skipped the update
     metrics: Dict[str, float] = field(default_factory=dict)  # the objective's, weighted like the loss
     loss_tokens: Optional[int] = None  # tokens that carried loss in the global batch
+    seconds: Dict[str, float] = field(default_factory=dict)  # the loop's: making the inputs, the update
 
 
 class LocalModule:

@@ -6,18 +6,15 @@ same objective, optimizer and loop: `model.impl=mindformers` swaps only the netw
 the ones under which MindFormers' Llama trains on CPU: no fused RMSNorm kernel, the sliced RoPE path,
 plain attention (there is no CPU flash-attention kernel), and lazy-inline disabled.
 """
-import os
 from typing import Optional
 
 import mindspore as ms
-from omegaconf import OmegaConf
 
 from models.common.causal_lm import CausalLM
+from models.common.mindformers import EXTEND_METHOD, llama_config, write
 from models.llama.config import LlamaConfig
-from models.llama.hf import BOS_ID, EOS_ID, PAD_ID
 
 _DTYPE_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
-_EXTEND_METHOD = {"none": "None", "linear": "PI", "ntk": "NTK"}  # model.rope_scaling.type -> MindFormers'
 
 
 class MindFormersLlama(CausalLM):
@@ -35,7 +32,7 @@ class MindFormersLlama(CausalLM):
             batch_size=1, seq_length=seq_len, vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
             num_layers=cfg.num_layers, num_heads=cfg.num_heads, n_kv_heads=cfg.num_kv_heads,
             intermediate_size=cfg.intermediate_size, max_position_embedding=cfg.max_position_embeddings,
-            rms_norm_eps=cfg.norm_eps, theta=cfg.rope_theta, extend_method=_EXTEND_METHOD[cfg.rope_scaling.type],
+            rms_norm_eps=cfg.norm_eps, theta=cfg.rope_theta, extend_method=EXTEND_METHOD[cfg.rope_scaling.type],
             scaling_factor=cfg.rope_scaling.factor, tie_word_embeddings=cfg.tie_embeddings,
             init_method_std=cfg.init_std, compute_dtype=_DTYPE_NAMES[compute_dtype], param_init_type="float32",
             layernorm_compute_type="float32", softmax_compute_type="float32", rotary_dtype="float32",
@@ -55,22 +52,6 @@ class MindFormersLlama(CausalLM):
 
 
 def export_checkpoint(cfg, weights: dict, out_dir: str, location: Optional[str] = None) -> None:
-    """`llama.ckpt` (same parameter names) and `llama_mindlab.yaml`, the model part of a MindFormers run YAML, whose
-    load_checkpoint is the .ckpt's absolute path once out_dir is at `location` (the CLI writes into a temporary
-    directory first)."""
-    os.makedirs(out_dir, exist_ok=True)
-    ckpt = os.path.join(out_dir, "llama.ckpt")
-    ms.save_checkpoint([{"name": k, "data": ms.Tensor(v)} for k, v in weights.items()], ckpt)
-    m = cfg.model
-    yaml = {"load_checkpoint": os.path.abspath(os.path.join(location or out_dir, "llama.ckpt")), "model": {"arch": {"type": "LlamaForCausalLM"}, "model_config": {
-        "type": "LlamaConfig", "seq_length": OmegaConf.select(cfg, "data.seq_len", default=m.max_position_embeddings),
-        "vocab_size": m.vocab_size,
-        "hidden_size": m.hidden_size, "num_layers": m.num_layers, "num_heads": m.num_heads,
-        "n_kv_heads": m.num_kv_heads, "intermediate_size": m.intermediate_size,
-        "max_position_embedding": m.max_position_embeddings, "rms_norm_eps": m.norm_eps, "theta": m.rope_theta,
-        "extend_method": _EXTEND_METHOD[m.rope_scaling.type],
-        "scaling_factor": m.rope_scaling.factor, "tie_word_embeddings": m.tie_embeddings,
-        "pad_token_id": PAD_ID, "bos_token_id": BOS_ID, "eos_token_id": EOS_ID,
-        "compute_dtype": "float16", "param_init_type": "float32", "layernorm_compute_type": "float32",
-        "softmax_compute_type": "float32", "rotary_dtype": "float32"}}}
-    OmegaConf.save(OmegaConf.create(yaml), os.path.join(out_dir, "llama_mindlab.yaml"))
+    """`llama.ckpt` (same parameter names) and `llama_mindlab.yaml`, the model part of a MindFormers run YAML
+    (models/common/mindformers.py)."""
+    write(weights, out_dir, location, llama_config(cfg, cfg.model.intermediate_size))

@@ -5,11 +5,12 @@ causal-LM interface (models/common/causal_lm.py).
 
     config.py      MoeConfig, the typed `model` group      model.py   MoeForCausalLM
     accounting.py  parameters (total and active) and FLOPs  hf.py      Mixtral / Qwen2-MoE names and config.json
+    plan.py        tensor/pipeline/expert parallel plan     mindformers.py  MindFormers' export (moe_config)
 
 LoRA (peft=lora) adapts the linear cells its target_modules match: by default the attention projections (the
 routed experts are stacked Parameters, not linear cells; the router and the shared expert only when named, e.g.
-peft.target_modules=[attention.wq,attention.wv,feed_forward.shared_expert.w1]). No tensor/pipeline plan yet:
-validation refuses tp/pp for it. Importing this package is cheap (no MindSpore).
+peft.target_modules=[attention.wq,attention.wv,feed_forward.shared_expert.w1]). plan.py lays it out over tp, pp,
+cp and ep. Importing this package is cheap (no MindSpore).
 """
 from base.errors import require
 from base.schema import use_flash_attention
@@ -19,7 +20,8 @@ from models.moe.accounting import flops_per_token, layer_activation_factors, lin
     matmul_parameter_count, parameter_count, stage_parameters
 from models.moe.config import MoeConfig as Config
 
-__all__ = ["Config", "attention_kind", "build", "check", "describe", "flops_per_token", "generator", "hf",
+__all__ = ["Config", "after_step", "attention_kind", "build", "check", "describe", "export_mindformers",
+           "flops_per_token", "generator", "hf",
            "layer_activation_factors", "linear_shapes", "matmul_parameter_count", "parameter_count",
            "recompute_cells", "stage_parameters", "step_metrics", "experts"]
 CAUSAL = True
@@ -64,14 +66,19 @@ def check(cfg) -> None:
             f"must be >= 0 (0: no shared expert), got {m.shared_expert_intermediate_size}")
     require(not m.shared_expert_gate or m.shared_expert_intermediate_size > 0, "model.shared_expert_gate",
             "gates the shared expert; set model.shared_expert_intermediate_size > 0 or shared_expert_gate=false")
-    for key in ("aux_loss_coef", "z_loss_coef"):
+    for key in ("aux_loss_coef", "z_loss_coef", "bias_update_rate"):
         require(m[key] >= 0, f"model.{key}", f"must be >= 0 (0: off), got {m[key]}")
+    require(m.bias_update_rate == 0 or p.dp * p.tp * p.pp * p.cp == 1 or cfg.dry_run, "model.bias_update_rate",
+            "moves the routing bias by one device's expert load (on the host after each step); train on one device "
+            "(parallel=single) or set model.bias_update_rate=0")
     require(m.rope_scaling.type == "none", "model.rope_scaling.type",
             f"{m.rope_scaling.type}: long-context RoPE scaling is the llama family's; set model.rope_scaling.type=none")
     require(m.attention_chunk >= 0, "model.attention_chunk", f"must be >= 0 (0: off), got {m.attention_chunk}")
     check_attention_shape(m)
-    require(p.tp == 1 and p.pp == 1 or cfg.dry_run, "parallel", f"parallel={p.name}: the moe family has no "
-            "tensor/pipeline plan to run yet (the dry run plans one); use data parallelism (parallel=dp2)")
+    for key, size in (("expert_intermediate_size", m.expert_intermediate_size),
+                      ("shared_expert_intermediate_size", m.shared_expert_intermediate_size)):
+        require(size % p.tp == 0, f"model.{key}", f"{size} is not divisible by parallel.tp={p.tp} (tensor "
+                f"parallelism splits each expert's width, models/moe/plan.py); choose a tp that divides it")
 
 
 def describe(m, count) -> list:
@@ -91,6 +98,13 @@ def describe(m, count) -> list:
             f"  lm head     {'tied to the embedding' if m.tie_embeddings else count(c['lm_head'])}"]
 
 
+def export_mindformers(cfg, weights: dict, out_dir: str, location=None) -> None:
+    """MindFormers' LlamaForCausalLM with a moe_config: its .ckpt and run YAML (models/moe/mindformers.py)."""
+    from models.moe.mindformers import export_checkpoint
+
+    export_checkpoint(cfg, weights, out_dir, location)
+
+
 def experts(m) -> tuple:
     """(num_experts, top_k): parallel.ep splits the experts (base/validate.py, planner/)."""
     return m.num_experts, m.top_k
@@ -101,6 +115,14 @@ def generator(model):
     from models.common.generation import generator as common_generator
 
     return common_generator(model)
+
+
+def after_step(model, cfg) -> None:
+    """DeepSeek-V3's routing-bias update (model.bias_update_rate > 0) from the step's expert load."""
+    if cfg.bias_update_rate > 0:
+        from models.moe.model import update_routing_bias
+
+        update_routing_bias(model, cfg.bias_update_rate)
 
 
 def step_metrics(model) -> dict:

@@ -36,3 +36,7 @@ class MoeConfig(FamilyConfig):
     capacity_factor: Optional[float] = None
     aux_loss_coef: float = 0.01  # load-balancing loss (Switch / Mixtral form) coefficient; 0: off
     z_loss_coef: float = 0.0  # router z-loss (ST-MoE: mean of logsumexp(router logits)^2) coefficient; 0: off
+    # DeepSeek-V3's auxiliary-loss-free balancing: a per-expert bias added to the routing probabilities for the
+    # top-k choice only (the weights stay the unbiased probabilities), moved by this rate gamma after each step
+    # towards balance: b_e += gamma x sign(1/E - the share of the step's assignments expert e got); 0: off
+    bias_update_rate: float = 0.0

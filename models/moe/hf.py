@@ -39,6 +39,10 @@ EXPERT_NAMES = {"MixtralForCausalLM": ("block_sparse_moe.experts.{j}.", {"w1": "
 def architecture(m) -> str:
     """The transformers class of a config: Mixtral without a shared expert (top-k renormalised), Qwen2-MoE with a
     gated one; a ConfigError naming the key otherwise."""
+    if m.bias_update_rate > 0:
+        raise ConfigError("model.bias_update_rate", "a routing bias (DeepSeek-V3's balancing) has no place in "
+                          "Mixtral or Qwen2-MoE, whose routers choose by the probabilities alone; export it with "
+                          "--to mindformers (balance_via_topk_bias)")
     if not m.shared_expert_intermediate_size:
         if not m.norm_topk_prob:
             raise ConfigError("model.norm_topk_prob", "Mixtral renormalises the top-k weights and has no shared "

@@ -50,13 +50,14 @@ class Experts(nn.Cell):
         self.w1, self.w3 = _init(rng, (e, f, h), std), _init(rng, (e, f, h), std)
         self.w2 = _init(rng, (e, h, f), std)
         self.compute_dtype = compute_dtype
-        self.matmul = ops.BatchMatMul(transpose_b=True)
+        # two primitives: expert parallelism splits w1 / w3 and w2 differently (models/moe/plan.py)
+        self.up, self.down = ops.BatchMatMul(transpose_b=True), ops.BatchMatMul(transpose_b=True)
 
     def construct(self, x):
         x = x.astype(self.compute_dtype)
-        gate = self.matmul(x, self.w1.astype(self.compute_dtype))
-        up = self.matmul(x, self.w3.astype(self.compute_dtype))
-        return self.matmul(ops.silu(gate) * up, self.w2.astype(self.compute_dtype))
+        gate = self.up(x, self.w1.astype(self.compute_dtype))
+        up = self.up(x, self.w3.astype(self.compute_dtype))
+        return self.down(ops.silu(gate) * up, self.w2.astype(self.compute_dtype))
 
 
 class MoeFeedForward(nn.Cell):
@@ -74,6 +75,11 @@ class MoeFeedForward(nn.Cell):
             self.shared_expert = FeedForward(cfg, rng, compute_dtype, cfg.shared_expert_intermediate_size)
         if self.gated:
             self.shared_expert_gate = Linear(cfg.hidden_size, 1, cfg.init_std, rng, compute_dtype)
+        self.biased = cfg.bias_update_rate > 0
+        if self.biased:  # DeepSeek-V3's balancing: the bias (moved by update_routing_bias) and the load it reads
+            zeros = np.zeros(cfg.num_experts, np.float32)
+            self.routing_bias = Parameter(Tensor(zeros), name="routing_bias", requires_grad=False)
+            self.expert_load = Parameter(Tensor(zeros), name="expert_load", requires_grad=False)
 
     def construct(self, x, dropless: bool = False):
         """`dropless`: every assignment computed whatever model.capacity_factor (inference). Returns y and
@@ -84,7 +90,11 @@ class MoeFeedForward(nn.Cell):
         flat = x.reshape(tokens, h)
         logits = self.router(flat.astype(ms.float32)).astype(ms.float32)  # [T, E]
         probs = ops.softmax(logits, -1)
-        weights, chosen = ops.topk(probs, self.top_k)  # [T, k], largest first
+        if self.biased:  # the choice by the biased probabilities, the weights the unbiased ones
+            chosen = ops.topk(probs + self.routing_bias, self.top_k)[1]
+            weights = ops.gather_elements(probs, 1, chosen)
+        else:
+            weights, chosen = ops.topk(probs, self.top_k)  # [T, k], largest first
         if self.norm_topk:
             weights = weights / weights.sum(-1, keepdims=True)
         e = self.num_experts
@@ -109,8 +119,21 @@ class MoeFeedForward(nn.Cell):
                 shared = shared * ops.sigmoid(self.shared_expert_gate(flat).astype(ms.float32))
             y = y + shared
         dropped = (1.0 - kept.astype(ms.float32)).sum()
+        if self.biased:  # each expert's share of this forward's assignments, for the bias's update
+            y = ops.depend(y, ops.assign(self.expert_load, ops.stop_gradient(onehot.mean(0))))
         return y.reshape(b, s, h).astype(x.dtype), (logits, onehot.reshape(self.top_k, tokens, e).sum(1),
                                                     probs.sum(0), dropped)
+
+
+def update_routing_bias(model, rate: float) -> None:
+    """DeepSeek-V3's bias update after a step, in each layer: b_e += rate x sign(1/E - load_e), load_e the share of
+    the step's (last micro-batch's) assignments expert e got: an overloaded expert's bias falls, an idle one's
+    rises (MindFormers' TopkBiasBalanceCallback, its balance_via_topk_bias)."""
+    for layer in model.model.layers:
+        ffn = layer.feed_forward
+        load = ffn.expert_load.asnumpy()
+        bias = ffn.routing_bias.asnumpy() + rate * np.sign(1.0 / load.size - load)
+        ffn.routing_bias.set_data(Tensor(bias.astype(np.float32)))
 
 
 class MoeDecoderLayer(nn.Cell):
@@ -120,11 +143,12 @@ class MoeDecoderLayer(nn.Cell):
         self.attention = Attention(cfg, rng, compute_dtype, flash)
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.feed_forward = MoeFeedForward(cfg, rng, compute_dtype)
+        self.attention_residual, self.ffn_residual = ops.Add(), ops.Add()  # primitives: plan.py shards them
 
     def construct(self, x, cos, sin, mask=None):
-        x = x + self.attention(self.attention_norm(x), cos, sin, mask).astype(x.dtype)
+        x = self.attention_residual(x, self.attention(self.attention_norm(x), cos, sin, mask).astype(x.dtype))
         y, stats = self.feed_forward(self.ffn_norm(x))
-        return x + y.astype(x.dtype), stats
+        return self.ffn_residual(x, y.astype(x.dtype)), stats
 
     def cached(self, x, cos, sin, bias, k_cache=None, v_cache=None, slot=None):
         x = x + self.attention.cached(self.attention_norm(x), cos, sin, bias, k_cache, v_cache, slot).astype(x.dtype)
