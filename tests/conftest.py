@@ -58,8 +58,8 @@ def absent(message: str) -> None:
 # The test files that train, launch or prepare the most, longest first: `make test` hands whole files to its
 # workers in collection order (--dist loadfile --no-loadscope-reorder), so these start first and no worker takes
 # one of them on while the others run out of work. The rest follow by their number of slow tests, then of tests.
-HEAVY_FIRST = ("test_recipe.py", "test_train.py", "test_sft.py", "test_mlm.py", "test_ppo.py", "test_checkpoint.py",
-               "test_alignment.py", "test_generate.py", "test_errors.py", "test_data.py")
+HEAVY_FIRST = ("test_recipe.py", "test_moe_cli.py", "test_train.py", "test_sft.py", "test_mlm.py", "test_ppo.py",
+               "test_checkpoint.py", "test_alignment.py", "test_generate.py", "test_errors.py", "test_data.py")
 
 
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected
