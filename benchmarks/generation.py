@@ -9,7 +9,8 @@ by side.
 Greedy, eos off, so every run makes exactly `new` tokens per row. Decode tokens/s counts the tokens after the
 first (the first comes from the prompt's forward, timed as prefill) over the time of those steps, compilation
 excluded; mindlab's compile time (the prefill + decode graphs, or the one uncached graph, per cache length) is
-its own column. transformers' decode time is generate(new) minus generate(1), after a warm-up call. Each run
+its own column. transformers' prefill and decode are timed inside one generate(new) call, after a warm-up
+call: from its start to the first token chosen, and from there to the last. Each run
 is a fresh process; torch runs with 1 thread and with one per CPU (on a loaded machine OpenMP's 2 threads can
 be much slower than 1). "KV cache, one core" is the cached run with every thread of its process on one CPU
 (`taskset -c 0 python -m generate ...` does the same): MindSpore's threads pass every graph launch between them,
@@ -57,23 +58,33 @@ def ours(ckpt: str, prompts, new: int, use_cache: bool, kernels: str = "auto") -
 
 def transformers_generate(hf_dir: str, prompts, new: int, threads: int) -> dict:
     import torch
-    from transformers import LlamaForCausalLM
+    from transformers import LlamaForCausalLM, StoppingCriteria, StoppingCriteriaList
+
+    class Clock(StoppingCriteria):
+        """The time each token is chosen (generate asks its stopping criteria after every token), never stopping."""
+
+        def __init__(self):
+            self.times = []
+
+        def __call__(self, input_ids, scores, **kwargs):
+            self.times.append(time.perf_counter())
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
 
     torch.set_num_threads(threads)  # explicit: the parent's MindSpore runtime set OMP_NUM_THREADS=1 in our environment
     hf = LlamaForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     hf.generation_config.eos_token_id = None
     ids = torch.tensor(prompts, dtype=torch.long)  # equal lengths: no padding needed
     kwargs = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0)
+    clock = Clock()
     with torch.no_grad():
         hf.generate(ids, max_new_tokens=2, **kwargs)  # warm-up
         start = time.perf_counter()
-        hf.generate(ids, max_new_tokens=1, **kwargs)
-        prefill = time.perf_counter() - start
-        start = time.perf_counter()
-        out = hf.generate(ids, max_new_tokens=new, **kwargs)
-        total = time.perf_counter() - start
-    return {"compile_s": None, "graphs": None, "prefill_s": prefill,
-            "decode_tps": len(prompts) * (new - 1) / (total - prefill), "tokens": out[:, ids.shape[1]:].tolist()}
+        out = hf.generate(ids, max_new_tokens=new, stopping_criteria=StoppingCriteriaList([clock]), **kwargs)
+    assert len(clock.times) == new, clock.times
+    # one call: the prefill ends when the first token is chosen, the decode steps are the tokens after it
+    return {"compile_s": None, "graphs": None, "prefill_s": clock.times[0] - start,
+            "decode_tps": len(prompts) * (new - 1) / (clock.times[-1] - clock.times[0]),
+            "tokens": out[:, ids.shape[1]:].tolist()}
 
 
 def one_core() -> None:

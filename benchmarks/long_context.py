@@ -21,6 +21,7 @@ depths) per length, and the tokens/s and peak RSS of each training run at its le
 over the logging intervals after the first, which holds the compile).
 """
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -84,7 +85,9 @@ def latest(run_dir):
 
 def arguments() -> argparse.Namespace:
     p = argparse.ArgumentParser()
-    p.add_argument("--work", default=os.path.join(ROOT, "runs", "long_context"))
+    p.add_argument("--work", default=os.path.join(ROOT, "runs", "long_context"),
+                   help="kept: the runs and evaluations of each setting in a directory of their own, reused by a "
+                        "rerun with the same settings")
     p.add_argument("--model", default="small")
     p.add_argument("--base-len", type=int, default=256)
     p.add_argument("--base-steps", type=int, default=300)
@@ -100,8 +103,16 @@ def arguments() -> argparse.Namespace:
     return p.parse_args()
 
 
+def settings_dir(a: argparse.Namespace) -> str:
+    """<work>/<the settings' digest>: a rerun with other settings (another --base-len) never reuses a base trained
+    with these, which its evaluations would refuse or, worse, score at the wrong length."""
+    settings = json.dumps({k: v for k, v in sorted(vars(a).items()) if k != "work"})
+    return os.path.join(a.work, hashlib.sha256(settings.encode()).hexdigest()[:12])
+
+
 def main() -> None:
     a = arguments()
+    a.work = settings_dir(a)
     os.makedirs(a.work, exist_ok=True)
     log = os.path.join(a.work, "log.txt")
     B = a.base_len

@@ -73,6 +73,26 @@ def absent(message: str) -> None:
     pytest.skip(message)
 
 
+# The test files that train, launch or prepare the most, longest first: `make test` hands whole files to its
+# workers in collection order (--dist loadfile --no-loadscope-reorder), so these start first and no worker takes
+# one of them on while the others run out of work. The rest follow by their number of slow tests, then of tests.
+HEAVY_FIRST = ("test_recipe.py", "test_moe_cli.py", "test_train.py", "test_sft.py", "test_mlm.py", "test_ppo.py",
+               "test_checkpoint.py", "test_alignment.py", "test_generate.py", "test_errors.py", "test_data.py")
+
+
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected
+def pytest_collection_modifyitems(config, items):
+    files, slow, count = {}, {}, {}
+    for item in items:
+        name = item.path.name
+        files.setdefault(name, []).append(item)
+        slow[name] = slow.get(name, 0) + (item.get_closest_marker("slow") is not None)
+        count[name] = count.get(name, 0) + 1
+    heavy = {name: rank for rank, name in enumerate(HEAVY_FIRST)}
+    order = sorted(files, key=lambda name: (heavy.get(name, len(heavy)), -slow[name], -count[name], name))
+    items[:] = [item for name in order for item in files[name]]
+
+
 def pytest_runtest_setup(item):
     for mark in item.iter_markers("corpora"):  # @pytest.mark.corpora("tiny"): corpus_path("tiny") before the test
         corpus_path(*mark.args)
@@ -245,3 +265,37 @@ def base_checkpoint(tmp_path_factory, tokenizer_file):
     model = build_model(cfg.model, 64, "fp32", "CPU", seed=3)
     return checkpoint.save(str(tmp / "ckpt"), 100, model, ms.nn.SGD(model.trainable_params()), {}, cfg,
                            tokenizer_file)
+
+
+# --- documents as corpus files (test_data*, test_slurm_prepare) -------------------------------------------------
+
+@pytest.fixture
+def corpus(tmp_path):
+    """Two JSONL sources, the second gzipped and found by a glob; returns (cfg, docs by source)."""
+    from helpers import data_cfg, make_docs
+
+    docs = {"a": make_docs(1, 40), "b": make_docs(2, 30)}
+    write_docs(tmp_path / "a.jsonl", docs["a"])
+    write_docs(tmp_path / "b.jsonl.gz", docs["b"])
+    sources = [{"name": "a", "kind": "jsonl", "paths": [str(tmp_path / "a.jsonl")]},
+               {"name": "b", "kind": "jsonl", "paths": [str(tmp_path / "b*.jsonl.gz")]}]
+    return data_cfg(tmp_path, sources), docs
+
+
+@pytest.fixture
+def many_units(tmp_path, monkeypatch):
+    """Two sources in many small files, 3 files a unit; a near copy of a document of `a` sits in `b`'s last file."""
+    import data.sources
+    from helpers import data_cfg, prose
+
+    monkeypatch.setattr(data.sources, "UNIT_BYTES", 3 * 4000)
+    docs = {"a": [prose(i, 150) for i in range(60)], "b": [prose(100 + i, 150) for i in range(45)]}
+    words = docs["a"][7].split()
+    docs["b"][-1] = " ".join(words[:70] + ["NEAR"] + words[71:]) + "\n"
+    for name, ds in docs.items():
+        for k in range(0, len(ds), 5):
+            write_docs(tmp_path / f"{name}-{k // 5:03d}.jsonl", ds[k:k + 5])
+    sources = [{"name": n, "kind": "jsonl", "paths": [str(tmp_path / f"{n}-*.jsonl")]} for n in docs]
+    cfg = data_cfg(tmp_path, sources, shard_rows=500, seq_len=16, tokenizer={"vocab_size": 300},
+                   cleaning={"min_chars": 10, "exact_dedup": True, "near_dedup": True})
+    return cfg, docs

@@ -38,7 +38,7 @@ def test_components_of_tiny_by_hand():
         "lm_head": 4096 * 128,
         "total": 1_787_008,
     }
-    assert per_layer == 184_576
+    assert counts["per_layer"] == 184_576
 
 
 def test_tied_embeddings_drop_the_head():
@@ -54,9 +54,8 @@ SMALL = SimpleNamespace(vocab_size=10, hidden_size=8, num_layers=2, num_heads=2,
 def test_flops_small_case_by_hand():
     # per layer: wq, wo 8*8; wk, wv 8*4 (1 kv head of dim 4); SwiGLU 3*8*12 -> 480; 2 layers + head 10*8
     assert matmul_parameter_count(SMALL) == 2 * (2 * 64 + 2 * 32 + 288) + 80 == 1040
-    attention = 12 * 2 * 2 * 4 * 16  # 12 * L * heads * head_dim * seq_len
-    assert attention == 3072
-    assert flops_per_token(SMALL, seq_len=16) == 6 * 1040 + 3072 == 9312
+    attention = 12 * 2 * 2 * 4 * 16  # 12 * L * heads * head_dim * seq_len = 3072
+    assert flops_per_token(SMALL, seq_len=16) == 6 * 1040 + attention == 9312
 
 
 def test_flops_tied_head_still_a_matmul():
@@ -69,6 +68,5 @@ def test_flops_7b():
     n_matmul = 32 * (4 * 4096 ** 2 + 3 * 4096 * 11008) + 32000 * 4096
     assert matmul_parameter_count(m) == n_matmul == 6_607_077_376
     assert flops_per_token(m, 4096) == 6 * n_matmul + 12 * 32 * 32 * 128 * 4096 == 46_084_915_200
-    # 6N dominates; at short context the total is close to the familiar 6 * (all parameters)
-    assert 6 * n_matmul / flops_per_token(m, 4096) > 0.85
+    # at short context the total is close to the familiar 6 * (all parameters)
     assert flops_per_token(m, 256) == pytest.approx(6 * 6_738_415_616, rel=0.01)

@@ -294,22 +294,14 @@ def test_reward_model_learns_held_out_pairs_and_saves_its_head(alignment_runs):
 
 
 @pytest.mark.slow
-def test_a_reward_models_checkpoint_holds_its_val_reward_mean_and_std(tmp_path, base_checkpoint):
+def test_a_reward_models_checkpoint_holds_its_val_reward_mean_and_std(alignment_runs):
     """The statistics PPO normalizes by equal those the run logged at the same step: mean = val_mean_reward,
     std = sqrt(val_reward_sq - val_mean_reward^2)."""
-    from trainer.loop import train
-
-    train_path = write_jsonl(tmp_path / "train.jsonl", synthetic_pairs(16, 0))
-    val_path = write_jsonl(tmp_path / "val.jsonl", synthetic_pairs(8, 1))
-    cfg = pair_cfg(tmp_path, base_checkpoint, "rm", train_path, val_path, "trainer.max_steps=2",
-                   "trainer.micro_batch_size=4", "trainer.eval_batches=2", "data.seq_len=96", "optim.lr=1e-3",
-                   "optim.warmup_steps=0")
-    validate(cfg)
-    train(cfg, str(tmp_path / "rm"))
-    logged = [json.loads(line) for line in open(tmp_path / "rm" / "metrics.jsonl")][-1]
-    state = json.loads((tmp_path / "rm" / "checkpoints" / "step_000002" / "state.json").read_text())["objective"]
+    tmp, runs = alignment_runs
+    logged = runs["rm"][0][-1]
+    state = json.loads((tmp / "rm" / "checkpoints" / "step_000020" / "state.json").read_text())["objective"]
     mean, sq = logged["val_mean_reward"], logged["val_reward_sq"]
-    assert state["val_rewards"] == 16  # 2 batches of 4 pairs, both sides
+    assert logged["step"] == 20 and state["val_rewards"] == 64  # 4 batches of 8 pairs, both sides
     np.testing.assert_allclose([state["val_reward_mean"], state["val_reward_std"]], [mean, np.sqrt(sq - mean ** 2)],
                                rtol=1e-5, atol=1e-6)
     assert state["val_reward_std"] > 0.01

@@ -5,54 +5,15 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import ROOT, load_preset, train_main
+from conftest import load_preset, train_main
+from helpers import COMMON, finish, losses, start, wait_for_step, weights
 from models import build_model
 from base import checkpoint
-
-COMMON = ["model=tiny", "data.seq_len=64", "trainer.micro_batch_size=4", "trainer.grad_accum=2",
-          "trainer.max_steps=24", "optim.warmup_steps=4", "optim.schedule=cosine", "optim.lr=3e-3",
-          "trainer.log_every=1", "trainer.eval_every=0", "trainer.eval_batches=1", "trainer.save_every=4",
-          "logger.progress_bar=false"]
-
-
-def start(run_dir, *overrides):
-    return subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *COMMON, *overrides,
-                             f"hydra.run.dir={run_dir}"], cwd=os.path.dirname(run_dir),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def finish(proc, timeout=300):
-    out, err = proc.communicate(timeout=timeout)
-    return proc.returncode, out, err
-
-
-def losses(run_dir):
-    lines = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
-    return {m["step"]: m["loss"] for m in lines if "loss" in m and "skipped" not in m}
-
-
-def weights(ckpt):
-    import mindspore as ms
-
-    return {k: v.asnumpy() for k, v in ms.load_checkpoint(os.path.join(ckpt, "model.safetensors"),
-                                                          format="safetensors").items()}
-
-
-def wait_for_step(run_dir, step, proc, timeout=240):
-    path = os.path.join(run_dir, "metrics.jsonl")
-    deadline = time.time() + timeout
-    while time.time() < deadline and proc.poll() is None:
-        if os.path.exists(path) and max(losses(run_dir), default=0) >= step:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"run did not reach step {step}: {proc.poll()}")
-
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):

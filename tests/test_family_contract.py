@@ -143,7 +143,7 @@ def test_a_family_defined_in_a_test_plans_trains_evaluates_and_exports(bigram, t
     from models.convert import export_hf
     from planner.dry_run import dry_run_report
     from safetensors.numpy import load_file
-    from test_evaluate import shakespeare_data
+    from helpers import shakespeare_data
     from trainer.loop import train
 
     overrides = ("trainer.max_steps=2", "trainer.micro_batch_size=2", "trainer.eval_batches=1", "trainer.eval_every=2",

@@ -4,7 +4,7 @@ listed below, each with its reason; one that has become short fails too, so the 
 import ast
 from pathlib import Path
 
-from test_layers import ROOT, project_modules
+from helpers import REPO as ROOT, project_modules
 
 LIMIT = 80
 EXCEPTIONS = {

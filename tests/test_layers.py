@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import project_modules
+
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = {
     "base": 0, "boot": 0,
@@ -47,16 +49,6 @@ def family_internals() -> tuple:
     from base.registry import FAMILIES
 
     return tuple(f"models.{name}." for name in FAMILIES)
-
-
-def project_modules(root: Path = ROOT):
-    """(top-level name, dotted module name, path) of every .py file of the project, tests and scripts aside."""
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root)
-        if rel.parts[0] in ("tests", "scripts", ".git") or rel.parts[0].startswith("."):
-            continue
-        dotted = ".".join(rel.with_suffix("").parts).removesuffix(".__init__")
-        yield rel.parts[0].removesuffix(".py"), dotted, path
 
 
 def imports_of(path: Path, dotted: str):

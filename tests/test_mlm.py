@@ -9,16 +9,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from base.validate import ConfigError, validate
-from conftest import CORPORA, compose_cfg
-from test_checkpoint import finish, losses, wait_for_step, weights
+from conftest import compose_cfg
+from helpers import TINY_REF_DATA, finish, losses, needs_corpora, wait_for_step, weights
 
 SPECIALS = 'data.tokenizer.user_symbols=["[CLS]","[SEP]","[MASK]"]'
-TINY_REF = os.path.join(CORPORA, "tiny", "reference_en.jsonl")
-needs_corpora = pytest.mark.corpora("tiny", "reference_en.jsonl")
-# data=wiki's kind of text, the 400 KB slice of it in corpora/tiny, with a vocabulary its size supports
-TINY_REF_DATA = [f"data.sources=[{{name: reference, kind: jsonl, paths: [{TINY_REF}]}}]", "model.vocab_size=2048"]
-
-
 @pytest.mark.parametrize("overrides,key,message", [
     (["objective=mlm", SPECIALS], "objective", "objective=mlm needs a bidirectional encoder; model.family=llama"),
     (["model=bert_tiny"], "objective", "clm trains a causal decoder; model.family=bert attends both ways"),
@@ -61,7 +55,7 @@ def test_micro_batches_are_weighted_by_their_loss_tokens(pynative):
     from objectives.clm import Config, Objective
     from trainer.module import LocalModule
     from trainer.optimizer import build_optimizer
-    from test_step import optim_cfg
+    from helpers import optim_cfg
 
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 4096, (6, 33)).astype(np.int32)
@@ -93,7 +87,7 @@ RUN = ["model=bert_tiny", "objective=mlm", "data=wiki", "data.seq_len=64", "data
 
 @pytest.fixture(scope="module")
 def mlm_run(tmp_path_factory):
-    from test_checkpoint import start
+    from helpers import start
 
     root = tmp_path_factory.mktemp("mlm")
     run_dir = str(root / "run")
@@ -123,7 +117,7 @@ def test_mlm_run_learns_and_logs_its_metrics(mlm_run):
 def test_mlm_resume_after_sigkill_equals_the_uninterrupted_run(mlm_run):
     """Masks are a function of (trainer.seed, sample index): the resumed run masks every batch as the
     uninterrupted one did, so losses and final weights are equal bit for bit."""
-    from test_checkpoint import start
+    from helpers import start
 
     root, reference = mlm_run
     run_dir = str(root / "killed")

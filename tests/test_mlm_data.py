@@ -11,7 +11,7 @@ from data.errors import DataError
 from data.tokenizer import Tokenizer
 from objectives._sentence_pairs import pair_schema, sentence_end_ids, sentence_pairs
 from objectives.mlm import IGNORE_INDEX, batch_rng, mask_tokens, word_start_table
-from test_data import read_documents
+from helpers import read_documents
 
 # --- wikitext source ------------------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ import pytest
 from base.errors import DiskFull, UsageError
 from base.outputs import MARKER, output_dir, owned_files
 from conftest import invoke, train_main
-from test_sweeps import SYNTHETIC, write_job
+from helpers import SYNTHETIC, write_job
 
 
 def test_output_dir_writes_a_new_directory_and_replaces_only_its_own_output(tmp_path):

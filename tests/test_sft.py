@@ -366,20 +366,29 @@ def test_lora_targets_that_match_nothing_list_the_available_cells(tmp_path, base
         train(cfg, str(tmp_path / "run"))
 
 
-@pytest.mark.slow
-def test_a_short_sft_run_works_as_it_is(tmp_path, base_checkpoint):
+def test_a_short_sft_run_works_as_it_is(tmp_path, base_checkpoint, pynative):
     """stage=sft trainer.max_steps=20: the preset's warmup is a fraction of the run (0.04 x 20 = 0 steps here), so
-    a short run is not refused for a warmup longer than itself (as a pinned optim.warmup_steps=20 was)."""
-    from trainer.loop import train
-    from trainer.optimizer import warmup_steps
+    a short run is not refused for a warmup longer than itself (as a pinned optim.warmup_steps=20 was), and its
+    learning rate is the cosine from optim.lr to min_lr over the 20 steps, by hand (test_sft_stage_trains_from_a_
+    checkpoint_in_process trains such a run)."""
+    import math
+
+    import mindspore as ms
+
+    from trainer.optimizer import build_schedule, warmup_steps
 
     cfg = sft_cfg(tmp_path, base_checkpoint, "trainer.max_steps=20", "optim.warmup_steps=null")
     validate(cfg)
     assert cfg.optim.warmup_steps is None and warmup_steps(cfg.optim, 20) == 0
     assert warmup_steps(cfg.optim, 500) == 20  # the preset's 500 steps keep their 20-step warmup
-    train(cfg, str(tmp_path / "run"))
-    steps = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl") if '"loss"' in line]
-    assert steps[-1]["step"] == 20
+    with pytest.raises(ConfigError, match=r"optim.warmup_steps: must be in \[0, trainer.max_steps=20\), got 20"):
+        validate(sft_cfg(tmp_path, base_checkpoint, "trainer.max_steps=20", "optim.warmup_steps=20"))
+    schedule = build_schedule(cfg.optim, 20)
+    lr, min_lr = cfg.optim.lr, cfg.optim.min_lr
+    assert (cfg.optim.schedule, lr, min_lr) == ("cosine", 3e-3, 1e-5)
+    hand = [min_lr + (lr - min_lr) * 0.5 * (1 + math.cos(math.pi * step / 20)) for step in range(20)] + [min_lr]
+    got = [float(schedule(ms.Tensor(step, ms.int32)).asnumpy()) for step in range(21)]
+    assert got == pytest.approx(hand, rel=1e-5, abs=1e-9)
 
 
 def test_fifty_samples_on_the_defaults_are_evaluated_on_the_rows_they_hold_out(tmp_path, base_checkpoint, capsys):

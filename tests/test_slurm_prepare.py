@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from conftest import ROOT
 from data.cache import prepare
-from test_data_scale import digests_of, many_units  # noqa: F401  (the fixture)
+from helpers import digests_of
 
 FAKE_SBATCH = r"""#!/usr/bin/env bash
 # Runs the job at once (so afterok holds), every array task in turn; logs its options; prints a job id.

@@ -9,8 +9,8 @@ import mindspore as ms
 from mindspore import Tensor
 from omegaconf import OmegaConf
 
-from base.schema import OPTIMIZERS
 from conftest import load_preset
+from helpers import optim_cfg
 from models import build_model
 from objectives.clm import CausalLMLoss
 from base import checkpoint
@@ -22,10 +22,6 @@ from trainer.step import ApplyUpdate, DynamicLossScale, ForwardBackward, Sharded
 pytestmark = pytest.mark.usefixtures("pynative")
 ONE = Tensor(1.0, ms.float32)
 ALLOW = Tensor(True)
-
-
-def optim_cfg(name="adamw", **overrides):
-    return OmegaConf.merge(OmegaConf.structured(OPTIMIZERS[name]), {"name": name, "warmup_steps": 0, **overrides})
 
 
 def setup(seed=0, clip=1.0):

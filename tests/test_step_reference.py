@@ -4,7 +4,7 @@ This is the check that would have caught optim=adamw lacking AdamW's bias correc
 import pytest
 
 from parity.step import FIRST_STEPS, compare, verdict
-from test_mlm import TINY_REF_DATA, needs_corpora
+from helpers import TINY_REF_DATA, needs_corpora
 
 pytestmark = pytest.mark.slow  # ~20 s each: a graph compile and 20 steps on each side
 

@@ -17,11 +17,10 @@ from omegaconf import OmegaConf
 
 from base.validate import validate
 from conftest import ROOT, absent, compose_cfg, invoke
+from helpers import SYNTHETIC, eval_line, train_line, write_job
 from sweeps.report import build
 
 JOBS = {"lr": 3, "lr_ctx": 9, "data_mix": 3, "batch": 4, "scaling": 5}
-
-
 
 
 def sweep_jobs(name: str) -> list:
@@ -86,49 +85,6 @@ def test_presets_are_found_when_train_py_starts_from_another_directory(tmp_path)
 
 
 # --- the report on a synthetic multirun dir -------------------------------------------------------------
-
-CONFIG = {"trainer": {"micro_batch_size": 4, "grad_accum": 2},
-          "parallel": {"dp": 1, "pp": 1, "micro_batches": 1}, "data": {"seq_len": 64},
-          "logger": {"name": "wandb", "mode": "auto", "project": "mindlab", "entity": "team", "group": "/sweeps/g"}}
-TOKENS_PER_STEP = 4 * 2 * 64
-
-
-def train_line(step: int, loss: float, tokens_per_sec: float) -> dict:
-    return {"step": step, "loss": loss, "lr": 1e-3, "grad_norm": 1.0, "tokens_seen": step * TOKENS_PER_STEP,
-            "tokens_per_sec": tokens_per_sec, "mfu": tokens_per_sec / 1e5, "peak_rss_gb": 1.0 + step / 100,
-            "tokens_seen/code": step * TOKENS_PER_STEP // 2, "tokens_seen/books": step * TOKENS_PER_STEP // 2}
-
-
-def eval_line(step: int, val_loss: float) -> dict:
-    return {"step": step, "val_loss": val_loss, "val_ppl": 2.718 ** val_loss,
-            "val_loss/code": val_loss - 0.25, "val_loss/books": val_loss + 0.25}
-
-
-def write_job(root, num: int, lr: str, lines: list, status=None, partial_line: str = "") -> None:
-    job = root / str(num)
-    (job / ".hydra").mkdir(parents=True)
-    OmegaConf.save(OmegaConf.create([f"optim.lr={lr}", "+sweep=lr", "trainer.max_steps=30"]),
-                   job / ".hydra" / "overrides.yaml")
-    OmegaConf.save(OmegaConf.create({"hydra": {"job": {"num": num}}}), job / ".hydra" / "hydra.yaml")
-    if status is None:  # stopped before training: no config.yaml, status.json or metrics
-        return
-    OmegaConf.save(OmegaConf.create(CONFIG), job / "config.yaml")
-    (job / "status.json").write_text(json.dumps(status))
-    (job / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines) + partial_line)
-
-
-SYNTHETIC = {  # job num -> (lr, metrics lines, status.json, a half-written last line)
-    0: ("0.001", [train_line(10, 5.0, 900.0), train_line(20, 4.0, 1200.0), eval_line(20, 4.2),
-                  train_line(30, 3.5, 1000.0), eval_line(30, 3.9)], {"status": "finished", "step": 30}, ""),
-    1: ("0.002", [train_line(10, 4.8, 950.0), train_line(20, 3.6, 1100.0), eval_line(20, 3.8),
-                  {"step": 25, "skipped": "loss spike", "loss": 9.0, "data_position": 3},
-                  train_line(30, 3.1, 1150.0), eval_line(30, 3.45)], {"status": "finished", "step": 30}, ""),
-    2: ("0.003", [train_line(10, 4.9, 1000.0), train_line(20, 3.7, 1050.0), eval_line(20, 3.2)],
-        {"status": "failed", "error": "TrainingStopped: 5 consecutive skipped steps at step 24"}, ""),
-    3: ("0.004", [train_line(10, 4.7, 1010.0)], {"status": "running"}, '{"step": 20, "loss": 3.'),
-    4: ("0.005", [], None, ""),
-}
-
 
 class Dom(HTMLParser):
     """Rows of the #runs table as {column title: (text, data-value)}, image sources, unfinished-run items."""
