@@ -14,7 +14,7 @@ from base.errors import ConfigError
 from base.schema import DeviceConfig, as_device, use_flash_attention
 from base.validate import validate_layout
 from conftest import compose_cfg, load_preset
-from test_layers import ROOT, project_modules
+from helpers import REPO as ROOT, project_modules
 
 DEVICE_NAMES = {"cpu", "gpu", "ascend"}
 

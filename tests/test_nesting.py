@@ -6,7 +6,7 @@ stale."""
 import ast
 from pathlib import Path
 
-from test_layers import ROOT, project_modules
+from helpers import REPO as ROOT, project_modules
 
 LIMIT = 5
 EXCEPTIONS = {
