@@ -1,6 +1,7 @@
 """Helpers the test modules share (no test module imports another): the data pipeline's documents and configs,
 a short train.py run and what it leaves, the project's modules, a synthetic sweep. The shared fixtures live in
 conftest.py."""
+import ast
 import json
 import os
 import random
@@ -141,7 +142,7 @@ def shakespeare_data(tokenizer_file):
         "tokenizer": {"vocab_size": 4096}, "cache_dir": os.path.dirname(os.path.dirname(tokenizer_file))})
 
 
-# --- the project's own modules (test_layers, test_function_length) ---------------------------------------------
+# --- the project's own modules (test_layers, test_function_length, test_nesting) ---------------------------------------------
 
 def project_modules(root: Path = REPO):
     """(top-level name, dotted module name, path) of every .py file of the project, tests and scripts aside."""
@@ -151,6 +152,13 @@ def project_modules(root: Path = REPO):
             continue
         dotted = ".".join(rel.with_suffix("").parts).removesuffix(".__init__")
         yield rel.parts[0].removesuffix(".py"), dotted, path
+
+
+def parsed_code(root: Path = REPO):
+    """(path, ast module) of the code the shape rules hold (test_function_length, test_nesting): the project's
+    modules and scripts/, not tests/."""
+    for path in [path for _, _, path in project_modules(root)] + sorted((root / "scripts").glob("*.py")):
+        yield path, ast.parse(path.read_text(encoding="utf-8"), str(path))
 
 
 # --- a synthetic multirun dir (test_sweeps, test_outputs) ------------------------------------------------------

@@ -4,7 +4,7 @@ listed below, each with its reason; one that has become short fails too, so the 
 import ast
 from pathlib import Path
 
-from helpers import REPO as ROOT, project_modules
+from helpers import REPO as ROOT, parsed_code
 
 LIMIT = 80
 EXCEPTIONS = {
@@ -14,10 +14,9 @@ EXCEPTIONS = {
 def long_functions(root: Path = ROOT) -> dict:
     """{"path:function": lines} of every function (methods and nested ones too) over LIMIT lines; scripts/ is
     read too, tests/ is not."""
-    paths = [path for _, _, path in project_modules(root)] + sorted((root / "scripts").glob("*.py"))
     out = {}
-    for path in paths:
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+    for path, tree in parsed_code(root):
+        for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 lines = node.end_lineno - node.lineno + 1
                 if lines > LIMIT:

@@ -6,7 +6,7 @@ stale."""
 import ast
 from pathlib import Path
 
-from helpers import REPO as ROOT, project_modules
+from helpers import REPO as ROOT, parsed_code
 
 LIMIT = 5
 EXCEPTIONS = {
@@ -28,10 +28,8 @@ def depth(node: ast.AST, level: int = 0) -> int:
 def deep_functions(root: Path = ROOT) -> dict:
     """{"path:function": depth} of every top-level function and method nested deeper than LIMIT; scripts/ is
     read too, tests/ is not."""
-    paths = [path for _, _, path in project_modules(root)] + sorted((root / "scripts").glob("*.py"))
     out = {}
-    for path in paths:
-        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    for path, tree in parsed_code(root):
         functions = [node for top in tree.body for node in ([top] + (top.body if isinstance(top, ast.ClassDef) else []))
                      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
         for node in functions:
