@@ -142,7 +142,7 @@ def shakespeare_data(tokenizer_file):
         "tokenizer": {"vocab_size": 4096}, "cache_dir": os.path.dirname(os.path.dirname(tokenizer_file))})
 
 
-# --- the project's own modules (test_layers, test_function_length, test_nesting) ---------------------------------------------
+# --- the project's own modules (test_layers, test_function_length, test_nesting) -----------------------------------
 
 def project_modules(root: Path = REPO):
     """(top-level name, dotted module name, path) of every .py file of the project, tests and scripts aside."""
