@@ -139,16 +139,21 @@ class Run:
     ep: int = 1
 
 
+def gpt(hidden: int, heads: int, layers: int, vocab: int) -> dict:
+    """A GPT shape (multi-head attention, a GELU FFN of 4h, tied embeddings) in the planner's Llama terms: the FFN
+    as a SwiGLU of width 8h/3, the same matmul FLOPs and weights (the width rounded to an integer)."""
+    return dict(vocab_size=vocab, hidden_size=hidden, num_layers=layers, num_heads=heads, num_kv_heads=heads,
+                intermediate_size=round(8 * hidden / 3), tie_embeddings=True)
+
+
 def megatron(name: str, heads: int, hidden: int, layers: int, tp: int, pp: int, gpus: int, batch: int,
              teraflops: float) -> Run:
     """A row of [N] Table 1 in the planner's terms."""
     s, vocab = 2048, 51200
     flops_per_token = 96 * layers * hidden ** 2 * (1 + s / (6 * hidden) + vocab / (16 * layers * hidden))
     dp = gpus // (tp * pp)
-    shape = dict(vocab_size=vocab, hidden_size=hidden, num_layers=layers, num_heads=heads, num_kv_heads=heads,
-                 intermediate_size=round(8 * hidden / 3), tie_embeddings=True)
-    return Run(f"Megatron-LM GPT {name}", "N", "a100", shape, dp, tp, pp, tp > 1, False, s, 1, batch // dp, "full",
-               teraflops * 1e12 / flops_per_token, plain_attention=True)
+    return Run(f"Megatron-LM GPT {name}", "N", "a100", gpt(hidden, heads, layers, vocab), dp, tp, pp, tp > 1, False,
+               s, 1, batch // dp, "full", teraflops * 1e12 / flops_per_token, plain_attention=True)
 
 
 LLAMA3 = dict(vocab_size=128256, num_kv_heads=8, tie_embeddings=False)
@@ -158,9 +163,8 @@ LLAMA3_405B = dict(LLAMA3, hidden_size=16384, num_layers=126, num_heads=128, int
 
 
 def mpt(hidden: int, heads: int, layers: int) -> dict:
-    """An MPT shape of [LF] in the planner's terms (a GELU FFN of 4h as a SwiGLU of 8h/3, as [N])."""
-    return dict(vocab_size=50368, hidden_size=hidden, num_layers=layers, num_heads=heads, num_kv_heads=heads,
-                intermediate_size=round(8 * hidden / 3), tie_embeddings=True)
+    """An MPT shape of [LF] in the planner's terms (GPT's, with MPT's vocabulary)."""
+    return gpt(hidden, heads, layers, 50368)
 
 
 MPT_7B, MPT_13B, MPT_30B = (4096, 32, 32), (5120, 40, 40), (7168, 56, 48)
