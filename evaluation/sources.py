@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from evaluation.bpb import bits_per_byte, dummy_prefix_pieces, piece_bytes, target_bytes, unigram_nll
 from evaluation.position import loss_by_position
 from evaluation.scorer import token_nll
-from evaluation.validation import batch_means, val_metrics
+from evaluation.validation import batch_means, lm_loss_only, val_metrics
 
 FILL_MASK_K = 5  # fill-mask accuracy is reported at top-1 and top-FILL_MASK_K
 
@@ -38,7 +38,7 @@ def evaluate_sources(cfg: DictConfig, eval_cfg, model, objective, log=print) -> 
     data = build_data(cfg.data, mbs, seed=cfg.trainer.seed, eval_batches=n_batches, spec=spec)
     val = {source: [objective.batch(b, -1 - i) for i, b in enumerate(batches)] for source, batches in data.val.items()}
     start = time.perf_counter()
-    loss_net = objective.loss_cell(model)
+    loss_net = lm_loss_only(objective.loss_cell(model))  # training's val_loss: the objective's loss alone
     trained_code = val_metrics({source: batch_means(loss_net, objective, batches)
                                 for source, batches in val.items() if batches}, objective.metrics)
     log(f"[eval] loss cell over {sum(map(len, val.values()))} batches in {time.perf_counter() - start:.1f}s")
