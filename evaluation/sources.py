@@ -1,6 +1,7 @@
 """The per-source evaluation of a checkpoint over its validation batches:
 
-  loss, metrics  the objective's loss cell, token-weighted (evaluation/validation.py: training's val_loss code)
+  loss, metrics  the objective's loss cell, token-weighted (evaluation/validation.py: training's val_loss code;
+                 the objective's loss alone, without a MoE router's auxiliary loss)
   with the objective's `token_nll` hook (a causal LM):
     ppl, bits_per_byte, tokens, bytes   from the per-token NLLs of the counted targets (labels >= 0)
     unigram        the add-one smoothed unigram baseline of the source's training split, same targets
