@@ -404,6 +404,26 @@ def test_experts_split_over_tp_expose_their_routed_rows_and_the_ranking_prefers_
     assert all(o.candidate.tp == 1 for o in search.ranked(32, 1024)[:5])
 
 
+def test_the_mindformers_config_of_a_moe_layout_leaves_fine_grain_interleave_off():
+    """MindFormers 1.9's interleaved decoder layer (fine_grain_interleave) takes no moe_config, where its plain one
+    does: the exported config of a tp-overlapped MoE layout says so instead of setting the key; a dense one sets it."""
+    import inspect
+
+    from mindformers.models.llama.llama_interleave import LLamaDecodeLayerInterleave
+    from mindformers.models.llama.llama_transformer import LLamaDecodeLayer
+    from planner.advisor import Candidate
+    from planner.launch import mindformers_parallel_config
+
+    assert "moe_config" in inspect.getsource(LLamaDecodeLayer)
+    assert "moe_config" not in inspect.getsource(LLamaDecodeLayerInterleave)
+    c = Candidate(dp=8, tp=4, pp=1, optimizer_shard=True, sequence_parallel=True, recompute="none",
+                  micro_batch_size=1, micro_batches=1, tp_overlap=True, ep=8)
+    dense, moe = (mindformers_parallel_config(c, "bf16", 8, experts) for experts in (False, True))
+    assert "    fine_grain_interleave: 2" in dense.splitlines()
+    assert "fine_grain_interleave: 2" not in moe and "expert_parallel: 8" in moe
+    assert "    # fine_grain_interleave: not set, its decoder layer has no MoE feed-forward" in moe.splitlines()
+
+
 # --- the expert-parallel plan (models/moe/plan.py), as data: built under SEMI_AUTO_PARALLEL, never run on CPU -------
 
 @pytest.fixture
