@@ -256,7 +256,7 @@ def alignment_runs(tmp_path_factory, base_checkpoint):
     tmp = tmp_path_factory.mktemp("align")
     train_path = write_jsonl(tmp / "train.jsonl", synthetic_pairs(160, 0))
     val_path = write_jsonl(tmp / "val.jsonl", synthetic_pairs(32, 1))
-    common = ("trainer.micro_batch_size=8", "trainer.eval_batches=4", "trainer.log_every=1", "data.seq_len=96",
+    common = ("trainer.micro_batch_size=8", "trainer.eval_batches=4", "trainer.log_every=1", "data.seq_len=80",
               "optim.warmup_steps=2")
     runs = {}
     for stage, extra in (("dpo", ("peft=lora", "objective.reference=lora_base", "optim.lr=5e-3")),
