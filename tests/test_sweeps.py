@@ -269,12 +269,13 @@ def test_wandb_report_blocks_are_valid_for_the_real_reports_api(synthetic_sweep,
 # --- a real multirun ---------------------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_a_real_three_job_multirun_is_reported_with_its_lrs_and_losses(tmp_path):
-    """train.py -m over three lrs on model=tiny, then the report CLI. The default data comes from the shared
-    cache (~/.cache/mindlab/data, keyed by what builds it and built under a lock), as the other train.py runs
-    of the suite read it: its own cache cost ~20 s of CPU to build the same data again."""
+def test_a_real_two_job_multirun_is_reported_with_its_lrs_and_losses(tmp_path):
+    """train.py -m over two lrs on model=tiny (each job compiles its own graphs: a third would show nothing
+    more), then the report CLI. The default data comes from the shared cache (~/.cache/mindlab/data, keyed by
+    what builds it and built under a lock), as the other train.py runs of the suite read it: its own cache cost
+    ~20 s of CPU to build the same data again."""
     sweep_dir = tmp_path / "sweep"
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "-m", "optim.lr=1e-3,2e-3,3e-3",
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "-m", "optim.lr=1e-3,3e-3",
                            "model=tiny", "trainer.max_steps=6", "trainer.log_every=2", "trainer.eval_every=3",
                            "optim.warmup_steps=2", "data.seq_len=64", "trainer.micro_batch_size=4",
                            "trainer.eval_batches=1", "logger.progress_bar=false", f"hydra.sweep.dir={sweep_dir}",
@@ -282,17 +283,17 @@ def test_a_real_three_job_multirun_is_reported_with_its_lrs_and_losses(tmp_path)
                           cwd=tmp_path, capture_output=True, text=True, timeout=600,
                           env={k: v for k, v in os.environ.items() if not k.startswith("WANDB_")})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    # three offline W&B runs, one group (this sweep), named by the value the sweep varies
-    cfgs = [OmegaConf.load(sweep_dir / n / "config.yaml") for n in "012"]
+    # two offline W&B runs, one group (this sweep), named by the value the sweep varies
+    cfgs = [OmegaConf.load(sweep_dir / n / "config.yaml") for n in "01"]
     assert {c.logger.group for c in cfgs} == {str(sweep_dir)}
-    assert [c.logger.run_name for c in cfgs] == ["optim.lr=0.001", "optim.lr=0.002", "optim.lr=0.003"]
-    wandb_runs = [glob.glob(str(sweep_dir / n / "wandb" / "offline-run-*" / "run-*.wandb")) for n in "012"]
-    assert [len(r) for r in wandb_runs] == [1, 1, 1] and len({r[0].rsplit("-", 1)[1] for r in wandb_runs}) == 3
+    assert [c.logger.run_name for c in cfgs] == ["optim.lr=0.001", "optim.lr=0.003"]
+    wandb_runs = [glob.glob(str(sweep_dir / n / "wandb" / "offline-run-*" / "run-*.wandb")) for n in "01"]
+    assert [len(r) for r in wandb_runs] == [1, 1] and len({r[0].rsplit("-", 1)[1] for r in wandb_runs}) == 2
     report = invoke("report", [str(sweep_dir), "--no-wandb"])  # the report CLI's main, in this process
     assert report.code == 0, report.err[-3000:]
     dom = Dom((sweep_dir / "report.html").read_text())
-    assert list(dom.rows) == ["0", "1", "2"]
-    assert [row["optim.lr"][0] for row in dom.rows.values()] == ["0.001", "0.002", "0.003"]
+    assert list(dom.rows) == ["0", "1"]
+    assert [row["optim.lr"][0] for row in dom.rows.values()] == ["0.001", "0.003"]
     for num, row in dom.rows.items():
         lines = [json.loads(line) for line in open(sweep_dir / num / "metrics.jsonl")]
         evals = [m for m in lines if "val_loss" in m]
