@@ -17,7 +17,9 @@ import pytest
 
 from conftest import ROOT, absent, train_main
 
-COMMON = ["data.seq_len=64", "trainer.log_every=1", "optim.warmup_steps=2", "optim.lr=3e-3",
+# model=tiny cut to one layer: what is checked (the launch, the replicas agreeing with one process) holds at any
+# depth, and every process of a launch compiles less
+COMMON = ["model.num_layers=1", "data.seq_len=64", "trainer.log_every=1", "optim.warmup_steps=2", "optim.lr=3e-3",
           "trainer.eval_batches=1", "logger.progress_bar=false"]
 DP2 = ["parallel=dp2", "trainer.micro_batch_size=4", "trainer.grad_accum=1"]
 # a subnet of this test process's own: two sessions on one machine (two CI runs) must not share an address
@@ -221,6 +223,18 @@ def test_a_node_that_fails_before_launching_ends_the_other_with_one_line(netns, 
         f"[launch] node 1 failed: before launching: {reason}; stopped this node's workers"], err0[-3000:]
     for console in (out0, err0, out1):
         assert "Traceback" not in console and "[INFO]" not in console
+
+
+def test_a_node_started_after_another_failed_starts_no_workers(tmp_path, monkeypatch, capsys):
+    """Node 1 failed before launching, shortly before node 0's launch began: node 0 names it in one line and starts
+    no msrun (the real one started here would wait for node 1 until its cluster timeout)."""
+    from distributed import launch
+
+    launch.write_failed(launch.Nodes(2, 1), str(tmp_path), "before launching: config error: a bad override")
+    monkeypatch.setattr(launch.subprocess, "Popen", lambda *args, **kwargs: pytest.fail("msrun started"))
+    assert launch.relaunch(2, str(tmp_path), nodes=2, node_rank=0, master_addr=MASTER, master_port=1) == 1
+    assert capsys.readouterr().err == ("[launch] node 1 failed: before launching: config error: a bad override; "
+                                       "started no workers on this node\n")
 
 
 def test_a_loopback_master_addr_is_refused_in_one_line_and_told_to_the_other_nodes(tmp_path, monkeypatch):
