@@ -184,7 +184,7 @@ def test_a_node_whose_worker_is_killed_ends_both_with_one_line(netns, tmp_path):
     """Node 1's worker SIGKILLed mid-training: node 1's launch names it (and its log), node 0's launch names node 1
     and stops its own worker instead of waiting in the broken collective; both exit 1, no traceback."""
     run_dir = str(tmp_path / "shared")
-    procs = start_nodes(netns, run_dir, "trainer.max_steps=100000")
+    procs = start_nodes(netns, run_dir, "trainer.max_steps=100000", "trainer.eval_at_start=false")  # step 1 first
     wait_for_training(run_dir, procs)
     workers = [p for p in psutil.Process(procs[1].pid).children(recursive=True)
                if p.environ().get("MS_ROLE") == "MS_WORKER" and "train.py" in " ".join(p.cmdline())]
