@@ -399,6 +399,69 @@ def test_the_ranked_tables_communication_column_shows_the_all_to_alls_of_ep():
         assert (ep > 0) == (c.ep > 1)
 
 
+def test_experts_split_over_tp_expose_their_routed_rows_and_the_ranking_prefers_ep():
+    """Mixtral 8x7B on 32 Atlas 800T A2, 4M tokens a step, by hand: under tp 8 with sequence parallelism and
+    tp_overlap the attention's all-gather + reduce-scatter ([s, h] bf16, 2 x 7/8 of it a ring) hide under the
+    matmuls, while the experts' (top_k = 2 rows per token, 2 passes x 8 layers x 1,024 micro-batches) stay on the
+    critical path; ep 8 sends the same 2 rows per token over its all-to-alls, but a replica's 128 micro-batches
+    of dp 8 carry an eighth of tp 8's 1,024, so the ranked table's comm column reads 8 times less exposed ep than
+    tp, and the advisor's fastest layouts split no expert's width (MindFormers' and Megatron-Core's Mixtral: TP 1,
+    EP 8)."""
+    from types import SimpleNamespace
+
+    from conftest import compose_cfg, load_preset
+    from planner.advisor import Search, summary_row
+    from planner.timing import step_time
+
+    m, device = load_preset("model", "mixtral_8x7b"), compose_cfg("device=ascend910b").device
+    base = dict(pp=4, cp=1, cp_algo="ring", vp=1, zero3=False)
+    by_tp = SimpleNamespace(dp=1, tp=8, ep=1, sequence_parallel=True, tp_overlap=True, optimizer_shard=False,
+                            micro_batches=1024, **base)
+    by_ep = SimpleNamespace(dp=8, tp=1, ep=8, sequence_parallel=False, tp_overlap=False, optimizer_shard=True,
+                            micro_batches=128, **base)
+    tp_time, ep_time = (step_time(m, p, device, 4096, 1, p.micro_batches, "bf16", "none") for p in (by_tp, by_ep))
+    rows = 4096 * 4096 * 2  # one micro-batch's [s, h] in bf16
+    attention, experts = [c for c in tp_time.comms if c.kind == "tp"]
+    assert attention.bytes == 2 * 8 * 1024 * 2 * 7 / 8 * rows and attention.exposed == 0
+    assert experts.collective == "all-gather + reduce-scatter x 16384 (the experts' rows, x 2)"
+    assert experts.bytes == 2 * 8 * 1024 * 2 * 2 * 7 / 8 * rows
+    assert experts.exposed == experts.seconds == pytest.approx(experts.bytes / 196e9)
+    (a2a,) = [c for c in ep_time.comms if c.kind == "ep"]
+    assert a2a.bytes == 2 * 2 * 8 * 128 * 2 * 7 / 8 * rows and a2a.exposed == pytest.approx(experts.exposed / 8)
+
+    search = Search(compose_cfg("model=mixtral_8x7b", "device=ascend910b", "nodes=4", "data.seq_len=4096",
+                                "dry_run=true"))
+    table = {o.candidate.describe(): summary_row(1, o, 1.0)["comm s tp/cp/dp/pp/ep"]
+             for o in (search.option(c) for c in search.candidates(32, 1024)
+                       if c.recompute == "none" and c.micro_batch_size == 1 and c.cp == 1 and c.vp == 1
+                       and ((c.tp, c.pp, c.ep, c.tp_overlap) == (8, 4, 1, True) or
+                            (c.tp, c.pp, c.ep, c.optimizer_shard, c.zero3) == (1, 4, 8, True, False)))}
+    assert {label: [float(x) for x in comm.split("/")] for label, comm in table.items()} == {
+        "dp1 tp8 pp4 sp tp-overlap": pytest.approx([experts.exposed, 0, 0, 0.34, 0], abs=0.01),
+        "dp8 tp1 pp4 ep8 zero1": pytest.approx([0, 0, 0, 0.34, a2a.exposed], abs=0.01)}
+    assert all(o.candidate.tp == 1 for o in search.ranked(32, 1024)[:5])
+
+
+def test_the_mindformers_config_of_a_moe_layout_leaves_fine_grain_interleave_off():
+    """MindFormers 1.9's interleaved decoder layer (fine_grain_interleave) takes no moe_config, where its plain one
+    does: the exported config of a tp-overlapped MoE layout says so instead of setting the key; a dense one sets it."""
+    import inspect
+
+    from mindformers.models.llama.llama_interleave import LLamaDecodeLayerInterleave
+    from mindformers.models.llama.llama_transformer import LLamaDecodeLayer
+    from planner.advisor import Candidate
+    from planner.launch import mindformers_parallel_config
+
+    assert "moe_config" in inspect.getsource(LLamaDecodeLayer)
+    assert "moe_config" not in inspect.getsource(LLamaDecodeLayerInterleave)
+    c = Candidate(dp=8, tp=4, pp=1, optimizer_shard=True, sequence_parallel=True, recompute="none",
+                  micro_batch_size=1, micro_batches=1, tp_overlap=True, ep=8)
+    dense, moe = (mindformers_parallel_config(c, "bf16", 8, experts) for experts in (False, True))
+    assert "    fine_grain_interleave: 2" in dense.splitlines()
+    assert "fine_grain_interleave: 2" not in moe and "expert_parallel: 8" in moe
+    assert "    # fine_grain_interleave: not set, its decoder layer has no MoE feed-forward" in moe.splitlines()
+
+
 # --- the expert-parallel plan (models/moe/plan.py), as data: built under SEMI_AUTO_PARALLEL, never run on CPU -------
 
 @pytest.fixture
