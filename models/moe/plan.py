@@ -16,8 +16,8 @@ lays out its MoE FeedForward (models/llama/llama_layer.py `_shard_semi_auto_para
     these matmuls: the all-to-alls planner/timing.py counts.
 
 Validation (base/validate.py) keeps ep dividing dp and the experts. MindSpore compiles sharded graphs only for
-Ascend/GPU: on CPU this plan is built and checked (tests/test_moe.py), not executed. A checkpoint laid out by
-`python -m distributed.reshard` splits the experts over tp only (its layouts have no ep): `weight_split`.
+Ascend/GPU: on CPU this plan is built and checked (tests/test_moe.py), not executed. `python -m distributed.reshard
+--ep` lays a checkpoint out by `weight_split`: the expert weights' tuples above, ep and tp.
 """
 from typing import Dict, Tuple
 
@@ -59,10 +59,10 @@ def output_strategies(model: MoeForCausalLM, dp: int, tp: int, sequence_parallel
     return row_output_strategies(model, ROW, dp, tp, sequence_parallel, cp)
 
 
-def weight_split(name: str, ndim: int, tp: int) -> Tuple[int, ...]:
-    """How tensor parallelism splits parameter `name`: the weight's tuple in its primitive's strategy above, with
-    the experts' ep split left out (distributed/sharded_checkpoint.py's layouts are dp x tp x pp)."""
+def weight_split(name: str, ndim: int, tp: int, ep: int = 1) -> Tuple[int, ...]:
+    """How tensor and expert parallelism split parameter `name`: the weight's tuple in its primitive's strategy
+    above (distributed/sharded_checkpoint.py asks for the tp and the ep part apart)."""
     owner, _, weight = name.rpartition(".")
     if owner.endswith(".experts") and weight in EXPERT_WEIGHTS:
-        return (1, tp, 1) if EXPERT_WEIGHTS[weight] == "up" else (1, 1, tp)
+        return (ep, tp, 1) if EXPERT_WEIGHTS[weight] == "up" else (ep, 1, tp)
     return linear_split(name, ndim, tp, COLUMN, ROW)
