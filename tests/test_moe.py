@@ -52,14 +52,19 @@ def pair(request):
     return request.param, cfg, model, hf_model(cfg, weights_of(model))
 
 
-def test_logits_router_logits_and_balance_loss_equal_transformers(pair):
+def test_logits_router_logits_and_balance_loss_equal_transformers(pair, pynative):
+    """The logits of the compiled graph; the router logits and the auxiliary loss eagerly (in graph mode each
+    sub-cell those methods call from Python would compile a graph of its own)."""
+    import mindspore as ms
     import torch
 
     name, cfg, model, hf = pair
     tokens = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, 12)).astype(np.int32)
     with torch.no_grad():
         out = hf(torch.from_numpy(tokens.astype(np.int64)), output_router_logits=True)
+    ms.set_context(mode=ms.GRAPH_MODE)
     np.testing.assert_allclose(model(Tensor(tokens)).asnumpy(), out.logits.numpy(), atol=2e-5, rtol=1e-4)
+    ms.set_context(mode=ms.PYNATIVE_MODE)  # (the fixture's teardown sets graph mode again)
     routers = model.router_logits(Tensor(tokens)).asnumpy()
     np.testing.assert_allclose(routers, np.stack([r.numpy() for r in out.router_logits]), atol=2e-5, rtol=1e-4)
     # the auxiliary loss: transformers' load_balancing_loss_func over all layers, times router_aux_loss_coef
@@ -130,18 +135,22 @@ def test_hf_export_import_round_trip(pair):
         assert again[key] == cfg[key], key
 
 
-def test_capacity_factor_drops_what_a_hand_count_says():
+def test_capacity_factor_drops_what_a_hand_count_says(pynative):
     """capacity 1.0 at 24 tokens, top 2 of 4: each expert holds ceil(24 x 2 / 4) = 12 assignments, first choices
-    queued before second ones; what exceeds is dropped (counted by hand from the router's choices)."""
+    queued before second ones; what exceeds is dropped (counted by hand from the router's choices). The router
+    logits and the two-layer statistics are computed eagerly (in graph mode each sub-cell called from Python would
+    compile a graph of its own); the counted forward pass is the compiled graph, as training runs it."""
+    import mindspore as ms
+
     from objectives.clm import CausalLMLoss
 
     keys = dict(MIXTRAL, capacity_factor=1.0)
     cfg, model = built(keys, seed=3)
     tokens = np.random.default_rng(2).integers(0, cfg.vocab_size, (2, 12)).astype(np.int32)
-    routers = model.router_logits(Tensor(tokens)).asnumpy()  # dropless routing: the same choices per layer ...
     model.model.with_aux(Tensor(tokens))
     stats = family("moe").step_metrics(model)
-    # ... for layer 0 only (layer 1's input depends on layer 0's drops): check layer 0 with a one-layer model
+    # dropless routing gives the same choices per layer for layer 0 only (layer 1's input depends on layer 0's
+    # drops): check layer 0 with a one-layer model
     one = dict(keys, num_layers=1)
     cfg1, model1 = built(one, seed=3)
     routers = model1.router_logits(Tensor(tokens)).asnumpy()[0]
@@ -153,6 +162,7 @@ def test_capacity_factor_drops_what_a_hand_count_says():
             e = chosen[t, rank]
             dropped += queue[e] >= 12
             queue[e] += 1
+    ms.set_context(mode=ms.GRAPH_MODE)  # (the pynative fixture's teardown sets it too)
     ids = np.concatenate([tokens, tokens[:, :1]], 1)  # rows of 13: the loss cell reads the first 12
     CausalLMLoss(model1)(Tensor(ids), Tensor(ids))  # the training forward, as the compiled graph
     got = family("moe").step_metrics(model1)
