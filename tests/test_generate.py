@@ -148,15 +148,14 @@ def test_two_graphs_for_a_32_token_generation_whatever_the_option_values(ckpt, g
     gen32.generate([ckpt[2].encode(LINES[2]), ckpt[2].encode(LINES[3])], 32,
                    SamplingOptions(temperature=0.8, seed=1))  # the same shapes: no new graph
     assert gen32.compile_count == 2
-    # other option values, greedy included, are inputs of the same two graphs, not a pair of their own
-    other = gen32.generate(two_prompts(ckpt[2]), 32, SamplingOptions(temperature=0.5, repetition_penalty=1.3, seed=0))
-    greedy = gen32.generate(two_prompts(ckpt[2]), 32)
-    assert gen32.compile_count == 2 and other.timings["compile_s"] == greedy.timings["compile_s"] == 0
-    assert len({str([s.tokens for s in r.samples]) for r in (result, other, greedy)}) == 3
+    # another temperature is an input of the same two graphs, not a pair of its own
+    other = gen32.generate(two_prompts(ckpt[2]), 32, SamplingOptions(temperature=0.5, seed=0))
+    assert gen32.compile_count == 2 and other.timings["compile_s"] == 0
+    assert [s.tokens for s in other.samples] != [s.tokens for s in result.samples]
     # top-k / top-p: one more pair (the graphs that sort the vocabulary), whatever their values
     filtered = [[s.tokens for s in gen32.generate(two_prompts(ckpt[2]), 32, SamplingOptions(**options)).samples]
                 for options in ({"temperature": 0.5, "top_k": 20, "top_p": 0.9, "seed": 0},
-                                {"temperature": 1.2, "top_k": 5, "repetition_penalty": 1.3, "seed": 0})]
+                                {"temperature": 1.2, "top_k": 5, "seed": 0})]
     assert gen32.compile_count == 4 and filtered[0] != filtered[1]
 
 
@@ -187,8 +186,9 @@ def test_sampling_options(ckpt, gen32):
     eos = greedy[0][3]
     ended = gen32.generate(prompts, 32, eos_id=eos).samples[0]
     assert ended.finish_reason == "eos" and ended.tokens == greedy[0][:greedy[0].index(eos)]
-    # every option set above ran in one of two pairs of graphs: with top-k / top-p and without
-    assert {key[3] for key in gen32.cells} == {False, True} and gen32.compile_count == 4
+    # the option sets above ran in four pairs of graphs: greedy, greedy with the penalty, sampling, with top-k / top-p
+    assert {key[3:] for key in gen32.cells} == {(False, False, False), (False, False, True), (True, False, False),
+                                                (True, True, False)} and gen32.compile_count == 8
 
 
 @pytest.mark.slow
@@ -218,10 +218,12 @@ def test_the_sampler_follows_hugging_faces_processors(pynative):
     seen = rng.random((3, 50)) < 0.2
     seen[:, 0] = True
     input_ids = torch.tensor(np.stack([np.resize(np.flatnonzero(row), 50) for row in seen]))  # each row's seen ids
-    plain, filtering = Sampler(), Sampler(filtering=True)  # the options are inputs: one cell each
+    filtering = Sampler(sampled=True, filtering=True)  # the option values are inputs: one cell for several
     for sampler, (temperature, top_k, top_p, penalty) in [
-            (plain, (0.0, 0, 1.0, 2.0)), (filtering, (0.7, 5, 1.0, 1.0)), (filtering, (1.0, 0, 0.8, 1.0)),
-            (filtering, (0.7, 10, 0.9, 1.3)), (filtering, (1.0, 50, 1.0, 1.0)), (plain, (0.8, 0, 1.0, 1.3))]:
+            (Sampler(penalized=True), (0.0, 0, 1.0, 2.0)), (filtering, (0.7, 5, 1.0, 1.0)),
+            (filtering, (1.0, 0, 0.8, 1.0)), (filtering, (1.0, 50, 1.0, 1.0)),
+            (Sampler(sampled=True, filtering=True, penalized=True), (0.7, 10, 0.9, 1.3)),
+            (Sampler(sampled=True, penalized=True), (0.8, 0, 1.0, 1.3))]:
         options = Tensor(np.array([temperature, top_k, top_p, penalty], np.float32))
         ours = sampler.filtered(Tensor(logits), Tensor(seen), options).asnumpy()
         theirs = RepetitionPenaltyLogitsProcessor(penalty)(input_ids, torch.tensor(logits))

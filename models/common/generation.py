@@ -13,8 +13,8 @@ Device side (graph mode), through the model's `cached` (e.g. models/llama/model.
 - **two graphs**: `prefill` runs the whole left-padded prompt block [B, P] once and fills cache columns 0..P-1
   (the rest zeroed); `decode` runs one token [B, 1] and writes column t, chosen by a one-hot `slot` *tensor*.
   Every input is a tensor of a fixed shape (the column, positions and the attention bias too), so MindSpore
-  compiles each graph once per (B, P, L) and whether top-k / top-p filter, never per token or per option values
-  (the sampling options are an input tensor). `Generator.compile_count` is the number of graphs MindSpore
+  compiles each graph once per (B, P, L) and the sampling steps the options use (Sampler), never per token or per
+  option values (an input tensor). `Generator.compile_count` is the number of graphs MindSpore
   compiled (the sizes of the generation cells' compile caches).
 - **sampling** (Sampler, the end of both graphs): repetition penalty (CTRL / Hugging Face rule, over the prompt and
   the tokens so far, a [B, vocab] mask kept on the device), then greedy (temperature 0) or temperature, top-k,
@@ -80,23 +80,27 @@ class Sampler(nn.Cell):
     likely set reaching top_p (the first always kept), and an inverse-CDF draw at the row's `u` in (0, 1]: Hugging
     Face's RepetitionPenalty / TopK / TopP definitions.
 
-    The options are an input, `options` = float32 [temperature, top_k, top_p, repetition_penalty]
-    (SamplingOptions.sampler_arguments), so their values never make a new graph. One choice is a constant:
-    `filtering` (top-k or top-p on), whose thresholds come from one descending sort of the vocabulary (top_k 0 or
-    >= vocab and top_p 1 keep every token). MindSpore's CPU sort costs more than the rest of the sampler together,
-    so greedy and plain temperature sampling share a graph without it: both the argmax and the draw are computed
-    and the temperature picks one (a few elementwise passes, against a graph pair to compile). The penalty always
-    runs: at 1 it multiplies or divides by 1, which leaves every logit as it is."""
+    The option values are an input, `options` = float32 [temperature, top_k, top_p, repetition_penalty]
+    (SamplingOptions.sampler_arguments), so they never make a new graph. Which steps run is a constant, each
+    choice a graph variant compiled at its first use: `sampled` (else an argmax), `filtering` (top-k or top-p on;
+    both thresholds from one descending sort of the vocabulary, top_k 0 or >= vocab and top_p 1 keeping every
+    token) and `penalized` (the penalty, and the update of `seen` by the generation graph). Every op of the
+    sampler is compiled again in each prefill and decode graph and run at every step, and MindSpore's CPU sort
+    costs more than the rest of the sampler together, so a graph holds only the steps its options use: greedy
+    without a penalty is the bare argmax."""
 
-    def __init__(self, filtering: bool = False):
+    def __init__(self, sampled: bool = False, filtering: bool = False, penalized: bool = False):
         super().__init__()
-        self.filtering = filtering
+        self.sampled, self.filtering, self.penalized = sampled, filtering, penalized
 
     def filtered(self, logits, seen, options):
-        """The logits the draw reads: penalized, divided by the temperature (greedy: by 1) and filtered."""
-        penalty, temperature = options[3], options[0]
-        logits = ops.where(seen, ops.where(logits < 0, logits * penalty, logits / penalty), logits)
-        logits = logits / ops.where(temperature > 0, temperature, 1.0)
+        """The logits the draw reads: penalized, and for sampling divided by the temperature and filtered."""
+        if self.penalized:
+            penalty = options[3]
+            logits = ops.where(seen, ops.where(logits < 0, logits * penalty, logits / penalty), logits)
+        if not self.sampled:
+            return logits
+        logits = logits / options[0]
         if not self.filtering:
             return logits
         batch, vocab = logits.shape
@@ -114,15 +118,16 @@ class Sampler(nn.Cell):
 
     def construct(self, logits, seen, u, options):
         logits = self.filtered(logits, seen, options)
+        if not self.sampled:
+            return logits.argmax(-1).astype(ms.int32)
         cdf = ops.cumsum(ops.exp(logits - logits.max(-1, keepdims=True)), -1)
-        drawn = (cdf < u.expand_dims(1) * cdf[:, -1:]).astype(ms.int32).sum(-1)  # u > 0: never a -inf token
-        drawn = ops.minimum(drawn, logits.shape[-1] - 1)
-        return ops.where(options[0] > 0, drawn, logits.argmax(-1).astype(ms.int32))
+        chosen = (cdf < u.expand_dims(1) * cdf[:, -1:]).astype(ms.int32).sum(-1)  # u > 0: never a -inf token
+        return ops.minimum(chosen, logits.shape[-1] - 1)
 
 
 class _Graph(nn.Cell):
     """A generation graph around the model, ending in the sampler: (chosen tokens [B], logits [B, vocab]); the chosen
-    tokens join `seen` (read by the repetition penalty). MindSpore runs a compiled cell through Cell.__call__,
+    tokens join `seen` when the repetition penalty reads it. MindSpore runs a compiled cell through Cell.__call__,
     which sets `compile_phase` on every call, and the stock setter walks every sub-cell: ~230 at model=small, 0.7 ms
     of a ~11 ms decoding step. Only the top cell's phase is read (mindspore/parallel/strategy.py), so it is kept here
     without the walk."""
@@ -141,8 +146,9 @@ class _Graph(nn.Cell):
 
     def pick(self, logits, u, options):
         chosen = self.sampler(logits, self.seen, u, options)
-        now = ops.arange(logits.shape[-1], dtype=ms.int32).expand_dims(0) == chosen.expand_dims(1)
-        chosen = ops.depend(chosen, ops.assign(self.seen, ops.logical_or(self.seen, now)))
+        if self.sampler.penalized:
+            now = ops.arange(logits.shape[-1], dtype=ms.int32).expand_dims(0) == chosen.expand_dims(1)
+            chosen = ops.depend(chosen, ops.assign(self.seen, ops.logical_or(self.seen, now)))
         return chosen, logits
 
 
@@ -191,7 +197,7 @@ class Generator:
     def __init__(self, model):
         self.model = model
         self.cached = {}  # (B, L) -> the K and V caches of that shape (ParameterTuples)
-        self.cells = {}  # (kind, B, L, filtering) -> its graph cell
+        self.cells = {}  # (kind, B, L, Sampler's sampled, filtering, penalized) -> its graph cell
         self.seen = {}  # B -> [B, vocab] bool Parameter: the tokens each row holds (the repetition penalty's)
         attention = model.model.layers[0].attention
         self.n_kv, self.head_dim, self.num_layers = attention.n_kv, attention.head_dim, len(model.model.layers)
@@ -201,14 +207,14 @@ class Generator:
         self.compile_seconds = 0.0  # spent compiling graphs (the first call of each shape)
         self._seen = set()
 
-    def graph(self, kind: str, batch: int, length: int, filtering: bool) -> _Graph:
-        """The `kind` (prefill, decode, uncached) graph for `batch` rows and `length` cache columns, with top-k /
-        top-p `filtering` or without (Sampler: the option values are an input), made at the first call; prefill
-        and decode share the caches of a shape."""
-        key = (kind, batch, length, filtering)
+    def graph(self, kind: str, batch: int, length: int, variant: tuple) -> _Graph:
+        """The `kind` (prefill, decode, uncached) graph for `batch` rows and `length` cache columns, ending in the
+        Sampler `variant` (sampled, filtering, penalized: the option values are an input), made at the first
+        call; prefill and decode share the caches of a shape."""
+        key = (kind, batch, length, *variant)
         if key in self.cells:
             return self.cells[key]
-        args = (self.model, self.seen_of(batch), Sampler(filtering))
+        args = (self.model, self.seen_of(batch), Sampler(*variant))
         if kind == "uncached":
             self.cells[key] = _Uncached(*args)
             return self.cells[key]
@@ -268,8 +274,8 @@ class Generator:
         self.model.model.set_rope_length(total)  # dynamic NTK: one table for the whole cache (rope.py)
         temperature, top_k, top_p, penalty = sampling.sampler_arguments()
         options = _t(np.array([temperature, min(top_k, self.vocab), top_p, penalty], np.float32))
-        filtering = 0 < top_k < self.vocab or top_p < 1  # (greedy's are off: sampler_arguments)
-        if penalty != 1.0:  # the prompts' tokens; each graph adds the tokens it picks (at 1 they change nothing)
+        variant = (temperature > 0, 0 < top_k < self.vocab or top_p < 1, penalty != 1.0)  # (greedy: no filters)
+        if penalty != 1.0:  # the prompts' tokens; each graph adds the tokens it picks
             seen = np.zeros((batch, self.vocab), bool)
             for i, p in enumerate(prompts):
                 seen[i, np.asarray(p)] = True
@@ -287,12 +293,12 @@ class Generator:
         def full_forward(column):  # no cache: the sequence up to `column` moved to the right end, [B, L]
             shift = total - 1 - column
             moved = np.maximum(columns[None] - (pads + shift)[:, None], 0).astype(np.int32)
-            return self._run(self.graph("uncached", batch, total, filtering), _t(np.roll(tokens, shift, 1)),
+            return self._run(self.graph("uncached", batch, total, variant), _t(np.roll(tokens, shift, 1)),
                              _t(moved), _t(_causal_bias(np.roll(valid, shift, 1))), draws(), options)
 
         compiled_before, start = self.compile_seconds, time.perf_counter()
         if use_cache:
-            prefill, step_graph = (self.graph(kind, batch, total, filtering) for kind in ("prefill", "decode"))
+            prefill, step_graph = (self.graph(kind, batch, total, variant) for kind in ("prefill", "decode"))
             chosen, logits = self._run(prefill, _t(tokens[:, :width]), _t(positions(width)),
                                        _t(_causal_bias(valid[:, :width])), draws(), options)
         else:
