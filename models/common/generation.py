@@ -227,6 +227,18 @@ class Generator:
         self.cells[key] = (_Prefill if kind == "prefill" else _Decode)(*args, self.cached[batch, length])
         return self.cells[key]
 
+    def _sampler_inputs(self, sampling: SamplingOptions, prompts) -> tuple:
+        """The options tensor and the Sampler variant of `sampling`; with a repetition penalty, `seen` set to the
+        prompts' tokens (each graph adds the tokens it picks)."""
+        temperature, top_k, top_p, penalty = sampling.sampler_arguments()
+        if penalty != 1.0:
+            seen = np.zeros((len(prompts), self.vocab), bool)
+            for i, p in enumerate(prompts):
+                seen[i, np.asarray(p)] = True
+            self.seen_of(len(prompts)).set_data(Tensor(seen))
+        options = _t(np.array([temperature, min(top_k, self.vocab), top_p, penalty], np.float32))
+        return options, (temperature > 0, 0 < top_k < self.vocab or top_p < 1, penalty != 1.0)  # greedy: no filters
+
     def seen_of(self, batch: int) -> Parameter:
         """The [batch, vocab] mask of the tokens each row holds, shared by the graphs of `batch` rows."""
         if batch not in self.seen:
@@ -272,20 +284,13 @@ class Generator:
         tokens, valid, pads, width = self._layout(prompts, max_new_tokens, prompt_len, pad_id)
         batch, total = tokens.shape
         self.model.model.set_rope_length(total)  # dynamic NTK: one table for the whole cache (rope.py)
-        temperature, top_k, top_p, penalty = sampling.sampler_arguments()
-        options = _t(np.array([temperature, min(top_k, self.vocab), top_p, penalty], np.float32))
-        variant = (temperature > 0, 0 < top_k < self.vocab or top_p < 1, penalty != 1.0)  # (greedy: no filters)
-        if penalty != 1.0:  # the prompts' tokens; each graph adds the tokens it picks
-            seen = np.zeros((batch, self.vocab), bool)
-            for i, p in enumerate(prompts):
-                seen[i, np.asarray(p)] = True
-            self.seen_of(batch).set_data(Tensor(seen))
+        options, variant = self._sampler_inputs(sampling, prompts)
         seed = sampling.seed if sampling.seed is not None else np.random.SeedSequence().entropy
         rngs = [np.random.default_rng([seed, r]) for r in (rows if rows is not None else range(batch))]
         columns = np.arange(total)
 
         def draws():  # each row's uniform draw in (0, 1] (never a zero-probability token); greedy reads none
-            return _t(np.array([1.0 - rng.random() for rng in rngs] if temperature else np.ones(batch), np.float32))
+            return _t(np.array([1.0 - rng.random() for rng in rngs] if variant[0] else np.ones(batch), np.float32))
 
         def positions(upto):  # [B, upto]: 0 at each row's first real token (pad columns: 0, never attended)
             return np.maximum(columns[None, :upto] - pads[:, None], 0).astype(np.int32)
