@@ -1,5 +1,6 @@
 """A tiny mixture of experts against the dense model of the same active parameters, same data, tokens and steps, on
-CPU: held-out bits per byte, tokens/s and the experts' load over training.
+CPU: held-out bits per byte, tokens/s and the experts' load over training. The held-out bits per byte and loss are
+the runs' val_bpb and val_loss: the LM cross-entropy alone, the MoE's router losses (training's only) left out.
 
     scripts/venv.sh python -m benchmarks.moe_dense [trainer.max_steps=60] ...
 

@@ -6,8 +6,13 @@
 
 A parameter's layout in the strategy file: dev_matrix [dp, tp] (the ranks of one stage, row-major, so the
 rank in the stage is dp_rank * tp + tp_rank as in planner/layout.py) and a tensor_map naming, per tensor
-dimension, the dev-matrix axis it is split over counted from the right (0 = tp) or -1. Each stage file also
-carries one strategy item per parameter with its split and stage, as MindFormers' own strategy writer does.
+dimension, the dev-matrix axis it is split over counted from the right (0 = tp) or -1. A mixture of experts'
+routed expert weights under expert parallelism (ep > 1) have dev_matrix [dp / ep, ep, tp], their expert dimension
+over the ep axis (1): the device matrix models/moe/plan.py lays the batched matmuls on, so dp rank d holds the
+(d mod ep)-th slice of the experts, and each group of ep consecutive dp ranks all of them (planner/layout.py
+ep_groups).
+Each stage file also carries one strategy item per parameter with its split and stage, as MindFormers' own strategy
+writer does.
 AdamW moments (`adam_m.<param>`, `adam_v.<param>`) are laid out like their parameter; the step counter is
 replicated on every stage.
 
@@ -39,21 +44,23 @@ SLICE, STRATEGY, PREFIX = "checkpoint.safetensors", "strategy.ckpt", "model"
 OPTIMIZER_STATE = re.compile(r"^adam_[mv]\.")
 
 
-def layout_for(names, dp: int, tp: int, pp: int, plan) -> Layout:
+def layout_for(names, dp: int, tp: int, pp: int, plan, ep: int = 1) -> Layout:
     """The layout of a checkpoint with these tensor names (the family's plan reads the layer count from them)."""
     layers = plan.num_layers_in(OPTIMIZER_STATE.sub("", n) for n in names)
     if layers % pp:
         raise CheckpointError(f"--pp: pp={pp} does not divide the checkpoint's {layers} layers; choose a divisor")
-    return Layout(dp=dp, tp=tp, pp=pp, num_layers=layers)
+    return Layout(dp=dp, tp=tp, pp=pp, num_layers=layers, ep=ep)
 
 
-def tensor_layout(name: str, ndim: int, layout: Layout, plan) -> Tuple[Tuple[int, ...], List[int]]:
-    """(how tp splits each dimension, the pipeline stages that hold it) for a checkpoint entry, as the model
-    family's plan (models/<family>/plan.py) lays it out."""
+def tensor_layout(name: str, ndim: int, layout: Layout, plan) -> Tuple[Tuple[int, ...], Tuple[int, ...], List[int]]:
+    """(how tp splits each dimension, how ep splits each: a routed expert weight's expert dimension, the pipeline
+    stages that hold it) for a checkpoint entry, as the model family's plan (models/<family>/plan.py) lays it out
+    (its `weight_split(name, ndim, tp, ep)` where ep > 1: only a family with experts takes one)."""
     param = OPTIMIZER_STATE.sub("", name)
     split = plan.weight_split(param, ndim, layout.tp) if ndim else ()
+    experts = plan.weight_split(param, ndim, 1, layout.ep) if ndim and layout.ep > 1 else (1,) * ndim
     stage = plan.stage_of(param, layout.num_layers, layout.pp)
-    return split, list(range(layout.pp)) if stage is None else [stage]
+    return split, experts, list(range(layout.pp)) if stage is None else [stage]
 
 
 OPTIMIZER_SHARD_THRESHOLD_KB = 64  # MindSpore's default parallel_optimizer_threshold (AutoParallel.hsdp)
@@ -77,16 +84,20 @@ def strategy_map(shapes: Dict[str, Tuple[int, ...]], layout: Layout, stage: int,
     optimizer sharding's fields)."""
     strategy = ParallelStrategyMap(current_stage=stage)
     for name, shape in shapes.items():
-        split, stages = tensor_layout(name, len(shape), layout, plan)
+        split, experts, stages = tensor_layout(name, len(shape), layout, plan)
         if stage not in stages:
             continue
         ways, step = optimizer_shard(shape, split, layout) if sharded_optimizer else (1, 0)
         item = strategy.parallel_strategy_item.add(node_name=name)
         item.parallel_strategys.stage = stage
-        item.parallel_strategys.parallel_strategy.add().dim.extend(split)
+        item.parallel_strategys.parallel_strategy.add().dim.extend(t * e for t, e in zip(split, experts))
         layouts = strategy.parallel_layout_item.add(param_name=name).parallel_layouts
-        layouts.dev_matrix.add().dim.extend([layout.dp, layout.tp])
-        layouts.tensor_map.add().dim.extend([0 if ways > 1 else -1 for ways in split])
+        if any(e > 1 for e in experts):  # the experts over ep (module docstring)
+            layouts.dev_matrix.add().dim.extend([layout.dp // layout.ep, layout.ep, layout.tp])
+            layouts.tensor_map.add().dim.extend([1 if e > 1 else 0 if t > 1 else -1 for t, e in zip(split, experts)])
+        else:
+            layouts.dev_matrix.add().dim.extend([layout.dp, layout.tp])
+            layouts.tensor_map.add().dim.extend([0 if ways > 1 else -1 for ways in split])
         layouts.param_split_shape.add()
         layouts.indices_offset.add()
         layouts.field, layouts.opt_weight_shard_step, layouts.opt_weight_shard_size = 0, step, 0 if ways == 1 else ways
@@ -110,16 +121,20 @@ def rank_slice(tensors: Dict[str, np.ndarray], layout: Layout, rank: int, plan,
                sharded_optimizer: bool = False) -> Dict[str, np.ndarray]:
     """The part of full `tensors` that `rank` holds (`sharded_optimizer`: under optimizer sharding)."""
     where = layout.coords(rank)
+    expert_slice = where.dp % layout.ep  # (module docstring)
     out = {}
     for name, array in tensors.items():
-        split, stages = tensor_layout(name, array.ndim, layout, plan)
+        split, experts, stages = tensor_layout(name, array.ndim, layout, plan)
         if where.pp not in stages:
             continue
         ways, step = optimizer_shard(array.shape, split, layout) if sharded_optimizer else (1, 0)
-        for axis, tp_ways in enumerate(split):
-            if array.shape[axis] % tp_ways:
-                raise CheckpointError(f"{name}: dimension {axis} (size {array.shape[axis]}) does not split {tp_ways} "
-                                      f"ways; tp must divide the heads, KV heads, ffn width and vocabulary")
+        for axis, (tp_ways, ep_ways) in enumerate(zip(split, experts)):
+            if array.shape[axis] % (tp_ways * ep_ways):
+                raise CheckpointError(f"{name}: dimension {axis} (size {array.shape[axis]}) does not split "
+                                      f"{tp_ways * ep_ways} ways; tp must divide the heads, KV heads, ffn width and "
+                                      f"vocabulary, ep the experts")
+            if ep_ways > 1:
+                array = np.split(array, ep_ways, axis=axis)[expert_slice]
             if tp_ways > 1:
                 array = np.split(array, tp_ways, axis=axis)[where.tp]
         if ways > 1:  # the rank's place among those holding this slice: its dp rank, or its rank in the stage
@@ -163,9 +178,9 @@ def merge_checkpoint(src_dir: str) -> Dict[str, np.ndarray]:
 
 
 def reshard_checkpoint(src_dir: str, dp: int, tp: int, pp: int, out_dir: str, plan,
-                       sharded_optimizer: bool = False) -> Layout:
-    """Per-rank slices under `src_dir` -> those of layout dp x tp x pp (`sharded_optimizer`: with optimizer
-    sharding) in `out_dir`, by transform_checkpoints.
+                       sharded_optimizer: bool = False, ep: int = 1) -> Layout:
+    """Per-rank slices under `src_dir` -> those of layout dp x tp x pp (`ep`: a mixture of experts' experts over
+    ep of the dp ranks; `sharded_optimizer`: with optimizer sharding) in `out_dir`, by transform_checkpoints.
 
     The slices go through MindSpore's .ckpt format: in MindSpore 2.9 the safetensors path of
     transform_checkpoints scrambles tensors split on a non-leading dimension (row-parallel wo, w2) when the
@@ -174,7 +189,7 @@ def reshard_checkpoint(src_dir: str, dp: int, tp: int, pp: int, out_dir: str, pl
     strategy = _check_sharded(src_dir)
     src_layouts = {name.split("-", 1)[1]: layouts  # merged files prefix names with "<stage>-"
                    for name, layouts in ms.parallel.build_searched_strategy(strategy).items()}
-    layout = layout_for(src_layouts, dp, tp, pp, plan)
+    layout = layout_for(src_layouts, dp, tp, pp, plan, ep)
     shapes = {}
     with tempfile.TemporaryDirectory() as tmp:
         for rank_dir in sorted(n for n in os.listdir(src_dir) if n.startswith("rank_")):

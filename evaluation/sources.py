@@ -1,6 +1,7 @@
 """The per-source evaluation of a checkpoint over its validation batches:
 
-  loss, metrics  the objective's loss cell, token-weighted (evaluation/validation.py: training's val_loss code)
+  loss, metrics  the objective's loss cell, token-weighted (evaluation/validation.py: training's val_loss code;
+                 the objective's loss alone, without a MoE router's auxiliary loss)
   with the objective's `token_nll` hook (a causal LM):
     ppl, bits_per_byte, tokens, bytes   from the per-token NLLs of the counted targets (labels >= 0)
     unigram        the add-one smoothed unigram baseline of the source's training split, same targets
@@ -20,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from evaluation.bpb import bits_per_byte, dummy_prefix_pieces, piece_bytes, target_bytes, unigram_nll
 from evaluation.position import loss_by_position
 from evaluation.scorer import token_nll
-from evaluation.validation import batch_means, val_metrics
+from evaluation.validation import batch_means, lm_loss_only, val_metrics
 
 FILL_MASK_K = 5  # fill-mask accuracy is reported at top-1 and top-FILL_MASK_K
 
@@ -38,7 +39,7 @@ def evaluate_sources(cfg: DictConfig, eval_cfg, model, objective, log=print) -> 
     data = build_data(cfg.data, mbs, seed=cfg.trainer.seed, eval_batches=n_batches, spec=spec)
     val = {source: [objective.batch(b, -1 - i) for i, b in enumerate(batches)] for source, batches in data.val.items()}
     start = time.perf_counter()
-    loss_net = objective.loss_cell(model)
+    loss_net = lm_loss_only(objective.loss_cell(model))  # training's val_loss: the objective's loss alone
     trained_code = val_metrics({source: batch_means(loss_net, objective, batches)
                                 for source, batches in val.items() if batches}, objective.metrics)
     log(f"[eval] loss cell over {sum(map(len, val.values()))} batches in {time.perf_counter() - start:.1f}s")

@@ -9,6 +9,17 @@ import numpy as np
 Means = Tuple[Dict[str, float], int]  # ({"loss": ..., <metric>: ...}, loss tokens)
 
 
+def lm_loss_only(net):
+    """The objective's loss cell `net` reporting the objective's loss alone: over a model with an auxiliary loss
+    (a mixture of experts' routers, models/common/causal_lm.py HAS_AUX) its `has_aux` is set false, so it runs the
+    model's plain forward, adds no auxiliary loss and records no router statistics. What validation, `python -m
+    evaluation` and bits per byte report, comparable between a dense and a MoE model (Megatron-Core's `lm loss`,
+    its load-balancing and z-losses logged apart; the router's numbers are the training steps' `step_metrics`)."""
+    if getattr(net, "has_aux", False):
+        net.has_aux = False
+    return net
+
+
 def batch_means(loss_net, objective, batches: List[tuple]) -> Means:
     """(the objective's loss and metrics over `batches` through its loss cell `loss_net`, each batch weighted by its
     loss tokens; those tokens)."""

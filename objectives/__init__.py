@@ -17,7 +17,9 @@ its `Objective` subclasses base.objective.ObjectiveBase, whose optional hooks ar
                          `sample` (the loop's held-out batches: -1 - i) -> the step's inputs (numpy arrays,
                          in `inputs` order)
     loss_tokens(inputs)  how many tokens of the batch carry loss (the step normalizes by the global count)
-    loss_cell(model)     nn.Cell: construct(*inputs) -> (loss, *metrics), loss the mean over its loss tokens
+    loss_cell(model)     nn.Cell: construct(*inputs) -> (loss, *metrics), loss the mean over its loss tokens;
+                         over a causal LM with an auxiliary loss (a router's) it adds that loss where its
+                         `has_aux` is true, which validation turns off (models/common/causal_lm.py)
   and optionally, what evaluation (evaluation/) asks of an objective, one hook per kind of measure (it asks no
   objective's name, so a new objective with a hook gets its measures)
     token_nll(model)     a causal LM's per-token NLL: nn.Cell, input_ids int32 [B, S + 1] -> (NLL fp32 [B, S] of

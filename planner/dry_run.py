@@ -218,7 +218,7 @@ def advisor_report(cfg: Any, devices: int, overrides: Optional[Sequence[str]] = 
                                              cfg.model.num_layers, best.candidate.cp, best.candidate.vp,
                                              best.candidate.ep).describe(), "  "),
         format_launch(user, best.candidate, d, devices // d.devices_per_node if devices > d.devices_per_node else 1,
-                      cfg.precision.compute_dtype),
+                      cfg.precision.compute_dtype, FAMILIES[cfg.model.family].experts is not None),
     ])
 
 

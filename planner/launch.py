@@ -40,11 +40,13 @@ def commands(overrides: Sequence[str], c: Candidate, devices_per_node: int) -> L
             f"sbatch --nodes={nodes} scripts/slurm_msrun.sbatch {args}"]
 
 
-def mindformers_parallel_config(c: Candidate, dtype: str, devices_per_node: int = 8) -> str:
+def mindformers_parallel_config(c: Candidate, dtype: str, devices_per_node: int = 8, experts: bool = False) -> str:
     """The same layout in a MindFormers YAML (its run_*.yaml keys), for comparing with its published recipes:
     context_parallel with its algorithm (colossalai_cp: the ring; ulysses_cp; hybrid_cp with the Ulysses degree
     inside it), the interleaved pipeline (pipeline_config and pp_interleave_num), ZeRO-3 (MindSpore's
-    parallel_optimizer_config optimizer_level) and tensor-parallel overlap (fine_grain_interleave)."""
+    parallel_optimizer_config optimizer_level) and tensor-parallel overlap (fine_grain_interleave), except for a
+    mixture of experts (`experts`): MindFormers' interleaved decoder layer (LLamaDecodeLayerInterleave) builds a
+    dense feed-forward and takes no moe_config, so the key would turn the experts into one FFN; a comment says so."""
     recompute = {"none": "recompute: False\n  select_recompute: False",
                  "selective": "recompute: False\n  select_recompute: True",
                  "full": "recompute: True\n  select_recompute: False"}[c.recompute]
@@ -75,12 +77,14 @@ def mindformers_parallel_config(c: Candidate, dtype: str, devices_per_node: int 
         "  model_config:",
         f"    compute_dtype: \"{MINDFORMERS_DTYPE[dtype]}\"",
         *([f"    pp_interleave_num: {c.vp}"] if c.vp > 1 else []),
-        *(["    fine_grain_interleave: 2"] if c.tp_overlap else []),
+        *((["    # fine_grain_interleave: not set, its decoder layer has no MoE feed-forward"] if experts else
+           ["    fine_grain_interleave: 2"]) if c.tp_overlap else []),
     ])
 
 
-def format_launch(user: Sequence[str], c: Candidate, device: Any, nodes: int, dtype: str) -> str:
+def format_launch(user: Sequence[str], c: Candidate, device: Any, nodes: int, dtype: str,
+                  experts: bool = False) -> str:
     overrides = run_overrides(user, c, nodes)
     return "\n".join(["launch it:", *commands(overrides, c, device.devices_per_node),
                       "the same layout as a MindFormers config:",
-                      mindformers_parallel_config(c, dtype, device.devices_per_node)])
+                      mindformers_parallel_config(c, dtype, device.devices_per_node, experts)])

@@ -90,10 +90,29 @@ the authors say they do not know (between SXM's and NVL's).
     tokens, data_parallel 4, model_parallel 4, expert_parallel 4, pipeline_stage 2, use_seq_parallel True,
     micro_batch_num 8, batch_size 1, recompute True, bfloat16; 64 experts of 2,560, 8 chosen, capacity_factor 1.1,
     a gated shared expert of 8 x 2,560; hidden 3,584, 28 layers, 28 heads, 4 KV heads, vocabulary 151,936: 288
-    tokens/s/p), over-predicted by about 3: the published figure is about 11% of the peak, an inefficiency of
-    MindFormers' MoE layer at 32K (64 experts under a capacity on 4 ep ranks) the time model has no term for. Not
-    used: DeepSeek-V2 236B's card (36 tokens/s/p), whose MLA attention and dense first layer the moe family does
-    not express.
+    tokens/s/p), over-predicted by about 2.6 (the tp 4 group's traffic, its experts' 8 rows per token included,
+    and the ep all-to-alls across nodes are a quarter of the predicted step): the published figure is about 11% of
+    the peak, an inefficiency of MindFormers' MoE layer at 32K (64 experts under a capacity on 4 ep ranks) the
+    time model has no term for. Not used: DeepSeek-V2 236B's card (36 tokens/s/p), whose MLA attention and dense
+    first layer the moe family does not express.
+[ML] ModelLink (github.com/Ascend/MindSpeed-LLM, as it was named in May 2024), examples/mixtral/README.md "吞吐":
+    Mixtral 8x7B on "Ascend NPUs" (the same commit's Aquila tables name the 910b), tokens/s/p with seconds per step,
+    each with examples/mixtral/pretrain_mixtral_8x7b_ptd.sh of its commit (Megatron-LM core_r0.6-era MCore, bf16,
+    flash attention). Left out, and reported by benchmarks/published_runs.py as OUTLIERS, over-predicted by about
+    1.4 out of sample:
+      4K   1053.6 (31.13 s/step) at commit cf6e8f4a9: 16 NPUs, TP 1, PP 8, EP 2, sequence 4,096, micro-batch 1,
+           global batch 128 (dp 2: 64 micro-batches), full recompute of all 32 layers, no distributed optimizer
+      32K  487 (16.81 s/step) at commit 4a683f8db: 32 NPUs, TP 8 with sequence parallelism, PP 4, EP 1, sequence
+           32,768, micro-batch 1, global batch 8 (dp 1), full recompute (8 x 32,768 tokens / 16.81 s / 32 = 487;
+           the table's 0.47 "samples/step" is 8 / 16.81 per second)
+    Both scripts export ASCEND_LAUNCH_BLOCKING=1 (every operator launched synchronously: the host waits on each
+    kernel, which the time model, like every run above, assumes queued ahead) where the same commit's Llama 2
+    scripts do not (examples/llama2/pretrain_llama2_7b_ptd.sh: its table's 4,241 tokens/s/p on TP 1, PP 2 is as
+    fast, for its FLOPs, as MindFormers' Llama 2 rows above); they route with a capacity factor of 1.1 and a noisy
+    gate, and run MCore's per-expert loop (no grouped GEMM). What they lose is that MoE path's, not a cost of the
+    layouts: the all-to-all and tensor-parallel traffic is 1% and 12% of the predicted step, the bubble 10% and 27%,
+    and each expert's matmuls are 2,048 rows x 4,096 x 14,336 at 4K and, a rank's eighth of the width, 8,192 rows x
+    4,096 x 1,792 at 32K: not small.
 Also not used for the MoE rows: torchtitan's figures (docs/performance.md). Its A100 runs (64 GPUs, FSDP) do not state the network
 between nodes, which decides them; its H100 runs are on power-capped 500 W HBM2e parts whose peak torchtitan says it
 does not know, and its Llama 3.1 8B there (5,762 tokens/s per GPU on 8 GPUs, FSDP) implies an efficiency of 0.36
@@ -116,7 +135,7 @@ from planner.timing import step_time
 @dataclass(frozen=True)
 class Run:
     name: str
-    source: str  # N | MF | MT | L3 | TT | LF | MC | MX (the module docstring)
+    source: str  # N | MF | MT | L3 | TT | LF | MC | MX | ML (the module docstring)
     device: str  # conf/device preset
     model: object  # the family's shape: a dict, or a Llama 2 conf/model preset's name
     dp: int
@@ -240,6 +259,10 @@ OUTLIERS: List[Run] = [
         zero3=True),
     Run("MindFormers Qwen2-57B-A14B 32K", "MX", "ascend910b", QWEN2_57B_A14B, 4, 4, 2, True, True, 32768, 1, 8,
         "full", 288, family="moe", ep=4),
+    Run("ModelLink Mixtral 8x7B 4K", "ML", "ascend910b", preset("mixtral_8x7b"), 2, 1, 8, False, False, 4096, 1, 64,
+        "full", 1053.6, family="moe", ep=2),
+    Run("ModelLink Mixtral 8x7B 32K", "ML", "ascend910b", preset("mixtral_8x7b"), 1, 8, 4, True, False, 32768, 1, 8,
+        "full", 487, family="moe"),
 ]
 
 

@@ -25,7 +25,14 @@ is ignored.
     the backward (all-gather + reduce-scatter pairs under sequence parallelism: the same bytes), 2 more when
     full recompute repeats the forward. On the critical path: nothing else runs while a layer waits for them,
     unless tp_overlap (MindFormers' fine_grain_interleave, Megatron's --tp-comm-overlap) hides them under the
-    matmuls: then only what exceeds the matmuls' time is exposed.
+    matmuls: then only what exceeds the matmuls' time is exposed. A mixture of experts' feed-forward (the family's
+    `experts`) moves its routed rows instead, top_k per token (an all-gather of the dispatched rows to the ranks
+    holding each expert's width slice and the reduction of their partial sums: models/moe/plan.py), exposed even
+    under tp_overlap: the overlap MindFormers' fine_grain_interleave gives is built for a dense FFN
+    (mindformers/models/llama/llama_interleave.py has no MoE layer) and Megatron's --tp-comm-overlap covers the
+    linear layers, not the MoE token dispatcher's gathers; a shared expert's collectives are a dense FFN's.
+  * expert parallel: per layer and pass, the all-to-alls that send each token's top_k copies to their experts'
+    ranks and bring them back (dispatch and combine), on the critical path.
   * context parallel: the ring's K/V blocks (overlapped with the attention of the block in hand) or Ulysses'
     all-to-alls (exposed), per layer and pass (_context_parallel). Each rank computes s / cp of every sequence.
   * pipeline parallel: per micro-batch and stage, the activation forward and its gradient backward, [b, s, h]
@@ -139,19 +146,15 @@ def step_time(m: Any, p: Any, device: Any, seq_len: int, micro_batch_size: int, 
         return exposed
 
     per_micro = compute
+    experts = fam.experts
+    top_k = experts(m)[1] if experts is not None else 0
     if p.tp > 1:
-        count = 2 * passes * layers * micro_batches
-        kind = "all-gather + reduce-scatter" if p.sequence_parallel else "all-reduce"
-        overlap = " (overlapped with the matmuls)" if p.tp_overlap else ""
-        per_micro += add("tp", f"{kind} x {count}{overlap}", count * 2 * (p.tp - 1) / p.tp * activation,
-                         grid.span("tp", device.devices_per_node),
-                         micro_batches * dense if p.tp_overlap else 0.0) / micro_batches
+        per_micro += _tensor_parallel(m, p, grid, device, activation, top_k, layers * passes, micro_batches,
+                                      micro_batches * dense, add) / micro_batches
     if p.cp > 1:
         per_micro += _context_parallel(m, p, grid, device, tokens, layers, passes, micro_batches, attention_core,
                                        compute_dtype, add) / micro_batches
-    experts = FAMILIES[m.family].experts
-    if experts is not None and p.ep > 1:  # each token's top_k copies to their experts' ranks and back
-        top_k = experts(m)[1]
+    if top_k and p.ep > 1:  # each token's top_k copies to their experts' ranks and back
         count = 2 * passes * layers * micro_batches  # dispatch and combine, per forward and backward pass
         sent = count * top_k * (p.ep - 1) / p.ep * activation / (p.tp if p.sequence_parallel else 1)
         per_micro += add("ep", f"all-to-all x {count}", sent, grid.span("ep", device.devices_per_node)) / micro_batches
@@ -205,6 +208,25 @@ def score_traffic(m: Any, p: Any, device: Any, seq_len: int, samples: float, rec
     passes = SCORE_PASSES + (4 if recompute == "full" else 0)
     scores = m.num_heads / p.tp * seq_len * seq_len / p.cp * samples * (m.num_layers // p.pp)
     return passes * scores * DTYPE_BYTES[compute_dtype] / (device.hbm_gb_per_s * 1e9)
+
+
+def _tensor_parallel(m: Any, p: Any, grid: Layout, device: Any, activation: float, top_k: int, layer_passes: int,
+                     micro_batches: int, matmuls: float, add: Callable) -> float:
+    """The tp group's traffic for all micro-batches, and what of it is exposed: per layer and pass, the attention's
+    and the dense (or shared-expert) feed-forward's collectives over this rank's activation, hidden under the
+    matmuls (`matmuls` seconds) with tp_overlap; a mixture of experts' routed rows, top_k per token, move between
+    the dispatch and the combine, which no tp overlap covers."""
+    kind = "all-gather + reduce-scatter" if p.sequence_parallel else "all-reduce"
+    ring = 2 * (p.tp - 1) / p.tp * activation
+    span = grid.span("tp", device.devices_per_node)
+    blocks = 1 + (1 if not top_k or getattr(m, "shared_expert_intermediate_size", 0) else 0)
+    count = blocks * layer_passes * micro_batches
+    overlap = " (overlapped with the matmuls)" if p.tp_overlap else ""
+    exposed = add("tp", f"{kind} x {count}{overlap}", count * ring, span, matmuls if p.tp_overlap else 0.0)
+    if top_k:
+        count = layer_passes * micro_batches
+        exposed += add("tp", f"{kind} x {count} (the experts' rows, x {top_k})", count * top_k * ring, span)
+    return exposed
 
 
 def _context_parallel(m: Any, p: Any, grid: Layout, device: Any, tokens: float, layers: int, passes: int,

@@ -71,6 +71,32 @@ def test_logits_router_logits_and_balance_loss_equal_transformers(pair):
     assert stats["dropped_share"] == 0.0 and stats["expert_load_max"] >= 1.0
 
 
+def test_validation_loss_is_transformers_cross_entropy_without_the_router_loss(pair, pynative):
+    """What validation reports (trainer/module.py evaluate; `python -m evaluation` and bits per byte by the same
+    code) is the LM cross-entropy alone: transformers' loss with labels and no router logits. The training loss
+    cell's adds aux_loss_coef x transformers' load-balancing loss of the same input tokens."""
+    import torch
+
+    from helpers import optim_cfg
+    from objectives.clm import Config, Objective
+    from trainer.module import LocalModule
+    from trainer.optimizer import build_optimizer
+
+    name, cfg, model, hf = pair
+    ids = np.random.default_rng(3).integers(0, cfg.vocab_size, (2, 13)).astype(np.int32)
+    optimizer = build_optimizer(model.trainable_params(), optim_cfg(), 10)
+    module = LocalModule(model, Objective(Config(name="clm")), optimizer, clip_grad_norm=0.0)
+    validation, _ = module.evaluate([(ids, ids)])
+    with torch.no_grad():
+        tokens = torch.from_numpy(ids.astype(np.int64))
+        cross_entropy = float(hf(tokens, labels=tokens, output_router_logits=False).loss)
+        balance = float(hf(tokens[:, :-1], output_router_logits=True).aux_loss)
+    assert validation["loss"] == pytest.approx(cross_entropy, rel=1e-5)
+    trained = float(module.loss_net(Tensor(ids), Tensor(ids))[0].asnumpy())
+    assert trained == pytest.approx(cross_entropy + cfg.aux_loss_coef * balance, rel=1e-5)
+    assert trained - validation["loss"] > 1e-4  # the router loss is there to leave out
+
+
 @pytest.mark.slow
 def test_greedy_tokens_with_the_kv_cache_equal_transformers(pair):
     import torch
@@ -107,6 +133,8 @@ def test_hf_export_import_round_trip(pair):
 def test_capacity_factor_drops_what_a_hand_count_says():
     """capacity 1.0 at 24 tokens, top 2 of 4: each expert holds ceil(24 x 2 / 4) = 12 assignments, first choices
     queued before second ones; what exceeds is dropped (counted by hand from the router's choices)."""
+    from objectives.clm import CausalLMLoss
+
     keys = dict(MIXTRAL, capacity_factor=1.0)
     cfg, model = built(keys, seed=3)
     tokens = np.random.default_rng(2).integers(0, cfg.vocab_size, (2, 12)).astype(np.int32)
@@ -125,7 +153,8 @@ def test_capacity_factor_drops_what_a_hand_count_says():
             e = chosen[t, rank]
             dropped += queue[e] >= 12
             queue[e] += 1
-    model1(Tensor(tokens))  # construct: the compiled graph
+    ids = np.concatenate([tokens, tokens[:, :1]], 1)  # rows of 13: the loss cell reads the first 12
+    CausalLMLoss(model1)(Tensor(ids), Tensor(ids))  # the training forward, as the compiled graph
     got = family("moe").step_metrics(model1)
     assert got["dropped_share"] == pytest.approx(dropped / (24 * 2))
     assert got["expert_load_max"] == pytest.approx(queue.max() / queue.mean())
@@ -183,10 +212,12 @@ def moe_and_ids(pynative):
 
 
 def _with_and_without_aux(cell, *inputs):
-    """(the loss cell's loss, the same without the auxiliary loss): the objective adds it where HAS_AUX."""
+    """(the loss cell's loss, which training optimises: the objective adds the auxiliary loss where HAS_AUX; the
+    loss validation reports, the same cell without it: evaluation/validation.py lm_loss_only)."""
+    from evaluation.validation import lm_loss_only
+
     with_aux = float(cell(*map(Tensor, inputs))[0].asnumpy())
-    cell.has_aux = False
-    without = float(cell(*map(Tensor, inputs))[0].asnumpy())
+    without = float(lm_loss_only(cell)(*map(Tensor, inputs))[0].asnumpy())
     return with_aux, without
 
 
@@ -276,6 +307,44 @@ def test_expert_groups_are_ep_consecutive_dp_ranks():
     assert "ep groups (4 x 2 ranks): [0 2] [1 3] [4 6] [5 7]" in layout.describe(max_groups=8)
 
 
+def layout_blocks(layout) -> list:
+    """Each rank's block along every tensor dimension under a MindSpore Layout: ranks row-major over its device
+    matrix, a dimension split over the axes its tensor_map names (counted from the right), the first outermost."""
+    d = layout.to_dict()
+    dev = d["device_matrix"]
+    out = []
+    for rank in range(int(np.prod(dev))):
+        coords = np.unravel_index(rank, dev)
+        blocks = []
+        for axes in d["tensor_map"]:
+            index = 0
+            for axis in (axes if isinstance(axes, tuple) else (axes,)):
+                if axis >= 0:
+                    index = index * dev[len(dev) - 1 - axis] + int(coords[len(dev) - 1 - axis])
+            blocks.append(index)
+        out.append(tuple(blocks))
+    return out
+
+
+@pytest.mark.parametrize("dp, tp, cp", [(4, 2, 1), (4, 1, 2), (8, 2, 1)])
+def test_the_plans_expert_groups_are_the_layouts_ep_groups(dp, tp, cp):
+    """The ranks that exchange tokens under the plan (the experts' input [E, C, h]: the same block of rows and
+    width, different experts) are planner/layout.py's ep_groups, which the time model charges; and dp rank d holds
+    the (d mod ep)-th slice of the experts, as distributed.reshard --ep writes it (ep 2)."""
+    from models.moe import plan as moe_plan
+    from planner.layout import Layout
+
+    _, model = built(MIXTRAL)
+    x, w = moe_plan.expert_strategies(model, dp, tp, cp, ep=2)["model.layers.0.feed_forward.experts.up"]
+    groups = {}
+    for rank, (expert, rows, _) in enumerate(layout_blocks(x)):
+        groups.setdefault((rows, rank % tp), []).append(rank)
+    layout = Layout(dp=dp, tp=tp, pp=1, num_layers=2, cp=cp, ep=2)
+    assert sorted(groups.values()) == sorted(layout.ep_groups())
+    for rank, (expert, width, _) in enumerate(layout_blocks(w)):
+        assert (expert, width) == (layout.coords(rank).dp % 2, layout.coords(rank).tp), rank
+
+
 def test_memory_counts_the_experts_of_a_device_and_time_adds_the_all_to_alls():
     """Mixtral 8x7B at pp 4: a stage's 8 layers hold 8 x 8 experts of 3 x 4096 x 14336 weights; ep 2 halves them
     (by hand); the all-to-all: 2 passes x (dispatch + combine) x 8 layers x micro-batches, each moving top_k = 2
@@ -330,6 +399,69 @@ def test_the_ranked_tables_communication_column_shows_the_all_to_alls_of_ep():
         assert (ep > 0) == (c.ep > 1)
 
 
+def test_experts_split_over_tp_expose_their_routed_rows_and_the_ranking_prefers_ep():
+    """Mixtral 8x7B on 32 Atlas 800T A2, 4M tokens a step, by hand: under tp 8 with sequence parallelism and
+    tp_overlap the attention's all-gather + reduce-scatter ([s, h] bf16, 2 x 7/8 of it a ring) hide under the
+    matmuls, while the experts' (top_k = 2 rows per token, 2 passes x 8 layers x 1,024 micro-batches) stay on the
+    critical path; ep 8 sends the same 2 rows per token over its all-to-alls, but a replica's 128 micro-batches
+    of dp 8 carry an eighth of tp 8's 1,024, so the ranked table's comm column reads 8 times less exposed ep than
+    tp, and the advisor's fastest layouts split no expert's width (MindFormers' and Megatron-Core's Mixtral: TP 1,
+    EP 8)."""
+    from types import SimpleNamespace
+
+    from conftest import compose_cfg, load_preset
+    from planner.advisor import Search, summary_row
+    from planner.timing import step_time
+
+    m, device = load_preset("model", "mixtral_8x7b"), compose_cfg("device=ascend910b").device
+    base = dict(pp=4, cp=1, cp_algo="ring", vp=1, zero3=False)
+    by_tp = SimpleNamespace(dp=1, tp=8, ep=1, sequence_parallel=True, tp_overlap=True, optimizer_shard=False,
+                            micro_batches=1024, **base)
+    by_ep = SimpleNamespace(dp=8, tp=1, ep=8, sequence_parallel=False, tp_overlap=False, optimizer_shard=True,
+                            micro_batches=128, **base)
+    tp_time, ep_time = (step_time(m, p, device, 4096, 1, p.micro_batches, "bf16", "none") for p in (by_tp, by_ep))
+    rows = 4096 * 4096 * 2  # one micro-batch's [s, h] in bf16
+    attention, experts = [c for c in tp_time.comms if c.kind == "tp"]
+    assert attention.bytes == 2 * 8 * 1024 * 2 * 7 / 8 * rows and attention.exposed == 0
+    assert experts.collective == "all-gather + reduce-scatter x 16384 (the experts' rows, x 2)"
+    assert experts.bytes == 2 * 8 * 1024 * 2 * 2 * 7 / 8 * rows
+    assert experts.exposed == experts.seconds == pytest.approx(experts.bytes / 196e9)
+    (a2a,) = [c for c in ep_time.comms if c.kind == "ep"]
+    assert a2a.bytes == 2 * 2 * 8 * 128 * 2 * 7 / 8 * rows and a2a.exposed == pytest.approx(experts.exposed / 8)
+
+    search = Search(compose_cfg("model=mixtral_8x7b", "device=ascend910b", "nodes=4", "data.seq_len=4096",
+                                "dry_run=true"))
+    table = {o.candidate.describe(): summary_row(1, o, 1.0)["comm s tp/cp/dp/pp/ep"]
+             for o in (search.option(c) for c in search.candidates(32, 1024)
+                       if c.recompute == "none" and c.micro_batch_size == 1 and c.cp == 1 and c.vp == 1
+                       and ((c.tp, c.pp, c.ep, c.tp_overlap) == (8, 4, 1, True) or
+                            (c.tp, c.pp, c.ep, c.optimizer_shard, c.zero3) == (1, 4, 8, True, False)))}
+    assert {label: [float(x) for x in comm.split("/")] for label, comm in table.items()} == {
+        "dp1 tp8 pp4 sp tp-overlap": pytest.approx([experts.exposed, 0, 0, 0.34, 0], abs=0.01),
+        "dp8 tp1 pp4 ep8 zero1": pytest.approx([0, 0, 0, 0.34, a2a.exposed], abs=0.01)}
+    assert all(o.candidate.tp == 1 for o in search.ranked(32, 1024)[:5])
+
+
+def test_the_mindformers_config_of_a_moe_layout_leaves_fine_grain_interleave_off():
+    """MindFormers 1.9's interleaved decoder layer (fine_grain_interleave) takes no moe_config, where its plain one
+    does: the exported config of a tp-overlapped MoE layout says so instead of setting the key; a dense one sets it."""
+    import inspect
+
+    from mindformers.models.llama.llama_interleave import LLamaDecodeLayerInterleave
+    from mindformers.models.llama.llama_transformer import LLamaDecodeLayer
+    from planner.advisor import Candidate
+    from planner.launch import mindformers_parallel_config
+
+    assert "moe_config" in inspect.getsource(LLamaDecodeLayer)
+    assert "moe_config" not in inspect.getsource(LLamaDecodeLayerInterleave)
+    c = Candidate(dp=8, tp=4, pp=1, optimizer_shard=True, sequence_parallel=True, recompute="none",
+                  micro_batch_size=1, micro_batches=1, tp_overlap=True, ep=8)
+    dense, moe = (mindformers_parallel_config(c, "bf16", 8, experts) for experts in (False, True))
+    assert "    fine_grain_interleave: 2" in dense.splitlines()
+    assert "fine_grain_interleave: 2" not in moe and "expert_parallel: 8" in moe
+    assert "    # fine_grain_interleave: not set, its decoder layer has no MoE feed-forward" in moe.splitlines()
+
+
 # --- the expert-parallel plan (models/moe/plan.py), as data: built under SEMI_AUTO_PARALLEL, never run on CPU -------
 
 @pytest.fixture
@@ -358,9 +490,10 @@ def mindformers_expert_strategies(dp, tp, ep, experts, hidden, width):
 
 def test_the_expert_parallel_plan_splits_experts_over_ep_and_their_width_over_tp_as_mindformers(semi_auto_parallel):
     """dp 8 x tp 2, ep 2 over a Qwen2-MoE shape (shared gated expert): per layer, attention and the shared expert
-    as Llama's tensor-parallel plan (column / row), the router and the gate replicated, the experts [E, C, h] over
-    ep = 2 with their rows over dp / ep = 4 and their width over tp; the expert matmuls' weight strategies are
-    MindFormers' own, and its activation's (dp / ep, ep, 1, k) is ours with the expert axis first."""
+    as Llama's tensor-parallel plan (column / row), the router and the gate replicated, the experts [E, C, h] on the
+    device matrix (dp / ep, ep, cp, tp) = (4, 2, 1, 2): over ep = 2 with their rows over dp / ep = 4 and their width
+    over tp. Every rank holds the block of experts, rows and width that MindFormers' own MoE feed-forward gives it
+    (its tuple strategies on [dp / ep, E, C, h], whose device matrix is x's strategy then the weight's width split)."""
     from distributed.semi_auto import apply_tensor_parallel, assign_stages
     from models import build_model
     from models.moe import plan as moe_plan
@@ -374,26 +507,37 @@ def test_the_expert_parallel_plan_splits_experts_over_ep_and_their_width_over_tp
              "attention_residual": ((8, 1, 1),) * 2, "ffn_residual": ((8, 1, 1),) * 2,
              "feed_forward.router.matmul": replicated, "feed_forward.shared_expert_gate.matmul": replicated,
              "feed_forward.shared_expert.w1.matmul": col, "feed_forward.shared_expert.w3.matmul": col,
-             "feed_forward.shared_expert.w2.matmul": row,
-             "feed_forward.experts.up": ((2, 4, 1), (2, 2, 1)), "feed_forward.experts.down": ((2, 4, 2), (2, 1, 2))}
+             "feed_forward.shared_expert.w2.matmul": row}
     expected = {f"model.layers.{i}.{op}": s for i in range(2) for op, s in layer.items()}
     expected.update({"model.tok_embeddings.gather": ((2, 1), (8, 1)), "lm_head.matmul": col})
-    assert plan == expected
+    assert {path: s for path, s in plan.items() if not path.endswith(("experts.up", "experts.down"))} == expected
+    grid = dict(device_matrix=(4, 2, 1, 2), alias_name=("dp", "ep", "cp", "tp"), interleaved_parallel=False)
+    maps = {"up": ((2, (3, 1), -1), (2, 0, -1)), "down": ((2, (3, 1), 0), (2, -1, 0))}  # axes from the right: tp 0
+    for i in range(2):
+        for primitive, tensor_maps in maps.items():
+            layouts = plan[f"model.layers.{i}.feed_forward.experts.{primitive}"]
+            assert [{k: v for k, v in layout.to_dict().items() if k != "rank_list"} for layout in layouts] == \
+                [dict(grid, tensor_map=tensor_map) for tensor_map in tensor_maps]
     experts = dict(model.cells_and_names())["model.layers.1.feed_forward.experts"]
-    assert experts.down.in_strategy == ((2, 4, 2), (2, 1, 2))  # set on the primitive itself
+    assert experts.down.in_layout[1]["tensor_map"] == (2, -1, 0)  # set on the primitive itself
 
     theirs = mindformers_expert_strategies(8, 2, 2, cfg.num_experts, cfg.hidden_size, cfg.expert_intermediate_size)
     for name, primitive in (("w1", "up"), ("w3", "up"), ("w2", "down")):
         (x, w), (ours_x, ours_w) = theirs[name], plan[f"model.layers.0.feed_forward.experts.{primitive}"]
-        assert ours_w == w and ours_x == (x[1], x[0] * x[2], x[3])
+        width = 1 if primitive == "up" else 2  # the dimension tp splits: f of w1 / w3 [E, f, h], of w2 [E, h, f]
+        assert (x[0], x[1], w[width]) == (4, 2, 2)  # MindFormers' device matrix (dp', ep, tp)
+        for rank, (x_blocks, w_blocks) in enumerate(zip(layout_blocks(ours_x), layout_blocks(ours_w))):
+            group, expert, slice_ = rank // (x[1] * w[width]), rank // w[width] % x[1], rank % w[width]
+            assert (x_blocks[0], x_blocks[1], w_blocks[0], w_blocks[width]) == (expert, group, expert, slice_), rank
 
-    for path, strategy in plan.items():  # the checkpoint splits: the weights' tp part of their strategies
+    for path, strategy in plan.items():  # the checkpoint splits (distributed.reshard): the weights' strategies
         owner, _, primitive = path.rpartition(".")
         if primitive == "matmul":
             assert moe_plan.weight_split(f"{owner}.weight", 2, 2) == strategy[1], path
         elif primitive in ("up", "down"):
+            ways = tuple(max(b) + 1 for b in zip(*layout_blocks(strategy[1])))
             for weight in (("w1", "w3") if primitive == "up" else ("w2",)):
-                assert moe_plan.weight_split(f"{owner}.{weight}", 3, 2) == (1, *strategy[1][1:]), path
+                assert moe_plan.weight_split(f"{owner}.{weight}", 3, 2, ep=2) == ways, path
     assert assign_stages(model, moe_plan, pp=2) == {"model.tok_embeddings": 0, "model.layers.0": 0,
                                                      "model.layers.1": 1, "model.norm_out": 1, "lm_head": 1}
 
@@ -406,7 +550,9 @@ def test_sequence_parallel_splits_the_moe_layers_norms_and_residuals_along_the_s
     plan = moe_plan.tensor_parallel_strategies(model, dp=2, tp=4, sequence_parallel=True, ep=2)
     act = (2, 4, 1)
     assert plan["model.layers.0.ffn_norm.normalize"] == (act, act) and plan["model.layers.1.ffn_residual"] == (act, act)
-    assert plan["model.layers.0.feed_forward.experts.up"] == ((2, 1, 1), (2, 4, 1))
+    x, w = plan["model.layers.0.feed_forward.experts.up"]
+    assert (x.to_dict()["device_matrix"], x.to_dict()["tensor_map"], w.to_dict()["tensor_map"]) == \
+        ((1, 2, 1, 4), (2, (3, 1), -1), (2, 0, -1))
     assert moe_plan.output_strategies(model, 2, 4, True) == {f"model.layers.{i}.attention.wo.matmul": ((8, 1),)
                                                              for i in range(2)}
 
@@ -484,10 +630,7 @@ def test_mindformers_export_refuses_what_moe_config_cannot_say():
 
 def test_the_routing_bias_chooses_the_experts_and_the_unbiased_probabilities_weigh_them(pynative):
     """A layer's output with a routing bias, by hand: p = softmax(x W_r^T), the top-k of p + b chosen, weighted by
-    p at those experts (renormalised, Mixtral); the load it records is each expert's share of the assignments, and
-    the update after the step is b + gamma sign(1/E - load) (DeepSeek-V3 section 2.1.2)."""
-    from models.moe import after_step
-
+    p at those experts (renormalised, Mixtral)."""
     cfg, model = built(dict(MIXTRAL, bias_update_rate=0.05))
     ffn = model.model.layers[0].feed_forward
     bias = np.array([0.0, 0.3, -0.2, 0.05], np.float32)  # enough to change some choices
@@ -509,14 +652,76 @@ def test_the_routing_bias_chooses_the_experts_and_the_unbiased_probabilities_wei
                          for t in range(x.shape[1])])
     np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-5)
 
-    load = np.bincount(chosen.ravel(), minlength=cfg.num_experts) / chosen.size
-    np.testing.assert_allclose(ffn.expert_load.asnumpy(), load, atol=1e-6)
-    others = [layer.feed_forward.routing_bias.asnumpy().copy() for layer in model.model.layers[1:]]
+
+def hand_counts(model, rows, biases) -> np.ndarray:
+    """[L, E]: each layer's assignments per expert over `rows`, chosen by hand from its router logits: the top-k of
+    softmax + that layer's bias."""
+    logits = model.router_logits(Tensor(rows)).asnumpy()  # [L, T, E]
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    k, e = model.model.top_k, model.model.num_experts
+    chosen = np.argsort(-(p + np.asarray(biases)[:, None]), -1, kind="stable")[..., :k]
+    return np.stack([np.bincount(c.ravel(), minlength=e) for c in chosen]).astype(np.float32)
+
+
+def test_the_training_forward_counts_the_assignments_and_the_update_moves_each_layers_bias(pynative):
+    """The training forward (with_aux) adds each layer's assignments per expert; the plain forward adds none; after
+    the step each bias moves by gamma sign(1/E - load), load the expert's share of its layer's assignments
+    (DeepSeek-V3 section 2.1.2), and the counts restart from zero."""
+    from models.moe import after_step
+
+    cfg, model = built(dict(MIXTRAL, bias_update_rate=0.05))
+    biases = np.array([[0.0, 0.3, -0.2, 0.05], [0.0, 0.0, 0.0, 0.0]], np.float32)
+    for layer, bias in zip(model.model.layers, biases):
+        layer.feed_forward.routing_bias.set_data(Tensor(bias))
+    tokens = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, 12)).astype(np.int32)
+    model(Tensor(tokens))  # the plain forward: nothing counted
+    model.model.with_aux(Tensor(tokens))
+    counts = hand_counts(model, tokens, biases)
+    for layer, want in zip(model.model.layers, counts):
+        np.testing.assert_array_equal(layer.feed_forward.expert_load.asnumpy(), want)
     after_step(model, cfg)
-    np.testing.assert_allclose(ffn.routing_bias.asnumpy(), bias + 0.05 * np.sign(1 / cfg.num_experts - load),
-                               atol=1e-7)
-    for layer, before in zip(model.model.layers[1:], others):  # each layer by its own load (zero before a forward)
-        np.testing.assert_allclose(layer.feed_forward.routing_bias.asnumpy(), before + 0.05, atol=1e-7)
+    load = counts / counts.sum(-1, keepdims=True)
+    for layer, bias, share in zip(model.model.layers, biases, load):
+        np.testing.assert_allclose(layer.feed_forward.routing_bias.asnumpy(),
+                                   bias + 0.05 * np.sign(1 / cfg.num_experts - share), atol=1e-7)
+        assert not layer.feed_forward.expert_load.asnumpy().any()
+
+
+def test_under_accumulation_the_bias_update_reads_every_micro_batch_of_the_step(pynative):
+    """trainer.grad_accum=2 of 2 rows moves the routing bias as one micro-batch of the 4 rows does, as a hand count
+    over the 4 rows' routing says (the last micro-batch's alone says otherwise); validation before the step and
+    between the step and the update (the loop's step-0 evaluation, a later one) counts nothing."""
+    from helpers import optim_cfg
+    from models.moe import after_step
+    from objectives.clm import Config, Objective
+    from trainer.module import LocalModule
+    from trainer.optimizer import build_optimizer
+
+    ids = np.random.default_rng(7).integers(4, MIXTRAL["vocab_size"], (4, 13)).astype(np.int32)
+    objective = Objective(Config(name="clm"))
+
+    def bias_after_a_step(micro_batches):
+        cfg, model = built(dict(MIXTRAL, bias_update_rate=0.05), seed=2)
+        optimizer = build_optimizer(model.trainable_params(), optim_cfg(lr=1e-2, schedule="constant"), 10)
+        module = LocalModule(model, objective, optimizer, clip_grad_norm=0.0)
+        module.evaluate([(ids, ids)])
+        module.step(micro_batches, 1.0)
+        module.evaluate([(ids, ids)])
+        after_step(model, cfg)
+        return np.stack([layer.feed_forward.routing_bias.asnumpy() for layer in model.model.layers])
+
+    accumulated = bias_after_a_step([(ids[:2], ids[:2]), (ids[2:], ids[2:])])
+    whole = bias_after_a_step([(ids, ids)])
+    np.testing.assert_array_equal(accumulated, whole)
+    _, model = built(dict(MIXTRAL, bias_update_rate=0.05), seed=2)  # the weights the step's forward saw
+
+    def by_hand(rows):
+        counts = hand_counts(model, rows[:, :-1], np.zeros((2, MIXTRAL["num_experts"]), np.float32))
+        return 0.05 * np.sign(1 / MIXTRAL["num_experts"] - counts / counts.sum(-1, keepdims=True))
+
+    np.testing.assert_allclose(whole, by_hand(ids), atol=1e-7)
+    assert (by_hand(ids[2:]) != by_hand(ids)).any()  # what reading the last micro-batch only gave
 
 
 def test_the_bias_matches_transformers_deepseek_v3_choice_rule():

@@ -165,3 +165,84 @@ def test_a_sharded_runs_save_merges_back(tmp_path):
     for name, param in model.parameters_and_names():
         np.testing.assert_array_equal(merged[name], param.asnumpy(), err_msg=name)
     assert "adam_m.lm_head.weight" in load_tensors(str(tmp_path / "merged" / checkpoint.OPTIMIZER))
+
+
+# --- a mixture of experts: its routed experts over ep of the dp ranks, tp within each (models/moe/plan.py) ------------
+
+@pytest.fixture(scope="module")
+def moe_checkpoint(tmp_path_factory):
+    """A checkpoint of model=moe_tiny (2 layers: 8 experts of 176) with non-zero AdamW moments; (dir, tensors)."""
+    cfg = compose_cfg("model=moe_tiny", "model.num_layers=2", "data.seq_len=64")
+    model = build_model(cfg.model, 64, "fp32", "CPU", seed=0)
+    optimizer = build_optimizer(model.trainable_params(), cfg.optim, 10)
+    rng = np.random.default_rng(2)
+    for param in optimizer.exp_avg + optimizer.exp_avg_sq:
+        param.set_data(ms.Tensor(rng.normal(size=param.shape).astype(np.float32)))
+    path = checkpoint.save(str(tmp_path_factory.mktemp("moe")), 3, model, optimizer, {"run_id": "m"}, cfg)
+    tensors = {**load_tensors(os.path.join(path, checkpoint.WEIGHTS)),
+               **load_tensors(os.path.join(path, checkpoint.OPTIMIZER))}
+    return path, tensors
+
+
+def test_moe_slices_are_the_plans_expert_and_tensor_parallel_shards_and_merge_back(moe_checkpoint, tmp_path):
+    """split --dp 4 --ep 2 --tp 2: each rank's expert weights are the full ones divided as the plan's batched
+    matmuls split them ((ep, tp, 1) for w1 w3, (ep, 1, tp) for w2), dp ranks 0 and 2 holding experts 0-3, 1 and 3
+    experts 4-7 (the plan's device matrix [dp / ep, ep, tp]: each ep group of consecutive dp ranks, [0 1] and
+    [2 3], holds all the experts); merging gives the original back, and so does resharding to ep 4 tp 1 then
+    merging."""
+    from models.moe import plan as moe_plan
+
+    path, tensors = moe_checkpoint
+    reshard.split(path, str(tmp_path / "ep2tp2"), dp=4, tp=2, pp=1, ep=2)
+    layout = Layout(dp=4, tp=2, pp=1, num_layers=2, ep=2)
+    for rank in range(8):
+        got = load_tensors(str(tmp_path / "ep2tp2" / f"rank_{rank}" / SLICE))
+        assert set(got) == set(tensors)
+        where = layout.coords(rank)
+        for weight, primitive in (("w1", "up"), ("w3", "up"), ("w2", "down")):
+            for prefix in ("", "adam_m."):
+                name = f"{prefix}model.layers.1.feed_forward.experts.{weight}"
+                split = (2, 2, 1) if primitive == "up" else (2, 1, 2)
+                full = tensors[name]
+                assert got[name].shape == tuple(n // ways for n, ways in zip(full.shape, split)), name
+                experts = slice(4 * (where.dp % 2), 4 * (where.dp % 2 + 1))
+                width = slice(88 * where.tp, 88 * (where.tp + 1))
+                want = full[experts, width] if primitive == "up" else full[experts, :, width]
+                np.testing.assert_array_equal(got[name], want, err_msg=f"rank {rank} {name}")
+        wq = tensors["model.layers.0.attention.wq.weight"]  # column-parallel over tp, as a dense layer's
+        np.testing.assert_array_equal(got["model.layers.0.attention.wq.weight"],
+                                      np.split(wq, 2)[where.tp])
+        np.testing.assert_array_equal(got["model.layers.0.feed_forward.router.weight"],
+                                      tensors["model.layers.0.feed_forward.router.weight"])  # whole
+    layouts = ms.parallel.build_searched_strategy(str(tmp_path / "ep2tp2" / STRATEGY))
+    w2 = layouts["0-model.layers.0.feed_forward.experts.w2"]
+    assert (list(w2.dev_matrix[0].dim), list(w2.tensor_map[0].dim)) == ([2, 2, 2], [1, -1, 0])
+
+    for target in ("merged", "again"):
+        if target == "again":
+            reshard.main(["reshard", str(tmp_path / "ep2tp2"), str(tmp_path / "ep4"), "--dp", "4", "--ep", "4"])
+            for rank in range(4):
+                got = load_tensors(str(tmp_path / "ep4" / f"rank_{rank}" / SLICE))
+                want = rank_slice(tensors, Layout(dp=4, tp=1, pp=1, num_layers=2, ep=4), rank, moe_plan)
+                for name in want:
+                    np.testing.assert_array_equal(got[name], want[name], err_msg=f"rank {rank} {name}")
+        reshard.merge(str(tmp_path / ("ep2tp2" if target == "merged" else "ep4")), str(tmp_path / target))
+        merged = {**load_tensors(str(tmp_path / target / checkpoint.WEIGHTS)),
+                  **load_tensors(str(tmp_path / target / checkpoint.OPTIMIZER))}
+        assert set(merged) == set(tensors)
+        for name, array in tensors.items():
+            np.testing.assert_array_equal(merged[name], array, err_msg=f"{target} {name}")
+
+
+def test_expert_parallel_reshard_refuses_what_it_cannot_lay_out(full_checkpoint, moe_checkpoint, tmp_path):
+    from base.errors import UsageError
+
+    with pytest.raises(UsageError, match="--ep: model.family=llama has no experts to split"):
+        reshard.split(full_checkpoint[0], str(tmp_path / "a"), dp=2, tp=1, pp=1, ep=2)
+    with pytest.raises(UsageError, match="--ep: ep=2 does not divide dp=3"):
+        reshard.split(moe_checkpoint[0], str(tmp_path / "b"), dp=3, tp=1, pp=1, ep=2)
+    with pytest.raises(UsageError, match="--ep: expert-parallel slices are not written with --optimizer-shard"):
+        reshard.split(moe_checkpoint[0], str(tmp_path / "c"), dp=2, tp=1, pp=1, sharded_optimizer=True, ep=2)
+    with pytest.raises(CheckpointError, match=r"experts.w1: dimension 0 \(size 8\) does not split 3 ways.*ep the "
+                                              r"experts"):
+        reshard.split(moe_checkpoint[0], str(tmp_path / "d"), dp=3, tp=1, pp=1, ep=3)

@@ -21,7 +21,7 @@ from mindspore import Tensor
 
 from adapters.twins import libraries_in, overlay
 from base import checkpoint
-from evaluation.validation import batch_means
+from evaluation.validation import batch_means, lm_loss_only
 from trainer.step import ApplyUpdate, ForwardBackward, TrainStep
 
 
@@ -32,6 +32,12 @@ def loss_cell(objective, model):
     net = objective.loss_cell(model)
     overlay(net, libraries_in(model))
     return net
+
+
+def validation_cell(objective, model, net):
+    """The loss cell validation runs beside the training one `net`: `net` itself where it adds no auxiliary loss,
+    else one reporting the objective's loss alone (evaluation/validation.py lm_loss_only)."""
+    return lm_loss_only(loss_cell(objective, model)) if getattr(net, "has_aux", False) else net
 
 
 @dataclass
@@ -56,6 +62,7 @@ class LocalModule:
         """`adapters`: a PEFT run's base/peft.py Adapters, whose checkpoints hold only those weights."""
         self.model, self.objective, self.optimizer, self.adapters = model, objective, optimizer, adapters
         self.loss_net = loss_cell(objective, model)
+        self.eval_net = validation_cell(objective, model, self.loss_net)
         if one_graph:
             assert world_size == 1, "the one-graph step is single-device"
             self.train_step = TrainStep(self.loss_net, optimizer, clip_grad_norm)
@@ -112,8 +119,9 @@ class LocalModule:
 
     def evaluate(self, batches: List[tuple]) -> Tuple[Dict[str, float], int]:
         """(the objective's loss and metrics over `batches`, each batch weighted by its loss tokens; those tokens):
-        evaluation/validation.py, which `python -m evaluation` runs too."""
-        return batch_means(self.loss_net, self.objective, batches)
+        evaluation/validation.py, which `python -m evaluation` runs too. The loss is the objective's alone: a
+        router's auxiliary loss, which the training step adds, is not in it."""
+        return batch_means(self.eval_net, self.objective, batches)
 
     def save(self, root: str, step: int, state: dict, cfg, tokenizer_file: str, is_main: bool) -> None:
         if is_main:
@@ -160,8 +168,9 @@ class ShardedModule:
                                            parallel.micro_batches, parallel.optimizer_shard)
         self.compiled = parallel_step(self.train_step, cfg, run_dir, rank)
         self.eval_micro_batches = parallel.micro_batches if parallel.pp > 1 else 1  # PipelinedLoss sums their outputs
+        eval_net = validation_cell(objective, model, loss_net)
         self.evaluation = parallel_evaluation(
-            PipelinedLoss(loss_net, parallel.micro_batches) if parallel.pp > 1 else loss_net, cfg)
+            PipelinedLoss(eval_net, parallel.micro_batches) if parallel.pp > 1 else eval_net, cfg)
         self.fed = set()  # the graphs whose dataset strategy is set
         self.loss_scale = 1.0  # the value train_step.loss_scale holds, kept here: no device read per step
 

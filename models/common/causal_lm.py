@@ -12,9 +12,12 @@ its attribute paths. A family whose `CAUSAL` is true builds a CausalLM:
                                                       applied); asked only where HAS_AUX
     model.logits_and_aux(tokens, positions, segments) -> (logits, auxiliary loss)
 
-A loss cell adds the auxiliary loss where `HAS_AUX` (a Python constant, so a dense model's graph has no trace of it):
-objectives/clm.py, sft.py, dpo.py, rm.py and ppo.py do. What the model reports besides (a router's load, its
-dropped tokens) is the family's `step_metrics` (base/family.py).
+A loss cell adds the auxiliary loss where its `has_aux` (the model's `HAS_AUX`, a Python constant, so a dense model's
+graph has no trace of it) is true: objectives/clm.py, sft.py, dpo.py, rm.py and ppo.py do, so training optimises
+it. Validation builds the same cell with `has_aux` false (evaluation/validation.py lm_loss_only): it runs the
+plain forward `model(...)` and reports the objective's loss alone. What the model reports besides (a router's
+load, its dropped tokens, its losses before their coefficients) is the family's `step_metrics` (base/family.py),
+recorded by the training forward `with_aux` only.
 """
 import numpy as np
 

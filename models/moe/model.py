@@ -22,9 +22,10 @@ Auxiliary losses, over all layers' tokens as transformers' `load_balancing_loss_
   balance = E * sum_{i,e} f_{i,e} P_e, f_{i,e} the share of tokens whose i-th choice is e, P_e the mean router
             probability of e (Switch Transformer eq. 4, Mixtral's form with k choices)
   z       = mean over tokens of logsumexp(z)^2 (ST-MoE)
-The trunk's `with_aux` returns aux_loss_coef * balance + z_loss_coef * z (models/common/causal_lm.py), and keeps
-the step's router statistics (balance, z, the busiest expert's load over the mean, the dropped share) in the
-non-trainable `model.router_stats` for the console (models/moe/__init__.py step_metrics).
+The trunk's `with_aux` (the training forward) returns aux_loss_coef * balance + z_loss_coef * z
+(models/common/causal_lm.py), and keeps the step's router statistics (balance, z, the busiest expert's load over the
+mean, the dropped share) in the non-trainable `model.router_stats` for the console (models/moe/__init__.py
+step_metrics); its plain forward (construct: validation, evaluation, scoring, generation) adds and records nothing.
 """
 import numpy as np
 
@@ -76,7 +77,8 @@ class MoeFeedForward(nn.Cell):
         if self.gated:
             self.shared_expert_gate = Linear(cfg.hidden_size, 1, cfg.init_std, rng, compute_dtype)
         self.biased = cfg.bias_update_rate > 0
-        if self.biased:  # DeepSeek-V3's balancing: the bias (moved by update_routing_bias) and the load it reads
+        if self.biased:  # DeepSeek-V3's balancing: the bias (moved by update_routing_bias) and the assignments
+            # per expert it reads (added by MoeModel.with_aux, the training forward)
             zeros = np.zeros(cfg.num_experts, np.float32)
             self.routing_bias = Parameter(Tensor(zeros), name="routing_bias", requires_grad=False)
             self.expert_load = Parameter(Tensor(zeros), name="expert_load", requires_grad=False)
@@ -119,21 +121,22 @@ class MoeFeedForward(nn.Cell):
                 shared = shared * ops.sigmoid(self.shared_expert_gate(flat).astype(ms.float32))
             y = y + shared
         dropped = (1.0 - kept.astype(ms.float32)).sum()
-        if self.biased:  # each expert's share of this forward's assignments, for the bias's update
-            y = ops.depend(y, ops.assign(self.expert_load, ops.stop_gradient(onehot.mean(0))))
         return y.reshape(b, s, h).astype(x.dtype), (logits, onehot.reshape(self.top_k, tokens, e).sum(1),
                                                     probs.sum(0), dropped)
 
 
 def update_routing_bias(model, rate: float) -> None:
     """DeepSeek-V3's bias update after a step, in each layer: b_e += rate x sign(1/E - load_e), load_e the share of
-    the step's (last micro-batch's) assignments expert e got: an overloaded expert's bias falls, an idle one's
-    rises (MindFormers' TopkBiasBalanceCallback, its balance_via_topk_bias)."""
+    the step's assignments expert e got (every micro-batch's: the counts `with_aux` added since the last update),
+    then the counts restart from zero: an overloaded expert's bias falls, an idle one's rises (MindFormers'
+    TopkBiasBalanceCallback, its balance_via_topk_bias, which sums its router's expert_load the same way)."""
     for layer in model.model.layers:
         ffn = layer.feed_forward
-        load = ffn.expert_load.asnumpy()
+        counts = ffn.expert_load.asnumpy()
+        load = counts / max(counts.sum(), 1.0)
         bias = ffn.routing_bias.asnumpy() + rate * np.sign(1.0 / load.size - load)
         ffn.routing_bias.set_data(Tensor(bias.astype(np.float32)))
+        ffn.expert_load.set_data(Tensor(np.zeros_like(counts)))
 
 
 class MoeDecoderLayer(nn.Cell):
@@ -176,10 +179,17 @@ class MoeModel(DecoderTrunk):
         """No length-dependent RoPE here (model.rope_scaling type none): the tables stay."""
 
     def construct(self, tokens, positions=None, segments=None):
-        return self.with_aux(tokens, positions, segments)[0]
+        """The plain forward (validation, evaluation, scoring): no auxiliary loss, nothing recorded."""
+        cos, sin, mask = self.attention_inputs(tokens, positions, segments)
+        x = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask)[0]
+        return self.norm_out(x)
 
     def with_aux(self, tokens, positions=None, segments=None):
-        """(final hidden states [B, S, h], aux_loss_coef x balance + z_loss_coef x z), the statistics kept."""
+        """The training forward: (final hidden states [B, S, h], aux_loss_coef x balance + z_loss_coef x z); it
+        keeps the router statistics for the console and, with a routing bias, adds each layer's assignments per
+        expert to its `expert_load` (summed over the step's micro-batches until update_routing_bias reads them)."""
         cos, sin, mask = self.attention_inputs(tokens, positions, segments)
         x = self.tok_embeddings(tokens)
         z, choices, probs, dropped = 0.0, 0.0, 0.0, 0.0
@@ -187,6 +197,9 @@ class MoeModel(DecoderTrunk):
             x, (logits, layer_choices, layer_probs, layer_dropped) = layer(x, cos, sin, mask)
             z = z + (ops.logsumexp(logits, -1) ** 2).sum()
             choices, probs, dropped = choices + layer_choices, probs + layer_probs, dropped + layer_dropped
+            if layer.feed_forward.biased:
+                load = layer.feed_forward.expert_load
+                x = ops.depend(x, ops.assign_add(load, ops.stop_gradient(layer_choices.sum(0))))
         routed = tokens.shape[0] * tokens.shape[1] * len(self.layers)  # tokens x layers
         balance = self.num_experts * (choices / routed * (probs / routed).expand_dims(0)).sum()
         z = z / routed
