@@ -24,6 +24,7 @@ from base.outputs import check_run_dir
 from base.schema import REPO_ROOT, world_size
 from plugins import register
 from base.validate import validate
+from distributed.launch import loopback, told_to_other_nodes
 from trainer.runtime import launched_rank, launched_world_size
 
 register()
@@ -42,10 +43,16 @@ def swept_values(hydra_cfg) -> str:
 
 def check_multi_node(cfg: DictConfig, hydra_overrides) -> None:
     """A run across nodes: node 0's address, and one run directory given on every node's command line (the
-    default is a timestamp, which differs between nodes): the nodes must share it."""
+    default is a timestamp, which differs between nodes): the nodes must share it. A loopback master_addr names a
+    different machine on every node: the other nodes' msrun would take the master for themselves and start a
+    scheduler of their own (docs/parallel.md: a node is a machine; one machine's workers are one node)."""
     if not cfg.master_addr:
         raise ConfigError("master_addr", f"nodes={cfg.nodes} needs node 0's address (msrun's scheduler runs there): "
                           "add master_addr=<host of node_rank=0> on every node")
+    if loopback(cfg.master_addr):
+        raise ConfigError("master_addr", f"{cfg.master_addr} is a loopback address, which the other nodes cannot "
+                          f"reach: give node 0's address on the network the nodes share (e.g. the first of `hostname "
+                          f"-I` on node 0); the workers of one machine run without nodes=")
     if not any(o.startswith("hydra.run.dir=") for o in hydra_overrides):
         raise ConfigError("hydra.run.dir", f"nodes={cfg.nodes}: every node's ranks write into one run directory; add "
                           "hydra.run.dir=<the same directory on a filesystem all nodes share> on every node")
@@ -158,10 +165,11 @@ def main(argv=None) -> None:
     if any(a in ("--help", "-h") for a in sys.argv[1:]):
         print(usage())
         return
-    try:
-        run()
-    except Refused as refused:
-        raise refused.error from None
+    with told_to_other_nodes(sys.argv[1:]):  # a node that fails before launching ends the others' launches
+        try:
+            run()
+        except Refused as refused:
+            raise refused.error from None
 
 
 if __name__ == "__main__":

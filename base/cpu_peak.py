@@ -9,10 +9,11 @@ of cpufreq's maximum and "cpu MHz"), and FLOPs per cycle per core from the vecto
 x fp32 lanes x 2 FMA pipes, 16 lanes with AVX-512 on Intel, 8 with AVX2 and FMA, or with AVX-512 on AMD before
 Zen 5 (which runs 512-bit vectors on its 256-bit pipes). A virtual machine often shows the base clock, not the
 boost one, so the product can sit below what the CPU does; hence the second term, a square fp32 matmul (the
-faster of NumPy's BLAS and oneDNN's sgemm, on every CPU here, best of 5) measured once per CPU (model, flags, CPU count) and cached in
-~/.cache/mindlab/cpu_peak.json (MINDLAB_CACHE_DIR moves it; delete the entry to measure again, e.g. when the
-first measurement ran on a busy machine). SpeedMonitor (trainer/metrics.py) says so in one line if a step still
-computes above the peak.
+faster of NumPy's BLAS and oneDNN's sgemm, on every CPU here, best of 5) measured once per CPU (model, flags, CPU
+count) and cached in ~/.cache/mindlab/cpu_peak.json (MINDLAB_CACHE_DIR moves it; delete the entry to measure again)
+with the load average it was taken under: a measurement taken on a busy machine is low, so while the cached one's
+load is above BUSY_LOAD a run on a machine at most half as busy measures again and keeps the higher figure.
+SpeedMonitor (trainer/metrics.py) says so in one line if a step still computes above the peak.
 """
 import functools
 import json
@@ -22,6 +23,9 @@ from pathlib import Path
 from typing import Callable, Dict, Optional
 
 GEMM_N = 1024  # 2.1 GFLOP a product: ~10 ms at 0.2 TFLOP/s, the measurement takes well under a second
+# the 1-minute load average per CPU at or below which a measurement is taken as the CPU's own (not measured again)
+BUSY_LOAD = 0.25
+LOADS = "load per CPU of each measurement"  # the cache's entry of the loads, by CPU key
 
 
 def cpu_info(text: Optional[str] = None) -> Dict[str, str]:
@@ -110,16 +114,29 @@ def cpu_key(info: Dict[str, str], cpus: int) -> str:
     return f"{info.get('vendor_id', '?')} | {info.get('model name', '?')} | {cpus} CPUs | {info.get('flags', '')}"
 
 
-def measured_tflops(key: str, measure: Callable[[], float] = measure_gemm_tflops, path: Optional[Path] = None) -> float:
-    """This CPU's cached GEMM figure, measured (and the cache written) when there is none."""
+def load_per_cpu() -> float:
+    """The machine's 1-minute load average per CPU: other processes' share of the CPUs a measurement would run on."""
+    return os.getloadavg()[0] / (os.cpu_count() or 1)
+
+
+def measured_tflops(key: str, measure: Callable[[], float] = measure_gemm_tflops, path: Optional[Path] = None,
+                    load: Callable[[], float] = load_per_cpu) -> float:
+    """This CPU's cached GEMM figure, measured (and the cache written) when there is none, or when the cached one
+    was taken under a load above BUSY_LOAD and the machine is at most half as busy now: then the higher figure is
+    kept, with the lower load (so a figure that stays the highest is not measured again at the same load). The
+    loads sit apart from the figures (under LOADS), which older readers of the cache take as they are; a figure
+    without its load counts as taken under load."""
     path = path or cache_file()
     try:
         cached = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         cached = {}
-    if key in cached:
+    loads = cached.setdefault(LOADS, {})
+    now, taken = load(), loads.get(key)
+    if key in cached and taken is not None and (taken <= BUSY_LOAD or now > taken / 2):
         return cached[key]
-    cached[key] = measure()
+    cached[key] = max(measure(), cached.get(key, 0.0))
+    loads[key] = round(now if taken is None else min(now, taken), 3)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp-{os.getpid()}")
     tmp.write_text(json.dumps(cached, indent=1), encoding="utf-8")

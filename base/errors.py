@@ -17,7 +17,7 @@ import os
 import shutil
 import sys
 import traceback
-from typing import Callable, Iterator, Optional, Sequence, Union
+from typing import Callable, Iterator, Optional, Sequence, Tuple, Union
 
 
 class UserError(Exception):
@@ -182,19 +182,21 @@ def entry_point(main: Callable[[Optional[Sequence[str]]], Optional[int]]) -> Cal
         os.environ["HYDRA_FULL_ERROR"] = "1"
         try:
             code = main(argv)
-        except UserError as err:
-            print(f"{err.prefix}: {err}", file=sys.stderr, flush=True)
-            return err.exit_code
         except Exception as err:
-            wrapped = user_error_in(err)  # e.g. raised inside a `${tokenizer_of:...}` resolver
-            if wrapped is not None:
-                print(f"{wrapped.prefix}: {wrapped}", file=sys.stderr, flush=True)
-                return wrapped.exit_code
-            line = _hydra_user_error(err)
-            if line is None:
+            said = error_line(err)
+            if said is None:
                 raise
-            print(line, file=sys.stderr, flush=True)
-            return 2
+            print(said[0], file=sys.stderr, flush=True)
+            return said[1]
         return code if isinstance(code, int) else 0
 
     return run
+
+
+def error_line(err: Exception) -> Optional[Tuple[str, int]]:
+    """The one line a user error is printed as, and its exit code; None for a bug (its traceback is the message)."""
+    wrapped = user_error_in(err)  # the error itself, or one raised inside e.g. a `${tokenizer_of:...}` resolver
+    if wrapped is not None:
+        return f"{wrapped.prefix}: {wrapped}", wrapped.exit_code
+    line = _hydra_user_error(err)
+    return None if line is None else (line, 2)

@@ -11,14 +11,18 @@ Across nodes (`nodes=N node_rank=r master_addr=HOST hydra.run.dir=SHARED`, the s
 scripts/slurm_msrun.sbatch), each node's train.py starts its own msrun with that node's share of the workers,
 pointed at node 0's scheduler; every rank writes into the one shared run dir, each node's worker logs go to
 <run dir>/workers/node<r>/, and the watchdog here watches this node's workers and, through the shared run dir, the
-other nodes: a node whose workers fail writes workers/node<r>/failed (its one-line reason), and a node whose launch
-is gone (killed, the machine down) stops touching workers/node<r>/alive; either ends every other node's launch with
-one line naming that node, instead of leaving its workers waiting in a collective for MindSpore's timeouts.
+other nodes: a node whose workers fail, or that fails before its launch starts (a bad override, an msrun that cannot
+start: `told_to_other_nodes`), writes workers/node<r>/failed (its one-line reason), and a node whose launch is gone
+(killed, the machine down) stops touching workers/node<r>/alive; either ends every other node's launch with one line
+naming that node, instead of leaving its workers waiting in a collective, or for a scheduler that never comes, for
+MindSpore's timeouts.
 
 The console is mindlab's: msrun's own log (and the traceback it raises when a worker fails) goes to
 <log dir>/msrun.log, and the `[INFO]` lines MindSpore's C++ log prints past GLOG_v at a worker's exit are dropped
 from the worker logs msrun echoes.
 """
+import contextlib
+import ipaddress
 import os
 import signal
 import socket
@@ -26,16 +30,22 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
-from typing import Dict, List, Optional
+from dataclasses import dataclass, field
+from typing import Dict, Iterator, List, Optional, Sequence
 
 import psutil
+
+from base.errors import error_line
 
 POLL_SECONDS = 0.1  # msrun polls every 1 s and then kills the rest: see the first death first
 GRACE_SECONDS = 0.5  # after the first death, how long other ranks may take to be seen dead too
 # a node whose `alive` file has not changed for this long (by this node's clock, whatever the other's says) is gone;
 # its launch touches the file every poll, and a shared file system may show a change several seconds late
 PEER_TIMEOUT_SECONDS = 20.0
+# a `failed` marker written up to this long before this node's launch began counts as this launch's: a node that fails
+# before launching (a bad override) may do so before a node started a little later gets here; an earlier launch's
+# marker is older than that (a relaunch after a failure takes longer) or gone (its node has started again)
+START_SKEW_SECONDS = 30.0
 
 
 def free_port() -> int:
@@ -74,9 +84,17 @@ class Peers:
         self.clock = time.monotonic  # this node's: the other nodes' clocks may differ from it
         if os.path.exists(self.failed_file(nodes.rank)):  # an earlier launch's into this run dir
             os.remove(self.failed_file(nodes.rank))
+        self.touch()  # its mtime is the launch's start by the shared file system's clock, which the markers' share
+        start = self._mtime(self._file(nodes.rank, "alive"))
         # the markers of an earlier launch into this run dir count once they change (that node has started again)
-        self.earlier = {node: (self._mtime(self.failed_file(node)), self._mtime(self._file(node, "alive")))
-                        for node in range(nodes.count)}
+        self.earlier = {node: (self._stale(self._mtime(self.failed_file(node)), start),
+                               self._mtime(self._file(node, "alive"))) for node in range(nodes.count)}
+
+    @staticmethod
+    def _stale(failed: Optional[int], start: int) -> Optional[int]:
+        """A `failed` marker's mtime where it predates this launch by more than START_SKEW_SECONDS, else None (this
+        launch's: that node failed before launching, shortly before this one got here)."""
+        return failed if failed is not None and failed < start - START_SKEW_SECONDS * 1e9 else None
 
     @staticmethod
     def _mtime(path: str) -> Optional[int]:
@@ -97,8 +115,7 @@ class Peers:
             f.write(f"{time.time()}\n")
 
     def fail(self, reason: str) -> None:
-        with open(self.failed_file(self.nodes.rank), "w", encoding="utf-8") as f:
-            f.write(reason + "\n")
+        write_failed(self.nodes, self.run_dir, reason)
 
     def _finished(self, node: int) -> bool:
         return all(os.path.exists(_done_marker(self.run_dir, rank))
@@ -121,6 +138,13 @@ class Peers:
             elif now - self.seen[node][1] > PEER_TIMEOUT_SECONDS:
                 return f"node {node}'s launch stopped answering (no sign of life for {PEER_TIMEOUT_SECONDS:g} s)"
         return None
+
+
+def write_failed(node: Nodes, run_dir: str, reason: str) -> None:
+    """workers/node<r>/failed: this node's one-line reason, which ends the other nodes' launches."""
+    os.makedirs(node.log_dir(run_dir), exist_ok=True)
+    with open(os.path.join(node.log_dir(run_dir), "failed"), "w", encoding="utf-8") as f:
+        f.write(reason + "\n")
 
 
 def msrun_command(workers: int, run_dir: str, script: str, overrides: List[str], nodes: Nodes = Nodes()) -> List[str]:
@@ -207,9 +231,16 @@ def _dead_unfinished(workers: Dict[int, psutil.Process], run_dir: str) -> List[i
             if not _alive(proc) and not os.path.exists(_done_marker(run_dir, rank))]
 
 
-def _watch(msrun: subprocess.Popen, run_dir: str, peers: Optional[Peers] = None):
-    """Wait for msrun; returns the ranks that died without finishing (after killing the job), else [], or the
-    reason another node is gone (after killing this node's job)."""
+@dataclass
+class Stopped:
+    """Why `_watch` ended this node's job early: the ranks that died without finishing, or the other node that is gone
+    (`node`, its one-line reason). Neither: msrun ended by itself."""
+    ranks: List[int] = field(default_factory=list)
+    node: Optional[str] = None
+
+
+def _watch(msrun: subprocess.Popen, run_dir: str, peers: Optional[Peers] = None) -> Stopped:
+    """Wait for msrun; kills this node's job when one of its ranks dies without finishing or another node is gone."""
     workers: Dict[int, psutil.Process] = {}
     seen: List[psutil.Process] = []
     polls = 0
@@ -220,7 +251,7 @@ def _watch(msrun: subprocess.Popen, run_dir: str, peers: Optional[Peers] = None)
             other = peers.gone()
             if other is not None:
                 _kill_tree(msrun, seen)
-                return other
+                return Stopped(node=other)
         try:  # new processes are looked for once a second; the known workers every poll
             children = psutil.Process(msrun.pid).children(recursive=True) if polls % 10 == 1 else []
         except psutil.Error:
@@ -239,9 +270,9 @@ def _watch(msrun: subprocess.Popen, run_dir: str, peers: Optional[Peers] = None)
             time.sleep(GRACE_SECONDS)
             failed = _dead_unfinished(workers, run_dir)
             _kill_tree(msrun, seen)
-            return failed
+            return Stopped(ranks=failed)
         time.sleep(POLL_SECONDS)
-    return []
+    return Stopped()
 
 
 def _echo_console(stream) -> None:
@@ -267,16 +298,21 @@ def relaunch(workers: int, run_dir: str, nodes: int = 1, node_rank: int = 0, mas
     log_dir = here.log_dir(run_dir)
     os.makedirs(log_dir, exist_ok=True)
     peers = Peers(here, run_dir, workers) if nodes > 1 else None
+    other = peers.gone() if peers is not None else None
+    if other is not None:  # e.g. failed before launching: no workers to start
+        print(f"[launch] {other}; started no workers on this node", file=sys.stderr)
+        return 1
     with open(os.path.join(log_dir, "msrun.log"), "w", encoding="utf-8") as msrun_log:
         msrun = subprocess.Popen(cmd, env=interpreter_env(log_dir), stdout=subprocess.PIPE, stderr=msrun_log,
                                  text=True, errors="replace")
         echo = threading.Thread(target=_echo_console, args=(msrun.stdout,), daemon=True)
         echo.start()
-        failed = _watch(msrun, run_dir, peers)
+        stopped = _watch(msrun, run_dir, peers)
         echo.join(timeout=2)  # a log tail msrun left behind may hold the pipe open
-    if isinstance(failed, str):
-        print(f"[launch] {failed}; stopped this node's workers", file=sys.stderr)
+    if stopped.node is not None:
+        print(f"[launch] {stopped.node}; stopped this node's workers", file=sys.stderr)
         return 1
+    failed = stopped.ranks
     if not failed and msrun.returncode != 0:  # msrun ended the job before the watcher saw the worker die
         failed = [rank for rank in here.ranks(workers) if not os.path.exists(_done_marker(run_dir, rank))
                   and os.path.exists(os.path.join(log_dir, f"worker_{rank}.log"))]
@@ -305,3 +341,49 @@ def relaunch(workers: int, run_dir: str, nodes: int = 1, node_rank: int = 0, mas
             tail.append("(no error message: the process was killed, e.g. by a signal or the out-of-memory killer)")
         print(f"[launch] last lines of {log}:\n" + "\n".join(tail), file=sys.stderr)
     return 1
+
+
+def loopback(addr: str) -> bool:
+    """Whether `addr` (an address or a host name) is this machine's loopback, which no other node reaches."""
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:  # a host name
+        pass
+    try:
+        return any(ipaddress.ip_address(info[4][0]).is_loopback for info in socket.getaddrinfo(addr, None))
+    except (OSError, ValueError):  # not resolvable here: msrun says so
+        return False
+
+
+def _this_node(argv: Sequence[str]) -> Optional[Nodes]:
+    """This launch's node of a multi-node run as its command line gives it (`nodes=`, `node_rank=`), or None (also
+    for a dry run, which launches nothing)."""
+    keys = {}
+    for arg in argv:
+        key, _, value = arg.lstrip("+").partition("=")
+        keys[key] = value
+    if keys.get("dry_run", "false").lower() == "true":
+        return None
+    try:
+        count, rank = int(keys.get("nodes", "1")), int(keys.get("node_rank", "0"))
+    except ValueError:  # a bad value: no node to name (validation says what is wrong)
+        return None
+    return Nodes(count, rank) if count > 1 and 0 <= rank < count else None
+
+
+@contextlib.contextmanager
+def told_to_other_nodes(argv: Sequence[str]) -> Iterator[None]:
+    """A multi-node launch that fails before its workers run (a bad override, a refused config, an msrun that cannot
+    start) writes its one-line reason to workers/node<r>/failed, as a failed worker's launch does, so that the other
+    nodes stop at once instead of waiting for its scheduler or workers until msrun's cluster timeout. Read from the
+    command line, not the config: a bad override leaves no config; a worker (MS_ROLE set) is its launch's to report."""
+    try:
+        yield
+    except Exception as err:
+        node = _this_node(argv)
+        run_dir = next((a.partition("=")[2] for a in argv if a.startswith("hydra.run.dir=")), None)
+        if node is not None and run_dir and "MS_ROLE" not in os.environ:
+            said = error_line(err)
+            reason = said[0] if said is not None else f"{type(err).__name__}: {err} (its console has the traceback)"
+            write_failed(node, run_dir, f"before launching: {reason}")
+        raise

@@ -9,7 +9,8 @@
 A sharded directory is described in distributed/sharded_checkpoint.py (rank_<r>/ slices + MindSpore strategy
 files); merge and reshard run MindSpore's `transform_checkpoints` on it, so they also take the slices and
 strategy file of a sharded Ascend run. `--ep` (a mixture of experts) splits the routed experts over ep of the dp
-ranks, tp within each expert, as the family's plan lays them out (models/moe/plan.py). state.json, config.yaml and tokenizer.model travel along, so a merged
+ranks, tp within each expert, as the family's plan lays them out (models/moe/plan.py: each group of ep consecutive
+dp ranks holds all the experts). state.json, config.yaml and tokenizer.model travel along, so a merged
 checkpoint resumes, converts (models.convert) and initialises runs (stage.init_from) like any other. The output goes to
 a new directory, or replaces a previous output of this command whole (base/outputs.py): never into a directory of
 other files.

@@ -51,10 +51,9 @@ def shard_model(model: nn.Cell, cfg: DictConfig) -> None:
 def apply_tensor_parallel(model: nn.Cell, plan, dp: int, tp: int, sequence_parallel: bool = False, cp: int = 1,
                           cp_algo: str = "ring", devices_per_node: int = 8, ep: int = 1) -> dict:
     """Shard the model's primitives as the family's plan says (call under SEMI_AUTO_PARALLEL; `ep`: the experts
-    over ep of the dp ranks), with the output
-    strategies the plan gives (sequence parallelism's reduce-scatters); returns the input strategies applied,
-    `<cell path>.<primitive>` -> one tuple per input. Context parallelism: the plan's context_parallel_attributes
-    (ring attention) set on the primitives too."""
+    over ep of the dp ranks), with the output strategies the plan gives (sequence parallelism's reduce-scatters);
+    returns the input strategies applied, `<cell path>.<primitive>` -> one tuple (or MindSpore Layout) per input.
+    Context parallelism: the plan's context_parallel_attributes (ring attention) set on the primitives too."""
     cells = dict(model.cells_and_names())
     ulysses = ulysses_degree(cp, cp_algo, tp, devices_per_node)
     strategies = plan.tensor_parallel_strategies(model, dp, tp, sequence_parallel, cp, ulysses, ep)

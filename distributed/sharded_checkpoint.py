@@ -7,9 +7,10 @@
 A parameter's layout in the strategy file: dev_matrix [dp, tp] (the ranks of one stage, row-major, so the
 rank in the stage is dp_rank * tp + tp_rank as in planner/layout.py) and a tensor_map naming, per tensor
 dimension, the dev-matrix axis it is split over counted from the right (0 = tp) or -1. A mixture of experts'
-routed expert weights under expert parallelism (ep > 1) have dev_matrix [ep, dp / ep, tp], their expert dimension
-over the ep axis (2): MindSpore's device matrix of the batched matmuls models/moe/plan.py shards them with
-((ep, dp / ep, 1), (ep, tp, 1)), so dp ranks [i dp / ep, (i + 1) dp / ep) hold the i-th slice of the experts.
+routed expert weights under expert parallelism (ep > 1) have dev_matrix [dp / ep, ep, tp], their expert dimension
+over the ep axis (1): the device matrix models/moe/plan.py lays the batched matmuls on, so dp rank d holds the
+(d mod ep)-th slice of the experts, and each group of ep consecutive dp ranks all of them (planner/layout.py
+ep_groups).
 Each stage file also carries one strategy item per parameter with its split and stage, as MindFormers' own strategy
 writer does.
 AdamW moments (`adam_m.<param>`, `adam_v.<param>`) are laid out like their parameter; the step counter is
@@ -92,8 +93,8 @@ def strategy_map(shapes: Dict[str, Tuple[int, ...]], layout: Layout, stage: int,
         item.parallel_strategys.parallel_strategy.add().dim.extend(t * e for t, e in zip(split, experts))
         layouts = strategy.parallel_layout_item.add(param_name=name).parallel_layouts
         if any(e > 1 for e in experts):  # the experts over ep (module docstring)
-            layouts.dev_matrix.add().dim.extend([layout.ep, layout.dp // layout.ep, layout.tp])
-            layouts.tensor_map.add().dim.extend([2 if e > 1 else 0 if t > 1 else -1 for t, e in zip(split, experts)])
+            layouts.dev_matrix.add().dim.extend([layout.dp // layout.ep, layout.ep, layout.tp])
+            layouts.tensor_map.add().dim.extend([1 if e > 1 else 0 if t > 1 else -1 for t, e in zip(split, experts)])
         else:
             layouts.dev_matrix.add().dim.extend([layout.dp, layout.tp])
             layouts.tensor_map.add().dim.extend([0 if ways > 1 else -1 for ways in split])
@@ -120,7 +121,7 @@ def rank_slice(tensors: Dict[str, np.ndarray], layout: Layout, rank: int, plan,
                sharded_optimizer: bool = False) -> Dict[str, np.ndarray]:
     """The part of full `tensors` that `rank` holds (`sharded_optimizer`: under optimizer sharding)."""
     where = layout.coords(rank)
-    expert_slice = where.dp // (layout.dp // layout.ep)  # (module docstring)
+    expert_slice = where.dp % layout.ep  # (module docstring)
     out = {}
     for name, array in tensors.items():
         split, experts, stages = tensor_layout(name, array.ndim, layout, plan)

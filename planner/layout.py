@@ -81,7 +81,8 @@ class Layout:
 
     def ep_groups(self) -> List[List[int]]:
         """Ranks that hold different experts of the same layers and exchange tokens by all-to-all: ep consecutive
-        dp ranks at one tp (and cp) rank (so a group spans ep x cp x tp consecutive ranks)."""
+        dp ranks at one tp (and cp) rank (so a group spans ep x cp x tp consecutive ranks), where models/moe/plan.py
+        places the experts."""
         return [[self.rank(s, d0 + d, t, c) for d in range(self.ep)] for s in range(self.pp)
                 for d0 in range(0, self.dp, self.ep) for c in range(self.cp) for t in range(self.tp)]
 

@@ -149,18 +149,8 @@ def step_time(m: Any, p: Any, device: Any, seq_len: int, micro_batch_size: int, 
     experts = fam.experts
     top_k = experts(m)[1] if experts is not None else 0
     if p.tp > 1:
-        kind = "all-gather + reduce-scatter" if p.sequence_parallel else "all-reduce"
-        ring = 2 * (p.tp - 1) / p.tp * activation
-        span = grid.span("tp", device.devices_per_node)
-        blocks = 1 + (1 if not top_k or getattr(m, "shared_expert_intermediate_size", 0) else 0)
-        count = blocks * passes * layers * micro_batches
-        overlap = " (overlapped with the matmuls)" if p.tp_overlap else ""
-        per_micro += add("tp", f"{kind} x {count}{overlap}", count * ring, span,
-                         micro_batches * dense if p.tp_overlap else 0.0) / micro_batches
-        if top_k:  # the routed experts' rows, top_k per token, between the dispatch and the combine: exposed
-            count = passes * layers * micro_batches
-            per_micro += add("tp", f"{kind} x {count} (the experts' rows, x {top_k})", count * top_k * ring,
-                             span) / micro_batches
+        per_micro += _tensor_parallel(m, p, grid, device, activation, top_k, layers * passes, micro_batches,
+                                      micro_batches * dense, add) / micro_batches
     if p.cp > 1:
         per_micro += _context_parallel(m, p, grid, device, tokens, layers, passes, micro_batches, attention_core,
                                        compute_dtype, add) / micro_batches
@@ -218,6 +208,25 @@ def score_traffic(m: Any, p: Any, device: Any, seq_len: int, samples: float, rec
     passes = SCORE_PASSES + (4 if recompute == "full" else 0)
     scores = m.num_heads / p.tp * seq_len * seq_len / p.cp * samples * (m.num_layers // p.pp)
     return passes * scores * DTYPE_BYTES[compute_dtype] / (device.hbm_gb_per_s * 1e9)
+
+
+def _tensor_parallel(m: Any, p: Any, grid: Layout, device: Any, activation: float, top_k: int, layer_passes: int,
+                     micro_batches: int, matmuls: float, add: Callable) -> float:
+    """The tp group's traffic for all micro-batches, and what of it is exposed: per layer and pass, the attention's
+    and the dense (or shared-expert) feed-forward's collectives over this rank's activation, hidden under the
+    matmuls (`matmuls` seconds) with tp_overlap; a mixture of experts' routed rows, top_k per token, move between
+    the dispatch and the combine, which no tp overlap covers."""
+    kind = "all-gather + reduce-scatter" if p.sequence_parallel else "all-reduce"
+    ring = 2 * (p.tp - 1) / p.tp * activation
+    span = grid.span("tp", device.devices_per_node)
+    blocks = 1 + (1 if not top_k or getattr(m, "shared_expert_intermediate_size", 0) else 0)
+    count = blocks * layer_passes * micro_batches
+    overlap = " (overlapped with the matmuls)" if p.tp_overlap else ""
+    exposed = add("tp", f"{kind} x {count}{overlap}", count * ring, span, matmuls if p.tp_overlap else 0.0)
+    if top_k:
+        count = layer_passes * micro_batches
+        exposed += add("tp", f"{kind} x {count} (the experts' rows, x {top_k})", count * top_k * ring, span)
+    return exposed
 
 
 def _context_parallel(m: Any, p: Any, grid: Layout, device: Any, tokens: float, layers: int, passes: int,

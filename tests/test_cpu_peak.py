@@ -41,12 +41,38 @@ def test_the_measurement_is_taken_once_per_cpu_and_cached(tmp_path):
 
     path = tmp_path / "cpu_peak.json"
     key = cpu_peak.cpu_key(cpu_peak.cpu_info(XEON), 2)
-    assert cpu_peak.measured_tflops(key, fake(0.40), path) == 0.40
-    assert cpu_peak.measured_tflops(key, fake(0.10), path) == 0.40  # cached: a busy moment does not lower it
-    assert cpu_peak.measured_tflops(cpu_peak.cpu_key(cpu_peak.cpu_info(ZEN4), 2), fake(0.20), path) == 0.20
+    quiet = lambda: 0.1  # noqa: E731  (a load average per CPU below BUSY_LOAD)
+    assert cpu_peak.measured_tflops(key, fake(0.40), path, quiet) == 0.40
+    assert cpu_peak.measured_tflops(key, fake(0.10), path, quiet) == 0.40  # cached: a busy moment does not lower it
+    assert cpu_peak.measured_tflops(key, fake(0.10), path, lambda: 0.0) == 0.40  # taken quiet: never measured again
+    assert cpu_peak.measured_tflops(cpu_peak.cpu_key(cpu_peak.cpu_info(ZEN4), 2), fake(0.20), path, quiet) == 0.20
     assert calls == [0.40, 0.20]
     xeon = cpu_peak.cpu_info(XEON)
     assert max(cpu_peak.estimated_tflops(xeon, 2, 2.1e9), 0.40) == 0.40
+
+
+def test_a_measurement_taken_under_load_is_taken_again_when_the_machine_is_quieter(tmp_path):
+    """The first measurement ran at a load of 2 a CPU (0.15 TFLOP/s where the CPU does 0.40): at a load of 1.5 it
+    stands (not half as busy); at 0.8 it is measured again and the higher figure kept, with the lower load, so the
+    same load does not measure a third time; at 0.1 the CPU's own 0.40 replaces it, and is kept from then on. A
+    cache written without loads is measured again once."""
+    calls = []
+
+    def fake(value):
+        return lambda: calls.append(value) or value
+
+    path, key = tmp_path / "cpu_peak.json", cpu_peak.cpu_key(cpu_peak.cpu_info(XEON), 2)
+    assert cpu_peak.measured_tflops(key, fake(0.15), path, lambda: 2.0) == 0.15
+    assert cpu_peak.measured_tflops(key, fake(0.30), path, lambda: 1.5) == 0.15
+    assert cpu_peak.measured_tflops(key, fake(0.12), path, lambda: 0.8) == 0.15  # measured, lower: the 0.15 stays
+    assert cpu_peak.measured_tflops(key, fake(0.30), path, lambda: 0.8) == 0.15  # that load was measured at
+    assert cpu_peak.measured_tflops(key, fake(0.40), path, lambda: 0.1) == 0.40
+    assert cpu_peak.measured_tflops(key, fake(0.20), path, lambda: 0.0) == 0.40
+    assert calls == [0.15, 0.12, 0.40]
+    path.write_text('{"%s": 0.15}' % key)
+    assert cpu_peak.measured_tflops(key, fake(0.40), path, lambda: 1.0) == 0.40
+    assert cpu_peak.measured_tflops(key, fake(0.50), path, lambda: 1.0) == 0.40
+    assert calls == [0.15, 0.12, 0.40, 0.40]
 
 
 def test_device_cpu_takes_this_machines_peak():

@@ -80,7 +80,7 @@ def test_micro_batches_are_weighted_by_their_loss_tokens(pynative):
 
 
 RUN = ["model=bert_tiny", "objective=mlm", "data=wiki", "data.seq_len=64", "data.val_fraction=0.1", *TINY_REF_DATA,
-       "trainer.micro_batch_size=8", "trainer.grad_accum=2", "trainer.max_steps=16", "optim.warmup_steps=4",
+       "trainer.micro_batch_size=4", "trainer.grad_accum=2", "trainer.max_steps=16", "optim.warmup_steps=4",
        "optim.lr=2e-3", "trainer.log_every=1", "trainer.eval_every=8", "trainer.eval_batches=2",
        "trainer.save_every=4", "logger.progress_bar=false"]
 

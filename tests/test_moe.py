@@ -52,14 +52,19 @@ def pair(request):
     return request.param, cfg, model, hf_model(cfg, weights_of(model))
 
 
-def test_logits_router_logits_and_balance_loss_equal_transformers(pair):
+def test_logits_router_logits_and_balance_loss_equal_transformers(pair, pynative):
+    """The logits of the compiled graph; the router logits and the auxiliary loss eagerly (in graph mode each
+    sub-cell those methods call from Python would compile a graph of its own)."""
+    import mindspore as ms
     import torch
 
     name, cfg, model, hf = pair
     tokens = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, 12)).astype(np.int32)
     with torch.no_grad():
         out = hf(torch.from_numpy(tokens.astype(np.int64)), output_router_logits=True)
+    ms.set_context(mode=ms.GRAPH_MODE)
     np.testing.assert_allclose(model(Tensor(tokens)).asnumpy(), out.logits.numpy(), atol=2e-5, rtol=1e-4)
+    ms.set_context(mode=ms.PYNATIVE_MODE)  # (the fixture's teardown sets graph mode again)
     routers = model.router_logits(Tensor(tokens)).asnumpy()
     np.testing.assert_allclose(routers, np.stack([r.numpy() for r in out.router_logits]), atol=2e-5, rtol=1e-4)
     # the auxiliary loss: transformers' load_balancing_loss_func over all layers, times router_aux_loss_coef
@@ -130,18 +135,22 @@ def test_hf_export_import_round_trip(pair):
         assert again[key] == cfg[key], key
 
 
-def test_capacity_factor_drops_what_a_hand_count_says():
+def test_capacity_factor_drops_what_a_hand_count_says(pynative):
     """capacity 1.0 at 24 tokens, top 2 of 4: each expert holds ceil(24 x 2 / 4) = 12 assignments, first choices
-    queued before second ones; what exceeds is dropped (counted by hand from the router's choices)."""
+    queued before second ones; what exceeds is dropped (counted by hand from the router's choices). The router
+    logits and the two-layer statistics are computed eagerly (in graph mode each sub-cell called from Python would
+    compile a graph of its own); the counted forward pass is the compiled graph, as training runs it."""
+    import mindspore as ms
+
     from objectives.clm import CausalLMLoss
 
     keys = dict(MIXTRAL, capacity_factor=1.0)
     cfg, model = built(keys, seed=3)
     tokens = np.random.default_rng(2).integers(0, cfg.vocab_size, (2, 12)).astype(np.int32)
-    routers = model.router_logits(Tensor(tokens)).asnumpy()  # dropless routing: the same choices per layer ...
     model.model.with_aux(Tensor(tokens))
     stats = family("moe").step_metrics(model)
-    # ... for layer 0 only (layer 1's input depends on layer 0's drops): check layer 0 with a one-layer model
+    # dropless routing gives the same choices per layer for layer 0 only (layer 1's input depends on layer 0's
+    # drops): check layer 0 with a one-layer model
     one = dict(keys, num_layers=1)
     cfg1, model1 = built(one, seed=3)
     routers = model1.router_logits(Tensor(tokens)).asnumpy()[0]
@@ -153,6 +162,7 @@ def test_capacity_factor_drops_what_a_hand_count_says():
             e = chosen[t, rank]
             dropped += queue[e] >= 12
             queue[e] += 1
+    ms.set_context(mode=ms.GRAPH_MODE)  # (the pynative fixture's teardown sets it too)
     ids = np.concatenate([tokens, tokens[:, :1]], 1)  # rows of 13: the loss cell reads the first 12
     CausalLMLoss(model1)(Tensor(ids), Tensor(ids))  # the training forward, as the compiled graph
     got = family("moe").step_metrics(model1)
@@ -307,6 +317,44 @@ def test_expert_groups_are_ep_consecutive_dp_ranks():
     assert "ep groups (4 x 2 ranks): [0 2] [1 3] [4 6] [5 7]" in layout.describe(max_groups=8)
 
 
+def layout_blocks(layout) -> list:
+    """Each rank's block along every tensor dimension under a MindSpore Layout: ranks row-major over its device
+    matrix, a dimension split over the axes its tensor_map names (counted from the right), the first outermost."""
+    d = layout.to_dict()
+    dev = d["device_matrix"]
+    out = []
+    for rank in range(int(np.prod(dev))):
+        coords = np.unravel_index(rank, dev)
+        blocks = []
+        for axes in d["tensor_map"]:
+            index = 0
+            for axis in (axes if isinstance(axes, tuple) else (axes,)):
+                if axis >= 0:
+                    index = index * dev[len(dev) - 1 - axis] + int(coords[len(dev) - 1 - axis])
+            blocks.append(index)
+        out.append(tuple(blocks))
+    return out
+
+
+@pytest.mark.parametrize("dp, tp, cp", [(4, 2, 1), (4, 1, 2), (8, 2, 1)])
+def test_the_plans_expert_groups_are_the_layouts_ep_groups(dp, tp, cp):
+    """The ranks that exchange tokens under the plan (the experts' input [E, C, h]: the same block of rows and
+    width, different experts) are planner/layout.py's ep_groups, which the time model charges; and dp rank d holds
+    the (d mod ep)-th slice of the experts, as distributed.reshard --ep writes it (ep 2)."""
+    from models.moe import plan as moe_plan
+    from planner.layout import Layout
+
+    _, model = built(MIXTRAL)
+    x, w = moe_plan.expert_strategies(model, dp, tp, cp, ep=2)["model.layers.0.feed_forward.experts.up"]
+    groups = {}
+    for rank, (expert, rows, _) in enumerate(layout_blocks(x)):
+        groups.setdefault((rows, rank % tp), []).append(rank)
+    layout = Layout(dp=dp, tp=tp, pp=1, num_layers=2, cp=cp, ep=2)
+    assert sorted(groups.values()) == sorted(layout.ep_groups())
+    for rank, (expert, width, _) in enumerate(layout_blocks(w)):
+        assert (expert, width) == (layout.coords(rank).dp % 2, layout.coords(rank).tp), rank
+
+
 def test_memory_counts_the_experts_of_a_device_and_time_adds_the_all_to_alls():
     """Mixtral 8x7B at pp 4: a stage's 8 layers hold 8 x 8 experts of 3 x 4096 x 14336 weights; ep 2 halves them
     (by hand); the all-to-all: 2 passes x (dispatch + combine) x 8 layers x micro-batches, each moving top_k = 2
@@ -452,9 +500,10 @@ def mindformers_expert_strategies(dp, tp, ep, experts, hidden, width):
 
 def test_the_expert_parallel_plan_splits_experts_over_ep_and_their_width_over_tp_as_mindformers(semi_auto_parallel):
     """dp 8 x tp 2, ep 2 over a Qwen2-MoE shape (shared gated expert): per layer, attention and the shared expert
-    as Llama's tensor-parallel plan (column / row), the router and the gate replicated, the experts [E, C, h] over
-    ep = 2 with their rows over dp / ep = 4 and their width over tp; the expert matmuls' weight strategies are
-    MindFormers' own, and its activation's (dp / ep, ep, 1, k) is ours with the expert axis first."""
+    as Llama's tensor-parallel plan (column / row), the router and the gate replicated, the experts [E, C, h] on the
+    device matrix (dp / ep, ep, cp, tp) = (4, 2, 1, 2): over ep = 2 with their rows over dp / ep = 4 and their width
+    over tp. Every rank holds the block of experts, rows and width that MindFormers' own MoE feed-forward gives it
+    (its tuple strategies on [dp / ep, E, C, h], whose device matrix is x's strategy then the weight's width split)."""
     from distributed.semi_auto import apply_tensor_parallel, assign_stages
     from models import build_model
     from models.moe import plan as moe_plan
@@ -468,26 +517,37 @@ def test_the_expert_parallel_plan_splits_experts_over_ep_and_their_width_over_tp
              "attention_residual": ((8, 1, 1),) * 2, "ffn_residual": ((8, 1, 1),) * 2,
              "feed_forward.router.matmul": replicated, "feed_forward.shared_expert_gate.matmul": replicated,
              "feed_forward.shared_expert.w1.matmul": col, "feed_forward.shared_expert.w3.matmul": col,
-             "feed_forward.shared_expert.w2.matmul": row,
-             "feed_forward.experts.up": ((2, 4, 1), (2, 2, 1)), "feed_forward.experts.down": ((2, 4, 2), (2, 1, 2))}
+             "feed_forward.shared_expert.w2.matmul": row}
     expected = {f"model.layers.{i}.{op}": s for i in range(2) for op, s in layer.items()}
     expected.update({"model.tok_embeddings.gather": ((2, 1), (8, 1)), "lm_head.matmul": col})
-    assert plan == expected
+    assert {path: s for path, s in plan.items() if not path.endswith(("experts.up", "experts.down"))} == expected
+    grid = dict(device_matrix=(4, 2, 1, 2), alias_name=("dp", "ep", "cp", "tp"), interleaved_parallel=False)
+    maps = {"up": ((2, (3, 1), -1), (2, 0, -1)), "down": ((2, (3, 1), 0), (2, -1, 0))}  # axes from the right: tp 0
+    for i in range(2):
+        for primitive, tensor_maps in maps.items():
+            layouts = plan[f"model.layers.{i}.feed_forward.experts.{primitive}"]
+            assert [{k: v for k, v in layout.to_dict().items() if k != "rank_list"} for layout in layouts] == \
+                [dict(grid, tensor_map=tensor_map) for tensor_map in tensor_maps]
     experts = dict(model.cells_and_names())["model.layers.1.feed_forward.experts"]
-    assert experts.down.in_strategy == ((2, 4, 2), (2, 1, 2))  # set on the primitive itself
+    assert experts.down.in_layout[1]["tensor_map"] == (2, -1, 0)  # set on the primitive itself
 
     theirs = mindformers_expert_strategies(8, 2, 2, cfg.num_experts, cfg.hidden_size, cfg.expert_intermediate_size)
     for name, primitive in (("w1", "up"), ("w3", "up"), ("w2", "down")):
         (x, w), (ours_x, ours_w) = theirs[name], plan[f"model.layers.0.feed_forward.experts.{primitive}"]
-        assert ours_w == w and ours_x == (x[1], x[0] * x[2], x[3])
+        width = 1 if primitive == "up" else 2  # the dimension tp splits: f of w1 / w3 [E, f, h], of w2 [E, h, f]
+        assert (x[0], x[1], w[width]) == (4, 2, 2)  # MindFormers' device matrix (dp', ep, tp)
+        for rank, (x_blocks, w_blocks) in enumerate(zip(layout_blocks(ours_x), layout_blocks(ours_w))):
+            group, expert, slice_ = rank // (x[1] * w[width]), rank // w[width] % x[1], rank % w[width]
+            assert (x_blocks[0], x_blocks[1], w_blocks[0], w_blocks[width]) == (expert, group, expert, slice_), rank
 
     for path, strategy in plan.items():  # the checkpoint splits (distributed.reshard): the weights' strategies
         owner, _, primitive = path.rpartition(".")
         if primitive == "matmul":
             assert moe_plan.weight_split(f"{owner}.weight", 2, 2) == strategy[1], path
         elif primitive in ("up", "down"):
+            ways = tuple(max(b) + 1 for b in zip(*layout_blocks(strategy[1])))
             for weight in (("w1", "w3") if primitive == "up" else ("w2",)):
-                assert moe_plan.weight_split(f"{owner}.{weight}", 3, 2, ep=2) == strategy[1], path
+                assert moe_plan.weight_split(f"{owner}.{weight}", 3, 2, ep=2) == ways, path
     assert assign_stages(model, moe_plan, pp=2) == {"model.tok_embeddings": 0, "model.layers.0": 0,
                                                      "model.layers.1": 1, "model.norm_out": 1, "lm_head": 1}
 
@@ -500,7 +560,9 @@ def test_sequence_parallel_splits_the_moe_layers_norms_and_residuals_along_the_s
     plan = moe_plan.tensor_parallel_strategies(model, dp=2, tp=4, sequence_parallel=True, ep=2)
     act = (2, 4, 1)
     assert plan["model.layers.0.ffn_norm.normalize"] == (act, act) and plan["model.layers.1.ffn_residual"] == (act, act)
-    assert plan["model.layers.0.feed_forward.experts.up"] == ((2, 1, 1), (2, 4, 1))
+    x, w = plan["model.layers.0.feed_forward.experts.up"]
+    assert (x.to_dict()["device_matrix"], x.to_dict()["tensor_map"], w.to_dict()["tensor_map"]) == \
+        ((1, 2, 1, 4), (2, (3, 1), -1), (2, 0, -1))
     assert moe_plan.output_strategies(model, 2, 4, True) == {f"model.layers.{i}.attention.wo.matmul": ((8, 1),)
                                                              for i in range(2)}
 

@@ -1,9 +1,10 @@
 """Every stage on a mixture-of-experts checkpoint, as a user runs it: `python -m recipe recipe=tiny_chat
 recipe.common.model=moe_tiny` (pretrain -> SFT -> DPO -> `python -m evaluation` and `python -m generate` of the
-pretrained checkpoint), then `python train.py stage=sft peft=lora` and `stage=rm` from its checkpoints: real
-processes at the smallest settings (4 steps, synthetic instruction and preference files), each checked against a
-reference (the training run's own validation loss, the in-process model's greedy tokens, a hand count, DPO's and
-the reward loss's values at a policy equal to its reference)."""
+pretrained checkpoint) as a real process, then LoRA SFT and a reward model from its checkpoints through the calls
+`python train.py stage=sft peft=lora` and `stage=rm` make, in this process (train.py itself runs as each of the
+recipe's training stages). The smallest settings (4 steps, synthetic instruction and preference files), each
+checked against a reference (the training run's own validation loss, the in-process model's greedy tokens, a hand
+count, DPO's and the reward loss's values at a policy equal to its reference)."""
 import json
 import math
 import os
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import ROOT, synthetic_pairs, write_jsonl
+from conftest import ROOT, compose_cfg, synthetic_pairs, write_jsonl
 
 pytestmark = pytest.mark.slow
 STEPS = "{max_steps:4,micro_batch_size:2,eval_every:4,save_every:4,eval_batches:1,log_every:2}"
@@ -35,6 +36,20 @@ def metrics(run_dir):
 def stage_dir(root, name):
     [found] = [os.path.realpath(root / entry) for entry in os.listdir(root) if entry.endswith(f"-{name}")]
     return found
+
+
+def train_as_cli(run_dir, *overrides):
+    """`python train.py OVERRIDES hydra.run.dir=RUN_DIR` through the library calls it makes, in this process: the
+    config composed, the model's shape and template taken from stage.init_from's checkpoint where not typed,
+    validated, trained (a process would add its imports; the CLI itself runs as one in the recipe's stages)."""
+    from base.checkpoint import inherit
+    from base.validate import validate
+    from trainer.loop import train
+
+    cfg = compose_cfg(*overrides)
+    inherit(cfg, {o.split("=", 1)[0] for o in overrides})
+    validate(cfg)
+    train(cfg, run_dir)
 
 
 @pytest.fixture(scope="module")
@@ -64,11 +79,11 @@ def chain(tmp_path_factory):
     common = ["model=moe_tiny", f"model.num_layers={LAYERS}", "logger.progress_bar=false",
               *(f"trainer.{kv.replace(':', '=')}" for kv in STEPS[1:-1].split(","))]
     dirs["lora"], dirs["rm"] = str(tmp / "lora"), str(tmp / "rm")
-    run(["train.py", "stage=sft", "peft=lora", f"stage.init_from={dirs['pretrain']}", f"hydra.run.dir={dirs['lora']}",
-         "data.name=repeat", "data.seq_len=128", "data.val_fraction=0.1",
-         f"data.sources=[{{name:repeat,kind:alpaca,paths:[{sft}]}}]", *common])
-    run(["train.py", "stage=rm", f"stage.init_from={dirs['sft']}", f"hydra.run.dir={dirs['rm']}", "data.name=prefs",
-         "data.seq_len=128", f"data.sources={prefs}", *common])
+    train_as_cli(dirs["lora"], "stage=sft", "peft=lora", f"stage.init_from={dirs['pretrain']}", "data.name=repeat",
+                 "data.seq_len=128", "data.val_fraction=0.1", f"data.sources=[{{name:repeat,kind:alpaca,paths:[{sft}]}}]",
+                 *common)
+    train_as_cli(dirs["rm"], "stage=rm", f"stage.init_from={dirs['sft']}", "data.name=prefs", "data.seq_len=128",
+                 f"data.sources={prefs}", *common)
     return root, dirs
 
 

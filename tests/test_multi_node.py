@@ -17,7 +17,9 @@ import pytest
 
 from conftest import ROOT, absent, train_main
 
-COMMON = ["data.seq_len=64", "trainer.log_every=1", "optim.warmup_steps=2", "optim.lr=3e-3",
+# model=tiny cut to one layer: what is checked (the launch, the replicas agreeing with one process) holds at any
+# depth, and every process of a launch compiles less
+COMMON = ["model.num_layers=1", "data.seq_len=64", "trainer.log_every=1", "optim.warmup_steps=2", "optim.lr=3e-3",
           "trainer.eval_batches=1", "logger.progress_bar=false"]
 DP2 = ["parallel=dp2", "trainer.micro_batch_size=4", "trainer.grad_accum=1"]
 # a subnet of this test process's own: two sessions on one machine (two CI runs) must not share an address
@@ -66,18 +68,20 @@ def free_port():
         return s.getsockname()[1]
 
 
+def start_node(netns, run_dir, rank, port, *overrides):
+    """One node's `python train.py ... nodes=2 node_rank=R master_addr=MASTER hydra.run.dir=RUN_DIR` (node 1 in the
+    namespace), in a session of its own."""
+    cmd = [sys.executable, os.path.join(ROOT, "train.py"), *COMMON, *DP2, *overrides, "nodes=2",
+           f"node_rank={rank}", f"master_addr={MASTER}", f"master_port={port}", f"hydra.run.dir={run_dir}"]
+    return subprocess.Popen(["ip", "netns", "exec", netns, *cmd] if rank == 1 else cmd, cwd=os.path.dirname(run_dir),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
 def start_nodes(netns, run_dir, *overrides):
-    """Both nodes' `python train.py ... nodes=2 node_rank=R master_addr=MASTER hydra.run.dir=RUN_DIR`, node 1 first
-    (it waits for node 0's scheduler, as a node that boots sooner does)."""
+    """Both nodes, node 1 first (it waits for node 0's scheduler, as a node that boots sooner does)."""
     port = free_port()
-    procs = []
-    for rank in (1, 0):
-        cmd = [sys.executable, os.path.join(ROOT, "train.py"), *COMMON, *DP2, *overrides, "nodes=2",
-               f"node_rank={rank}", f"master_addr={MASTER}", f"master_port={port}", f"hydra.run.dir={run_dir}"]
-        procs.append(subprocess.Popen(["ip", "netns", "exec", netns, *cmd] if rank == 1 else cmd,
-                                      cwd=os.path.dirname(run_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True, start_new_session=True))
-    return procs[::-1]  # node 0, node 1
+    node1 = start_node(netns, run_dir, 1, port, *overrides)
+    return [start_node(netns, run_dir, 0, port, *overrides), node1]
 
 
 def finish(procs, timeout=240):
@@ -180,7 +184,7 @@ def test_a_node_whose_worker_is_killed_ends_both_with_one_line(netns, tmp_path):
     """Node 1's worker SIGKILLed mid-training: node 1's launch names it (and its log), node 0's launch names node 1
     and stops its own worker instead of waiting in the broken collective; both exit 1, no traceback."""
     run_dir = str(tmp_path / "shared")
-    procs = start_nodes(netns, run_dir, "trainer.max_steps=100000")
+    procs = start_nodes(netns, run_dir, "trainer.max_steps=100000", "trainer.eval_at_start=false")  # step 1 first
     wait_for_training(run_dir, procs)
     workers = [p for p in psutil.Process(procs[1].pid).children(recursive=True)
                if p.environ().get("MS_ROLE") == "MS_WORKER" and "train.py" in " ".join(p.cmdline())]
@@ -196,22 +200,82 @@ def test_a_node_whose_worker_is_killed_ends_both_with_one_line(netns, tmp_path):
         assert "Traceback" not in console and "[INFO]" not in console
 
 
-def test_the_other_nodes_are_watched_through_the_shared_run_dir(tmp_path):
-    """What a node's launch sees of the others, without launching: a `failed` marker written during this launch is
-    named at once, one left by an earlier launch is not; a node whose `alive` file stops changing is gone after
-    PEER_TIMEOUT_SECONDS of this node's clock (a fake one here), unless its ranks all finished."""
+@pytest.mark.slow
+def test_a_node_that_fails_before_launching_ends_the_other_with_one_line(netns, tmp_path):
+    """Node 0's launch has started when node 1's command, with a bad override, fails composing its config: node 1
+    says so in its one line and leaves it as its `failed` marker; node 0 stops its workers and ends with one line
+    naming node 1 and that reason, instead of waiting for node 1's worker until msrun's cluster timeout (600 s, past
+    `finish`'s limit)."""
+    run_dir = str(tmp_path / "shared")
+    port = free_port()
+    node0 = start_node(netns, run_dir, 0, port, "trainer.max_steps=100000")
+    alive = os.path.join(run_dir, "workers", "node0", "alive")
+    deadline = time.time() + 120
+    while not os.path.exists(alive):  # node 0's launch began (msrun starts next)
+        assert time.time() < deadline and node0.poll() is None, node0.communicate()[1][-2000:]
+        time.sleep(0.1)
+    node1 = start_node(netns, run_dir, 1, port, "trainer.max_stepz=6")
+    (out0, err0), (out1, err1) = finish([node0, node1], timeout=120)
+    assert [node0.returncode, node1.returncode] == [1, 2], err0[-2000:] + err1[-2000:]
+    reason = err1.strip()
+    assert reason.startswith("config error: ") and "trainer.max_stepz" in reason and "\n" not in reason, err1
+    assert [line for line in err0.splitlines() if line.strip()] == [
+        f"[launch] node 1 failed: before launching: {reason}; stopped this node's workers"], err0[-3000:]
+    for console in (out0, err0, out1):
+        assert "Traceback" not in console and "[INFO]" not in console
+
+
+def test_a_node_started_after_another_failed_starts_no_workers(tmp_path, monkeypatch, capsys):
+    """Node 1 failed before launching, shortly before node 0's launch began: node 0 names it in one line and starts
+    no msrun (the real one started here would wait for node 1 until its cluster timeout)."""
     from distributed import launch
 
-    run_dir = str(tmp_path)
+    launch.write_failed(launch.Nodes(2, 1), str(tmp_path), "before launching: config error: a bad override")
+    monkeypatch.setattr(launch.subprocess, "Popen", lambda *args, **kwargs: pytest.fail("msrun started"))
+    assert launch.relaunch(2, str(tmp_path), nodes=2, node_rank=0, master_addr=MASTER, master_port=1) == 1
+    assert capsys.readouterr().err == ("[launch] node 1 failed: before launching: config error: a bad override; "
+                                       "started no workers on this node\n")
+
+
+def test_a_loopback_master_addr_is_refused_in_one_line_and_told_to_the_other_nodes(tmp_path, monkeypatch):
+    """On another machine 127.0.0.1 (or localhost) is that machine: node 1's msrun would start a scheduler of its
+    own. Refused before anything starts, in one line naming master_addr and the fix; the refusing node's `failed`
+    marker says it to the other nodes."""
+    run_dir = tmp_path / "shared"
+    for addr in ("127.0.0.1", "localhost"):
+        code, _, err = train_main(tmp_path, monkeypatch, *COMMON, *DP2, "nodes=2", "node_rank=1",
+                                  f"master_addr={addr}", f"hydra.run.dir={run_dir}")
+        assert code == 2 and err.strip() == (
+            f"config error: master_addr: {addr} is a loopback address, which the other nodes cannot reach: give "
+            "node 0's address on the network the nodes share (e.g. the first of `hostname -I` on node 0); the workers "
+            "of one machine run without nodes="), err
+        assert (run_dir / "workers" / "node1" / "failed").read_text() == f"before launching: {err.strip()}\n"
+        assert not (run_dir / "workers" / "node1" / "msrun.log").exists()
+
+
+def test_the_other_nodes_are_watched_through_the_shared_run_dir(tmp_path):
+    """What a node's launch sees of the others, without launching: a `failed` marker written during this launch, or
+    shortly before it (a node that failed before launching), is named at once, one left by an earlier launch is
+    not; a node whose `alive` file stops changing is gone after PEER_TIMEOUT_SECONDS of this node's clock (a fake
+    one here), unless its ranks all finished."""
+    from distributed import launch
+
     three = [launch.Nodes(3, r) for r in range(3)]
+    launch.write_failed(three[1], str(tmp_path / "before"), "before launching: config error: a bad override")
+    os.makedirs(three[0].log_dir(str(tmp_path / "before")))
+    assert launch.Peers(three[0], str(tmp_path / "before"), 3).gone() == \
+        "node 1 failed: before launching: config error: a bad override"
+    run_dir = str(tmp_path)
     for node in three:
         os.makedirs(node.log_dir(run_dir), exist_ok=True)
-    launch.Peers(three[2], run_dir, 3).fail("worker 2 stopped without finishing; see an earlier launch")
-    peers, node1 = launch.Peers(three[0], run_dir, 3), launch.Peers(three[1], run_dir, 3)
+    launch.write_failed(three[2], run_dir, "worker 2 stopped without finishing; see an earlier launch")
+    earlier = time.time() - launch.START_SKEW_SECONDS - 1
+    os.utime(os.path.join(three[2].log_dir(run_dir), "failed"), (earlier, earlier))
+    peers = launch.Peers(three[0], run_dir, 3)
     now = [100.0]
     peers.clock = lambda: now[0]
     assert peers.gone() is None  # node 2's marker predates this launch; node 1 has not started
-    node1.touch()
+    node1 = launch.Peers(three[1], run_dir, 3)  # starts again: its own marker goes, its alive file comes
     assert peers.gone() is None  # first sight of node 1's alive file: the clock starts at 100
     now[0] += launch.PEER_TIMEOUT_SECONDS - 1
     os.utime(node1._file(1, "alive"), ns=(1, 1))  # node 1 touched it again (another mtime): the clock restarts
