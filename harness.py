@@ -181,8 +181,9 @@ def run(checkpoint: str, tasks: List[str], include_path: Optional[str], limit: O
         if len(names) > len([n for n in names if not n.startswith("mindlab_")]):
             paths.append(own)
         lm = MindlabLM.registered()(checkpoint, batch_size, max_length, overrides)
-        # lm_eval's own thousands of task YAMLs are indexed only when a task may need them: indexing takes
-        # ~15 s of CPU, and a mindlab task's YAML is self-contained
+        # lm_eval's own thousands of task YAMLs are indexed only when a task may need them (an lm_eval task
+        # name, --include-path): indexing them is most of a short run's time, and a mindlab task's YAML is
+        # self-contained
         builtin = include_path is not None or not all(n.startswith("mindlab_") for n in names)
         manager = TaskManager(include_path=paths or None, include_defaults=builtin)
         results = lm_eval.simple_evaluate(model=lm, tasks=names, limit=limit, task_manager=manager)
