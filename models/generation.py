@@ -43,8 +43,8 @@ class SamplingOptions:
             raise ValueError(f"repetition_penalty must be > 0 (1: off), got {self.repetition_penalty}")
 
     def sampler_arguments(self) -> tuple:
-        """(temperature, top_k, top_p, repetition_penalty) as the compiled sampler takes them: greedy ignores the
-        filters, so greedy calls share one graph whatever top_k and top_p say."""
+        """(temperature, top_k, top_p, repetition_penalty) as the compiled sampler's input takes them: greedy ignores
+        the filters, so greedy runs in the graph without them whatever top_k and top_p say."""
         if not self.temperature:
             return 0.0, 0, 1.0, self.repetition_penalty
         return self.temperature, self.top_k, self.top_p, self.repetition_penalty

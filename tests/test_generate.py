@@ -141,13 +141,22 @@ def gen32(ckpt):
 
 
 @pytest.mark.slow
-def test_two_graphs_for_a_32_token_generation(ckpt, gen32):
+def test_two_graphs_for_a_32_token_generation_whatever_the_option_values(ckpt, gen32):
     result = gen32.generate(two_prompts(ckpt[2]), 32, SamplingOptions(temperature=0.8, seed=0))
     assert result.timings["steps"] == 32 and all(len(s.tokens) == 32 for s in result.samples)
     assert gen32.compile_count == 2  # prefill [2, 16] and decode [2, 1], sampling in both: none per token
     gen32.generate([ckpt[2].encode(LINES[2]), ckpt[2].encode(LINES[3])], 32,
                    SamplingOptions(temperature=0.8, seed=1))  # the same shapes: no new graph
     assert gen32.compile_count == 2
+    # another temperature is an input of the same two graphs, not a pair of its own
+    other = gen32.generate(two_prompts(ckpt[2]), 32, SamplingOptions(temperature=0.5, seed=0))
+    assert gen32.compile_count == 2 and other.timings["compile_s"] == 0
+    assert [s.tokens for s in other.samples] != [s.tokens for s in result.samples]
+    # top-k / top-p: one more pair (the graphs that sort the vocabulary), whatever their values
+    filtered = [[s.tokens for s in gen32.generate(two_prompts(ckpt[2]), 32, SamplingOptions(**options)).samples]
+                for options in ({"temperature": 0.5, "top_k": 20, "top_p": 0.9, "seed": 0},
+                                {"temperature": 1.2, "top_k": 5, "seed": 0})]
+    assert gen32.compile_count == 4 and filtered[0] != filtered[1]
 
 
 @pytest.mark.slow
@@ -177,8 +186,9 @@ def test_sampling_options(ckpt, gen32):
     eos = greedy[0][3]
     ended = gen32.generate(prompts, 32, eos_id=eos).samples[0]
     assert ended.finish_reason == "eos" and ended.tokens == greedy[0][:greedy[0].index(eos)]
-    options = {key[3] for key in gen32.cells}  # the sampling options are the graphs' constants: a pair for each
-    assert len(options) >= 6 and gen32.compile_count == 2 * len(options)
+    # the option sets above ran in four pairs of graphs: greedy, greedy with the penalty, sampling, with top-k / top-p
+    assert {key[3:] for key in gen32.cells} == {(False, False, False), (False, False, True), (True, False, False),
+                                                (True, True, False)} and gen32.compile_count == 8
 
 
 @pytest.mark.slow
@@ -208,20 +218,24 @@ def test_the_sampler_follows_hugging_faces_processors(pynative):
     seen = rng.random((3, 50)) < 0.2
     seen[:, 0] = True
     input_ids = torch.tensor(np.stack([np.resize(np.flatnonzero(row), 50) for row in seen]))  # each row's seen ids
-    for temperature, top_k, top_p, penalty in [(0.0, 0, 1.0, 2.0), (0.7, 5, 1.0, 1.0), (1.0, 0, 0.8, 1.0),
-                                               (0.7, 10, 0.9, 1.3)]:
-        sampler = Sampler(temperature, top_k, top_p, penalty)
-        ours = sampler.filtered(Tensor(logits), Tensor(seen)).asnumpy()
+    filtering = Sampler(sampled=True, filtering=True)  # the option values are inputs: one cell for several
+    for sampler, (temperature, top_k, top_p, penalty) in [
+            (Sampler(penalized=True), (0.0, 0, 1.0, 2.0)), (filtering, (0.7, 5, 1.0, 1.0)),
+            (filtering, (1.0, 0, 0.8, 1.0)), (filtering, (1.0, 50, 1.0, 1.0)),
+            (Sampler(sampled=True, filtering=True, penalized=True), (0.7, 10, 0.9, 1.3)),
+            (Sampler(sampled=True, penalized=True), (0.8, 0, 1.0, 1.3))]:
+        options = Tensor(np.array([temperature, top_k, top_p, penalty], np.float32))
+        ours = sampler.filtered(Tensor(logits), Tensor(seen), options).asnumpy()
         theirs = RepetitionPenaltyLogitsProcessor(penalty)(input_ids, torch.tensor(logits))
         if temperature:
             theirs = TemperatureLogitsWarper(temperature)(input_ids, theirs)
             theirs = TopKLogitsWarper(top_k)(input_ids, theirs) if top_k else theirs
             theirs = TopPLogitsWarper(top_p)(input_ids, theirs) if top_p < 1 else theirs
         theirs = theirs.numpy()
-        assert (np.isinf(ours) == np.isinf(theirs)).all() and np.isinf(ours).any() == (top_k > 0 or top_p < 1)
+        assert (np.isinf(ours) == np.isinf(theirs)).all() and np.isinf(ours).any() == (0 < top_k < 50 or top_p < 1)
         np.testing.assert_allclose(ours[np.isfinite(ours)], theirs[np.isfinite(theirs)], rtol=1e-6)
         u = 1.0 - rng.random(3)
-        chosen = sampler(Tensor(logits), Tensor(seen), Tensor(u.astype(np.float32))).asnumpy()
+        chosen = sampler(Tensor(logits), Tensor(seen), Tensor(u.astype(np.float32)), options).asnumpy()
         if not temperature:
             assert chosen.tolist() == ours.argmax(-1).tolist()
             continue

@@ -13,8 +13,9 @@ Device side (graph mode), through the model's `cached` (e.g. models/llama/model.
 - **two graphs**: `prefill` runs the whole left-padded prompt block [B, P] once and fills cache columns 0..P-1
   (the rest zeroed); `decode` runs one token [B, 1] and writes column t, chosen by a one-hot `slot` *tensor*.
   Every input is a tensor of a fixed shape (the column, positions and the attention bias too), so MindSpore
-  compiles each graph once per (B, P, L) and sampling options, never per token. `Generator.compile_count` is the
-  number of graphs MindSpore compiled (the sizes of the generation cells' compile caches).
+  compiles each graph once per (B, P, L) and the sampling steps the options use (Sampler), never per token or per
+  option values (an input tensor). `Generator.compile_count` is the number of graphs MindSpore
+  compiled (the sizes of the generation cells' compile caches).
 - **sampling** (Sampler, the end of both graphs): repetition penalty (CTRL / Hugging Face rule, over the prompt and
   the tokens so far, a [B, vocab] mask kept on the device), then greedy (temperature 0) or temperature, top-k,
   top-p and an inverse-CDF draw. Each step reads back the [B] chosen tokens, not the [B, vocab] logits.
@@ -74,38 +75,50 @@ class Generation:
 
 class Sampler(nn.Cell):
     """The next token of each row from the last column's logits [B, vocab] (fp32): the repetition penalty over
-    `seen` [B, vocab] (the tokens of the prompt and so far), then the argmax (temperature 0) or the logits divided by
-    the temperature, -inf outside the top_k largest (ties with the k-th kept) and outside the smallest most likely
-    set reaching top_p (the first always kept), and an inverse-CDF draw at the row's `u` in (0, 1]: Hugging Face's
-    RepetitionPenalty / TopK / TopP definitions. The options are constants of the graph; only top-p sorts the
-    vocabulary."""
+    `seen` [B, vocab] (the tokens of the prompt and so far), then the argmax (temperature 0) or the logits divided
+    by the temperature, -inf outside the top_k largest (ties with the k-th kept) and outside the smallest most
+    likely set reaching top_p (the first always kept), and an inverse-CDF draw at the row's `u` in (0, 1]: Hugging
+    Face's RepetitionPenalty / TopK / TopP definitions.
 
-    def __init__(self, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0):
+    The option values are an input, `options` = float32 [temperature, top_k, top_p, repetition_penalty]
+    (SamplingOptions.sampler_arguments), so they never make a new graph. Which steps run is a constant, each
+    choice a graph variant compiled at its first use: `sampled` (else an argmax), `filtering` (top-k or top-p on;
+    both thresholds from one descending sort of the vocabulary, top_k 0 or >= vocab and top_p 1 keeping every
+    token) and `penalized` (the penalty, and the update of `seen` by the generation graph). Every op of the
+    sampler is compiled again in each prefill and decode graph and run at every step, and MindSpore's CPU sort
+    costs more than the rest of the sampler together, so a graph holds only the steps its options use: greedy
+    without a penalty is the bare argmax."""
+
+    def __init__(self, sampled: bool = False, filtering: bool = False, penalized: bool = False):
         super().__init__()
-        self.temperature, self.top_k, self.top_p = float(temperature), int(top_k), float(top_p)
-        self.penalty = float(repetition_penalty)
+        self.sampled, self.filtering, self.penalized = sampled, filtering, penalized
 
-    def filtered(self, logits, seen):
+    def filtered(self, logits, seen, options):
         """The logits the draw reads: penalized, and for sampling divided by the temperature and filtered."""
-        if self.penalty != 1.0:
-            logits = ops.where(seen, ops.where(logits < 0, logits * self.penalty, logits / self.penalty), logits)
-        if self.temperature == 0:
+        if self.penalized:
+            penalty = options[3]
+            logits = ops.where(seen, ops.where(logits < 0, logits * penalty, logits / penalty), logits)
+        if not self.sampled:
             return logits
-        logits = logits / self.temperature
-        if 0 < self.top_k < logits.shape[-1]:
-            kth = ops.topk(logits, self.top_k)[0][:, -1:]
-            logits = ops.masked_fill(logits, logits < kth, float("-inf"))
-        if self.top_p < 1.0:
-            ranked = ops.sort(logits, -1, descending=True)[0]
-            probs = ops.softmax(ranked, -1)
-            before = ops.cumsum(probs, -1) - probs  # the probability of the better-ranked tokens
-            kept = (before < self.top_p).astype(ms.int32).sum(-1, keepdims=True)
-            logits = ops.masked_fill(logits, logits < ops.gather_elements(ranked, 1, kept - 1), float("-inf"))
-        return logits
+        logits = logits / options[0]
+        if not self.filtering:
+            return logits
+        batch, vocab = logits.shape
+        ranked = ops.sort(logits, -1, descending=True)[0]
+        top_k = options[1].astype(ms.int32)
+        k = ops.where((top_k > 0) & (top_k < vocab), top_k, vocab)  # off: the last (smallest) logit is the k-th
+        kth = ops.gather_elements(ranked, 1, ops.broadcast_to(k.reshape(1, 1), (batch, 1)) - 1)
+        ranked = ops.masked_fill(ranked, ranked < kth, float("-inf"))
+        probs = ops.softmax(ranked, -1)
+        before = ops.cumsum(probs, -1) - probs  # the probability of the better-ranked tokens
+        kept = (before < options[2]).astype(ms.int32).sum(-1, keepdims=True)
+        kept = ops.where(options[2] < 1, kept, vocab)  # top_p 1: every token, whatever the rounding of the sum
+        threshold = ops.maximum(kth, ops.gather_elements(ranked, 1, kept - 1))
+        return ops.masked_fill(logits, logits < threshold, float("-inf"))
 
-    def construct(self, logits, seen, u):
-        logits = self.filtered(logits, seen)
-        if self.temperature == 0:
+    def construct(self, logits, seen, u, options):
+        logits = self.filtered(logits, seen, options)
+        if not self.sampled:
             return logits.argmax(-1).astype(ms.int32)
         cdf = ops.cumsum(ops.exp(logits - logits.max(-1, keepdims=True)), -1)
         chosen = (cdf < u.expand_dims(1) * cdf[:, -1:]).astype(ms.int32).sum(-1)  # u > 0: never a -inf token
@@ -131,9 +144,9 @@ class _Graph(nn.Cell):
     def compile_phase(self, value):
         self._compile_phase = value
 
-    def pick(self, logits, u):
-        chosen = self.sampler(logits, self.seen, u)
-        if self.sampler.penalty != 1.0:
+    def pick(self, logits, u, options):
+        chosen = self.sampler(logits, self.seen, u, options)
+        if self.sampler.penalized:
             now = ops.arange(logits.shape[-1], dtype=ms.int32).expand_dims(0) == chosen.expand_dims(1)
             chosen = ops.depend(chosen, ops.assign(self.seen, ops.logical_or(self.seen, now)))
         return chosen, logits
@@ -148,20 +161,20 @@ class _Cached(_Graph):
 
 
 class _Prefill(_Cached):
-    def construct(self, tokens, positions, bias, u):
-        return self.pick(self.lm.cached(tokens, positions, bias, self.k_caches, self.v_caches), u)
+    def construct(self, tokens, positions, bias, u, options):
+        return self.pick(self.lm.cached(tokens, positions, bias, self.k_caches, self.v_caches), u, options)
 
 
 class _Decode(_Cached):
-    def construct(self, tokens, positions, bias, slot, u):
-        return self.pick(self.lm.cached(tokens, positions, bias, self.k_caches, self.v_caches, slot), u)
+    def construct(self, tokens, positions, bias, slot, u, options):
+        return self.pick(self.lm.cached(tokens, positions, bias, self.k_caches, self.v_caches, slot), u, options)
 
 
 class _Uncached(_Graph):
     """The baseline without a cache: the whole left-padded sequence so far, [B, L], every step."""
 
-    def construct(self, tokens, positions, bias, u):
-        return self.pick(self.lm.cached(tokens, positions, bias), u)
+    def construct(self, tokens, positions, bias, u, options):
+        return self.pick(self.lm.cached(tokens, positions, bias), u, options)
 
 
 def _causal_bias(valid: np.ndarray) -> np.ndarray:
@@ -184,7 +197,7 @@ class Generator:
     def __init__(self, model):
         self.model = model
         self.cached = {}  # (B, L) -> the K and V caches of that shape (ParameterTuples)
-        self.cells = {}  # (kind, B, L, sampling options) -> its graph cell
+        self.cells = {}  # (kind, B, L, Sampler's sampled, filtering, penalized) -> its graph cell
         self.seen = {}  # B -> [B, vocab] bool Parameter: the tokens each row holds (the repetition penalty's)
         attention = model.model.layers[0].attention
         self.n_kv, self.head_dim, self.num_layers = attention.n_kv, attention.head_dim, len(model.model.layers)
@@ -194,13 +207,14 @@ class Generator:
         self.compile_seconds = 0.0  # spent compiling graphs (the first call of each shape)
         self._seen = set()
 
-    def graph(self, kind: str, batch: int, length: int, options: tuple) -> _Graph:
-        """The `kind` (prefill, decode, uncached) graph for `batch` rows, `length` cache columns and the sampling
-        `options` (Sampler's arguments), made at the first call; prefill and decode share the caches of a shape."""
-        key = (kind, batch, length, options)
+    def graph(self, kind: str, batch: int, length: int, variant: tuple) -> _Graph:
+        """The `kind` (prefill, decode, uncached) graph for `batch` rows and `length` cache columns, ending in the
+        Sampler `variant` (sampled, filtering, penalized: the option values are an input), made at the first
+        call; prefill and decode share the caches of a shape."""
+        key = (kind, batch, length, *variant)
         if key in self.cells:
             return self.cells[key]
-        args = (self.model, self.seen_of(batch), Sampler(*options))
+        args = (self.model, self.seen_of(batch), Sampler(*variant))
         if kind == "uncached":
             self.cells[key] = _Uncached(*args)
             return self.cells[key]
@@ -212,6 +226,18 @@ class Generator:
                                                          for i in range(self.num_layers)) for which in "kv"]
         self.cells[key] = (_Prefill if kind == "prefill" else _Decode)(*args, self.cached[batch, length])
         return self.cells[key]
+
+    def _sampler_inputs(self, sampling: SamplingOptions, prompts) -> tuple:
+        """The options tensor and the Sampler variant of `sampling`; with a repetition penalty, `seen` set to the
+        prompts' tokens (each graph adds the tokens it picks)."""
+        temperature, top_k, top_p, penalty = sampling.sampler_arguments()
+        if penalty != 1.0:
+            seen = np.zeros((len(prompts), self.vocab), bool)
+            for i, p in enumerate(prompts):
+                seen[i, np.asarray(p)] = True
+            self.seen_of(len(prompts)).set_data(Tensor(seen))
+        options = _t(np.array([temperature, min(top_k, self.vocab), top_p, penalty], np.float32))
+        return options, (temperature > 0, 0 < top_k < self.vocab or top_p < 1, penalty != 1.0)  # greedy: no filters
 
     def seen_of(self, batch: int) -> Parameter:
         """The [batch, vocab] mask of the tokens each row holds, shared by the graphs of `batch` rows."""
@@ -258,18 +284,13 @@ class Generator:
         tokens, valid, pads, width = self._layout(prompts, max_new_tokens, prompt_len, pad_id)
         batch, total = tokens.shape
         self.model.model.set_rope_length(total)  # dynamic NTK: one table for the whole cache (rope.py)
-        options, temperature = sampling.sampler_arguments(), sampling.temperature
-        if sampling.repetition_penalty != 1.0:  # the prompts' tokens; each graph adds the tokens it picks
-            seen = np.zeros((batch, self.vocab), bool)
-            for i, p in enumerate(prompts):
-                seen[i, np.asarray(p)] = True
-            self.seen_of(batch).set_data(Tensor(seen))
+        options, variant = self._sampler_inputs(sampling, prompts)
         seed = sampling.seed if sampling.seed is not None else np.random.SeedSequence().entropy
         rngs = [np.random.default_rng([seed, r]) for r in (rows if rows is not None else range(batch))]
         columns = np.arange(total)
 
         def draws():  # each row's uniform draw in (0, 1] (never a zero-probability token); greedy reads none
-            return _t(np.array([1.0 - rng.random() for rng in rngs] if temperature else np.ones(batch), np.float32))
+            return _t(np.array([1.0 - rng.random() for rng in rngs] if variant[0] else np.ones(batch), np.float32))
 
         def positions(upto):  # [B, upto]: 0 at each row's first real token (pad columns: 0, never attended)
             return np.maximum(columns[None, :upto] - pads[:, None], 0).astype(np.int32)
@@ -277,14 +298,14 @@ class Generator:
         def full_forward(column):  # no cache: the sequence up to `column` moved to the right end, [B, L]
             shift = total - 1 - column
             moved = np.maximum(columns[None] - (pads + shift)[:, None], 0).astype(np.int32)
-            return self._run(self.graph("uncached", batch, total, options), _t(np.roll(tokens, shift, 1)),
-                             _t(moved), _t(_causal_bias(np.roll(valid, shift, 1))), draws())
+            return self._run(self.graph("uncached", batch, total, variant), _t(np.roll(tokens, shift, 1)),
+                             _t(moved), _t(_causal_bias(np.roll(valid, shift, 1))), draws(), options)
 
         compiled_before, start = self.compile_seconds, time.perf_counter()
         if use_cache:
-            prefill, step_graph = (self.graph(kind, batch, total, options) for kind in ("prefill", "decode"))
+            prefill, step_graph = (self.graph(kind, batch, total, variant) for kind in ("prefill", "decode"))
             chosen, logits = self._run(prefill, _t(tokens[:, :width]), _t(positions(width)),
-                                       _t(_causal_bias(valid[:, :width])), draws())
+                                       _t(_causal_bias(valid[:, :width])), draws(), options)
         else:
             chosen, logits = full_forward(width - 1)
         chosen = chosen.asnumpy()
@@ -307,7 +328,8 @@ class Generator:
             if use_cache:
                 slot = (columns == column)[None, None, :, None]
                 chosen, logits = self._run(step_graph, _t(tokens[:, column:column + 1]),
-                                           _t((column - pads)[:, None].astype(np.int32)), _t(bias), _t(slot), draws())
+                                           _t((column - pads)[:, None].astype(np.int32)), _t(bias), _t(slot), draws(),
+                                           options)
             else:
                 chosen, logits = full_forward(column)
             chosen = chosen.asnumpy()
