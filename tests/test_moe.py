@@ -677,8 +677,13 @@ def hand_counts(model, rows, biases) -> np.ndarray:
 def test_the_training_forward_counts_the_assignments_and_the_update_moves_each_layers_bias(pynative):
     """The training forward (with_aux) adds each layer's assignments per expert; the plain forward adds none; after
     the step each bias moves by gamma sign(1/E - load), load the expert's share of its layer's assignments
-    (DeepSeek-V3 section 2.1.2), and the counts restart from zero."""
+    (DeepSeek-V3 section 2.1.2), and the counts restart from zero. The counted forward is the compiled graph, as
+    training runs it: its layers share one graph (lazy_inline) yet each reads its own bias and adds to its own
+    counts."""
+    import mindspore as ms
+
     from models.moe import after_step
+    from objectives.clm import CausalLMLoss
 
     cfg, model = built(dict(MIXTRAL, bias_update_rate=0.05))
     biases = np.array([[0.0, 0.3, -0.2, 0.05], [0.0, 0.0, 0.0, 0.0]], np.float32)
@@ -686,7 +691,10 @@ def test_the_training_forward_counts_the_assignments_and_the_update_moves_each_l
         layer.feed_forward.routing_bias.set_data(Tensor(bias))
     tokens = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, 12)).astype(np.int32)
     model(Tensor(tokens))  # the plain forward: nothing counted
-    model.model.with_aux(Tensor(tokens))
+    ms.set_context(mode=ms.GRAPH_MODE)  # (the pynative fixture's teardown sets it too)
+    ids = np.concatenate([tokens, tokens[:, :1]], 1)  # rows of 13: the loss cell reads the first 12
+    CausalLMLoss(model)(Tensor(ids), Tensor(ids))
+    ms.set_context(mode=ms.PYNATIVE_MODE)
     counts = hand_counts(model, tokens, biases)
     for layer, want in zip(model.model.layers, counts):
         np.testing.assert_array_equal(layer.feed_forward.expert_load.asnumpy(), want)

@@ -1,7 +1,8 @@
 """The cells decoder families share, moved out of the Llama model unchanged: the Linear (no bias, computed in the
 compute dtype), RMSNorm, the SwiGLU feed-forward and the token embedding. Parameter names are MindFormers' Llama
 names (models/llama/model.py's docstring maps them to Hugging Face's); plain MindSpore, so the device and kernel
-twins (models/llama/kernels.py, device_ops.py) and the tensor-parallel plans find them by type.
+twins (models/llama/kernels.py, device_ops.py) and the tensor-parallel plans find them by type. ReusedLayer is the
+base of the families' decoder layers, whose graph compiles once for all layers.
 """
 from typing import Optional
 
@@ -67,6 +68,30 @@ class FeedForward(nn.Cell):
 
     def construct(self, x):
         return self.w2(ops.silu(self.w1(x)) * self.w3(x))
+
+
+class ReusedLayer(nn.Cell):
+    """A decoder layer compiled once and reused for every layer: its family decorates its __init__ with
+    `@ms.lazy_inline(policy="front")`, which parses one layer's graph and inlines it N times ("front" policy; the
+    default keeps it a called subgraph, which does not compile on CPU). MindSpore marks the API Ascend-only; it is
+    tested here on CPU against PyNative (tests/test_lora.py) and against transformers (tests/test_moe.py).
+
+    `cell_init_args` is the key under which lazy_inline reuses a layer's graph. MindSpore's is the constructor's
+    arguments, the same for every layer even after a converter changed some of them (LoRA on
+    `re:model\\.layers\\.0\\..*`): they would share one graph. This key is the layer's structure: its cells' types and
+    its parameters' shapes, dtypes and trainability. Each layer's graph reads and writes its own Parameters
+    (the inlined copies are given the layer's), so state a layer keeps (a MoE router's bias and load counts) stays
+    its own."""
+
+    @property
+    def cell_init_args(self) -> str:
+        cells = [f"{name}:{type(cell).__name__}" for name, cell in self.cells_and_names()]
+        params = [f"{name}:{p.shape}:{p.dtype}:{p.requires_grad}" for name, p in self.parameters_and_names()]
+        return f"lazy_inline_{type(self).__name__}{cells}{params}"
+
+    @cell_init_args.setter
+    def cell_init_args(self, value: str) -> None:
+        """lazy_inline and Cell assign the argument-based key; the property above replaces it."""
 
 
 class Embedding(nn.Cell):

@@ -43,17 +43,15 @@ from models.common import rope
 from models.common.attention import (AttentionBlock, Attention, CoreAttention, FlashCoreAttention, Rotary,  # noqa: F401
                                      apply_rope, rope_tables, rotate_half)
 from models.common.causal_lm import CausalLM
-from models.common.layers import DTYPES, Embedding, FeedForward, Linear, RMSNorm  # noqa: F401
+from models.common.layers import DTYPES, Embedding, FeedForward, Linear, ReusedLayer, RMSNorm  # noqa: F401
 from models.common.trunk import DecoderTrunk
 from models.llama.config import LlamaConfig
 
 
-class DecoderLayer(nn.Cell):
-    """Compiled once and reused for every layer: `lazy_inline` parses one layer's graph and inlines it N times
-    ("front" policy; the default keeps it a called subgraph, which does not compile on CPU). The ForwardBackward
-    graph compiles sooner, and so the first optimizer step comes sooner, with the same losses and tokens/s
-    (benchmarks/speed_memory.py measures the compile and the steps). MindSpore marks the API Ascend-only; it is tested here on
-    CPU against PyNative (tests/test_lora.py)."""
+class DecoderLayer(ReusedLayer):
+    """Compiled once and reused for every layer (ReusedLayer, models/common/layers.py): the ForwardBackward graph
+    compiles sooner, and so the first optimizer step comes sooner, with the same losses and tokens/s
+    (benchmarks/speed_memory.py measures the compile and the steps)."""
 
     @ms.lazy_inline(policy="front")
     def __init__(self, cfg: LlamaConfig, rng, compute_dtype, flash: bool = False):
@@ -63,20 +61,6 @@ class DecoderLayer(nn.Cell):
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.feed_forward = FeedForward(cfg, rng, compute_dtype)
         self.attention_residual, self.ffn_residual = ops.Add(), ops.Add()  # primitives: plan.py shards them
-
-    @property
-    def cell_init_args(self) -> str:
-        """The key under which lazy_inline reuses a layer's graph. MindSpore's is the constructor's arguments, the
-        same for every layer even after a converter changed some of them (LoRA on `re:model\\.layers\\.0\\..*`):
-        they would share one graph. This key is the layer's structure: its cells' types and its parameters'
-        shapes, dtypes and trainability."""
-        cells = [f"{name}:{type(cell).__name__}" for name, cell in self.cells_and_names()]
-        params = [f"{name}:{p.shape}:{p.dtype}:{p.requires_grad}" for name, p in self.parameters_and_names()]
-        return f"lazy_inline_DecoderLayer{cells}{params}"
-
-    @cell_init_args.setter
-    def cell_init_args(self, value: str) -> None:
-        """lazy_inline and Cell assign the argument-based key; the property above replaces it."""
 
     def construct(self, x, cos, sin, mask=None):
         x = self.attention_residual(x, self.attention(self.attention_norm(x), cos, sin, mask).astype(x.dtype))

@@ -35,7 +35,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from models.common import rope
 from models.common.attention import Attention, rope_tables
 from models.common.causal_lm import CausalLM
-from models.common.layers import Embedding, FeedForward, Linear, RMSNorm, _init
+from models.common.layers import Embedding, FeedForward, Linear, ReusedLayer, RMSNorm, _init
 from models.common.trunk import DecoderTrunk
 from models.moe.config import MoeConfig
 
@@ -139,7 +139,11 @@ def update_routing_bias(model, rate: float) -> None:
         ffn.expert_load.set_data(Tensor(np.zeros_like(counts)))
 
 
-class MoeDecoderLayer(nn.Cell):
+class MoeDecoderLayer(ReusedLayer):
+    """Compiled once and reused for every layer (ReusedLayer, models/common/layers.py). Its router state (the
+    routing bias and the `expert_load` counts with_aux adds to) is each layer's own Parameters."""
+
+    @ms.lazy_inline(policy="front")
     def __init__(self, cfg: MoeConfig, rng, compute_dtype, flash: bool = False):
         super().__init__()
         self.attention_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
