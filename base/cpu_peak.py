@@ -6,10 +6,10 @@ over 100%).
 
 The first term from /proc/cpuinfo: the CPUs this process may run on, the clock the kernel reports (the highest
 of cpufreq's maximum and "cpu MHz"), and FLOPs per cycle per core from the vector flags: 2 (fused multiply-add)
-x fp32 lanes x 2 FMA pipes, 16 lanes with AVX-512 on Intel, 8 with AVX2 and FMA, or with AVX-512 on AMD before
-Zen 5 (which runs 512-bit vectors on its 256-bit pipes). A virtual machine often shows the base clock, not the
+x fp32 lanes x 2 FMA pipes, 16 lanes with AVX-512 on Intel and on AMD from Zen 5 ("cpu family" 26), 8 with AVX2
+and FMA, or with AVX-512 on AMD before Zen 5 (which runs 512-bit vectors on its 256-bit pipes). A virtual machine often shows the base clock, not the
 boost one, so the product can sit below what the CPU does; hence the second term, a square fp32 matmul (the
-faster of NumPy's BLAS and oneDNN's sgemm, on every CPU here, best of 5) measured once per CPU (model, flags, CPU
+faster of NumPy's BLAS and oneDNN's sgemm, one sgemm a CPU at once, best of 5) measured once per CPU (model, flags, CPU
 count) and cached in ~/.cache/mindlab/cpu_peak.json (MINDLAB_CACHE_DIR moves it; delete the entry to measure again)
 with the load average it was taken under: a measurement taken on a busy machine is low, so while the cached one's
 load is above BUSY_LOAD a run on a machine at most half as busy measures again and keeps the higher figure.
@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
-GEMM_N = 1024  # 2.1 GFLOP a product: ~10 ms at 0.2 TFLOP/s, the measurement takes well under a second
+ZEN5_FAMILY = 26  # AMD's "cpu family" of Zen 5, the first to run AVX-512 on 512-bit pipes
+GEMM_N = 2048  # 17 GFLOP a product, tens of ms: thread start-up is lost in it; the measurement takes about a second
 # the 1-minute load average per CPU at or below which a measurement is taken as the CPU's own (not measured again)
 BUSY_LOAD = 0.25
 LOADS = "load per CPU of each measurement"  # the cache's entry of the loads, by CPU key
@@ -49,7 +50,8 @@ def cpu_info(text: Optional[str] = None) -> Dict[str, str]:
 def flops_per_cycle(info: Dict[str, str]) -> int:
     """fp32 FLOPs one core issues per cycle at most: 2 (FMA) x lanes x 2 pipes (see the module's docstring)."""
     flags = set(info.get("flags", "").split())
-    if "avx512f" in flags and info.get("vendor_id") == "GenuineIntel":
+    zen5 = info.get("vendor_id") == "AuthenticAMD" and int(info.get("cpu family", 0) or 0) >= ZEN5_FAMILY
+    if "avx512f" in flags and (info.get("vendor_id") == "GenuineIntel" or zen5):
         lanes = 16
     elif "avx512f" in flags or {"avx2", "fma"} <= flags:
         lanes = 8
@@ -83,25 +85,54 @@ def _best_seconds(fn, repeats: int) -> float:
     return best
 
 
-def measure_gemm_tflops(n: int = GEMM_N, repeats: int = 5) -> float:
-    """The faster of NumPy's BLAS and oneDNN's sgemm (the library MindSpore's CPU kernels and mindlab's run on,
-    shipped with MindSpore) on an n x n fp32 product."""
+def sgemm_function() -> Optional[Callable]:
+    """oneDNN's `dnnl_sgemm` (row-major C = alpha op(A) op(B) + beta C) from the libdnnl.so.3 MindSpore ships (the
+    library its CPU matmuls run on), or None where MindSpore ships none. A call runs on the calling thread only."""
     import ctypes
     import importlib.util
 
+    spec = importlib.util.find_spec("mindspore")
+    library = os.path.join(os.path.dirname(spec.origin), "lib", "libdnnl.so.3") if spec and spec.origin else ""
+    if not os.path.exists(library):
+        return None
+    sgemm = ctypes.CDLL(library).dnnl_sgemm
+    i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+    sgemm.argtypes = [ctypes.c_char, ctypes.c_char, i64, i64, i64, f32, ptr, i64, ptr, i64, f32, ptr, i64]
+    return sgemm
+
+
+def rows_sgemm(sgemm: Callable, a, b, c, threads: int) -> None:
+    """c = a @ b (square, row-major fp32) with `threads` threads, each one sgemm over its block of a's rows: ctypes
+    lets go of the GIL during the call, so the blocks run at once, one a CPU."""
+    import threading
+
+    n = a.shape[0]
+
+    def block(t: int) -> None:
+        lo, hi = n * t // threads, n * (t + 1) // threads
+        sgemm(b"N", b"N", hi - lo, n, n, 1.0, a.ctypes.data + lo * n * 4, n, b.ctypes.data, n, 0.0,
+              c.ctypes.data + lo * n * 4, n)
+
+    others = [threading.Thread(target=block, args=(t,)) for t in range(1, threads)]
+    for thread in others:
+        thread.start()
+    block(0)
+    for thread in others:
+        thread.join()
+
+
+def measure_gemm_tflops(n: int = GEMM_N, repeats: int = 5, threads: Optional[int] = None) -> float:
+    """The faster of NumPy's BLAS and oneDNN's sgemm on an n x n fp32 product, on every CPU this process may run on
+    (`threads`): the peak is the machine's, and a single sgemm call uses one CPU."""
     import numpy as np
 
+    threads = threads or len(os.sched_getaffinity(0))
     rng = np.random.default_rng(0)
     a, b, c = rng.random((n, n), np.float32), rng.random((n, n), np.float32), np.zeros((n, n), np.float32)
     seconds = [_best_seconds(lambda: a @ b, repeats)]
-    spec = importlib.util.find_spec("mindspore")
-    library = os.path.join(os.path.dirname(spec.origin), "lib", "libdnnl.so.3") if spec and spec.origin else ""
-    if os.path.exists(library):
-        sgemm = ctypes.CDLL(library).dnnl_sgemm
-        i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
-        sgemm.argtypes = [ctypes.c_char, ctypes.c_char, i64, i64, i64, f32, ptr, i64, ptr, i64, f32, ptr, i64]
-        seconds.append(_best_seconds(lambda: sgemm(b"N", b"N", n, n, n, 1.0, a.ctypes.data, n, b.ctypes.data, n,
-                                                   0.0, c.ctypes.data, n), repeats))
+    sgemm = sgemm_function()
+    if sgemm is not None:
+        seconds.append(_best_seconds(lambda: rows_sgemm(sgemm, a, b, c, threads), repeats))
     return 2 * n ** 3 / min(seconds) / 1e12
 
 
@@ -111,7 +142,10 @@ def cache_file() -> Path:
 
 
 def cpu_key(info: Dict[str, str], cpus: int) -> str:
-    return f"{info.get('vendor_id', '?')} | {info.get('model name', '?')} | {cpus} CPUs | {info.get('flags', '')}"
+    """The cache's key: the CPU, how many of them the GEMM ran on, and how (a figure taken another way is not
+    this one's)."""
+    return (f"{info.get('vendor_id', '?')} | {info.get('model name', '?')} | {cpus} CPUs, sgemm on each | "
+            f"{info.get('flags', '')}")
 
 
 def load_per_cpu() -> float:

@@ -20,7 +20,6 @@ could pay.
 import boot  # noqa: F401
 
 import argparse
-import ctypes
 import json
 import os
 import shutil
@@ -34,6 +33,7 @@ import numpy as np
 
 import mindspore as ms
 from mindspore import Tensor, ops
+from base.cpu_peak import sgemm_function
 from benchmarks.results import recorded
 
 SIZES = (1024, 2048, 4096)
@@ -47,14 +47,6 @@ def best_seconds(fn, repeats: int = 5) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return min(times)
-
-
-def sgemm_function():
-    """oneDNN's `dnnl_sgemm` (row-major C = alpha op(A) op(B) + beta C) from the libdnnl.so.3 MindSpore ships."""
-    f = ctypes.CDLL(os.path.join(os.path.dirname(ms.__file__), "lib", "libdnnl.so.3")).dnnl_sgemm
-    i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
-    f.argtypes = [ctypes.c_char, ctypes.c_char, i64, i64, i64, f32, ptr, i64, ptr, i64, f32, ptr, i64]
-    return f
 
 
 def split_sgemm(sgemm, A, B, ta: bool, tb: bool, axis: str, out, scratch) -> None:

@@ -15,20 +15,39 @@ processor\t: 1
 vendor_id\t: GenuineIntel
 cpu MHz\t\t: 3000.000
 """
-ZEN4 = "vendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9R14\ncpu MHz\t\t: 3700.000\nflags\t\t: sse avx fma avx2 avx512f\n"
+ZEN4 = ("vendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel name\t: AMD EPYC 9R14\ncpu MHz\t\t: 3700.000\n"
+        "flags\t\t: sse avx fma avx2 avx512f\n")
+ZEN5 = ZEN4.replace("cpu family\t: 25", "cpu family\t: 26").replace("9R14", "9R45")
 
 
 def test_the_estimate_is_cores_times_clock_times_flops_per_cycle_by_hand():
     """Xeon (AVX-512, two 512-bit FMA pipes): 2 FLOPs x 16 lanes x 2 = 64 a cycle; the highest clock the kernel
     reports. Zen 4: AVX-512 on 256-bit pipes, 32 a cycle: 2 cores x 3.7 GHz x 32 = 0.2368 TFLOP/s, the datasheet
-    figure conf/device/cpu.yaml held. AVX2 + FMA: 32; SSE only: 8."""
+    figure conf/device/cpu.yaml held; Zen 5 ("cpu family" 26) runs them on 512-bit pipes, 64 a cycle. AVX2 + FMA:
+    32; SSE only: 8."""
     xeon, zen4 = cpu_peak.cpu_info(XEON), cpu_peak.cpu_info(ZEN4)
     assert cpu_peak.flops_per_cycle(xeon) == 64 and cpu_peak.flops_per_cycle(zen4) == 32
+    assert cpu_peak.flops_per_cycle(cpu_peak.cpu_info(ZEN5)) == 64  # Zen 5: AVX-512 on 512-bit pipes
     assert cpu_peak.clock_hz(xeon, "/no/such/file") == 3.0e9
     assert cpu_peak.estimated_tflops(xeon, 2, 3.0e9) == pytest.approx(2 * 3.0e9 * 64 / 1e12)
     assert cpu_peak.estimated_tflops(zen4, 2, cpu_peak.clock_hz(zen4, "/no/such/file")) == pytest.approx(0.2368)
     assert cpu_peak.flops_per_cycle({"flags": "sse avx2 fma"}) == 32
     assert cpu_peak.flops_per_cycle({"flags": "sse sse2"}) == 8
+
+
+def test_the_gemm_runs_one_sgemm_a_cpu_and_computes_the_product():
+    """A single sgemm call runs on one CPU, so the measurement splits a's rows over every CPU at once: the blocks
+    put together equal NumPy's product, for a thread count that does not divide n."""
+    import numpy as np
+
+    sgemm = cpu_peak.sgemm_function()
+    assert sgemm is not None  # MindSpore ships libdnnl.so.3 on x86 Linux
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((67, 67), np.float32), rng.standard_normal((67, 67), np.float32)
+    for threads in (1, 3):
+        c = np.full((67, 67), np.nan, np.float32)
+        cpu_peak.rows_sgemm(sgemm, a, b, c, threads)
+        np.testing.assert_allclose(c, a @ b, rtol=1e-5, atol=1e-4)
 
 
 def test_the_measurement_is_taken_once_per_cpu_and_cached(tmp_path):
