@@ -13,8 +13,9 @@ def layout(r) -> str:
     """A run's layout in a few words."""
     cp = f" cp{r.cp}" if r.cp > 1 else ""
     vp = f" vp{r.vp}" if r.vp > 1 else ""
+    ep = f" ep{r.ep}" if r.ep > 1 else ""
     shard = " zero3" if r.zero3 else " zero1" if r.optimizer_shard else ""
-    return f"dp{r.dp} tp{r.tp}{cp} pp{r.pp}{vp}{shard}, {r.micro_batches} x mbs {r.micro_batch_size}, {r.recompute}"
+    return f"dp{r.dp} tp{r.tp}{cp} pp{r.pp}{vp}{ep}{shard}, {r.micro_batches} x mbs {r.micro_batch_size}, {r.recompute}"
 
 
 def main() -> None:

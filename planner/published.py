@@ -77,6 +77,16 @@ the authors say they do not know (between SXM's and NVL's).
     sequence 4,096, TP 1, EP 8, PP 4, VP 8, micro-batch 1, global batch 256, distributed optimizer). Published
     tokens/s per GPU = 468e12 / the moe family's FLOPs per token (6 x the active matmul weights + attention: 82.9G).
     Mapping: the mixtral_8x7b preset, dp 16, ep 8, vp 8, optimizer_shard, no recompute.
+[MZ] NVIDIA's Megatron MoE Model Zoo (github.com/yanring/Megatron-MoE-ModelZoo, commit b09773a of 2025-12-16),
+    best_practice/Mixtral/run_mixtral_8x22B.sh: "Dropless training, stable performance should be around 445TFLOPS
+    for H100", with runtime_configs/benchmarking/runtime.conf's Mixtral-8x22B mapping and
+    model_configs/benchmarking/Mixtral-8x22B.yaml of that commit: 16 nodes of 8 H100s, TP 2 with sequence
+    parallelism, PP 8, EP 8, VPP 7, CP 1, micro-batch 1, global batch 256, sequence 4,096, BF16, all-to-all
+    dispatcher with grouped GEMM, distributed optimizer, no recompute, no tp-comm-overlap, the Llama 2 tokenizer
+    (32,000 entries). Published tokens/s per GPU = 445e12 / the moe family's FLOPs per token of that shape (250.6G).
+    Mapping: the mixtral_8x22b preset at vocabulary 32,000, dp 8, ep 8, vp 7, optimizer_shard. The run keeps each
+    expert whole on its rank (expert-tensor-parallel-size 1); the planner splits experts over tp, so it charges the
+    tp group's traffic of the routed rows (about 2% of the predicted step) that the run does not have.
 [MX] MindFormers' Mixtral model card (github.com/mindspore-lab/mindformers, research/mixtral/mixtral.md, "模型性能",
     added 2024-09-09 in commit bc419f8a5, measured on Atlas 900 A2 PoDc, i.e. Ascend 910B): Mixtral 8x7B finetune on
     alpaca at 4,096, 1678 tokens/s/p, with research/mixtral/finetune_mixtral-8x7b.yaml of that commit:
@@ -135,7 +145,7 @@ from planner.timing import step_time
 @dataclass(frozen=True)
 class Run:
     name: str
-    source: str  # N | MF | MT | L3 | TT | LF | MC | MX | ML (the module docstring)
+    source: str  # N | MF | MT | L3 | TT | LF | MC | MZ | MX | ML (the module docstring)
     device: str  # conf/device preset
     model: object  # the family's shape: a dict, or a Llama 2 conf/model preset's name
     dp: int
@@ -207,6 +217,8 @@ def preset(name: str) -> dict:
     return {k: v for k, v in raw.items() if k not in ("defaults", "name")}
 
 
+# [MZ]'s shape: the mixtral_8x22b preset with the Llama 2 tokenizer's 32,000 entries its benchmark trains with
+MIXTRAL_8X22B_LLAMA2_VOCAB = dict(preset("mixtral_8x22b"), vocab_size=32000)
 RUNS: List[Run] = [
     megatron("1.7B", 24, 2304, 24, 1, 1, 32, 512, 137),
     megatron("3.6B", 32, 3072, 30, 2, 1, 64, 512, 138),
@@ -246,6 +258,8 @@ RUNS: List[Run] = [
         468e12 / 82_933_972_992, family="moe", ep=8, vp=8),
     Run("MindFormers Mixtral 8x7B", "MX", "ascend910b", preset("mixtral_8x7b"), 8, 1, 2, False, True, 4096, 1, 16,
         "full", 1678, family="moe", ep=8),
+    Run("Megatron MoE Model Zoo Mixtral 8x22B", "MZ", "h100", MIXTRAL_8X22B_LLAMA2_VOCAB, 8, 2, 8, True, True, 4096,
+        1, 32, "none", 445e12 / 250_639_810_560, family="moe", ep=8, vp=7),
 ]
 
 # Published runs the time model misses by more than 30%, each with its cause in the module docstring: predicted by
