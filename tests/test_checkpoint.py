@@ -15,18 +15,39 @@ from helpers import COMMON, finish, losses, start, wait_for_step, weights
 from models import build_model
 from base import checkpoint
 
+# model=tiny cut to one layer: what a checkpoint holds and how a run resumes do not depend on the depth, and each
+# of the file's training runs compiles its graphs in about half the time
+ONE_LAYER = "model.num_layers=1"
+
+
+def launch(run_dir):
+    """helpers.start's run, as a process: the runs that get a signal."""
+    return start(run_dir, ONE_LAYER)
+
+
+def in_process(run_dir, monkeypatch, *overrides):
+    """`launch`'s command line as train.py's main in this process: (exit code, stdout, stderr). The runs that need
+    no signal: a process would only add its imports."""
+    return train_main(os.path.dirname(run_dir), monkeypatch, *COMMON, ONE_LAYER, *overrides,
+                      f"hydra.run.dir={run_dir}")
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     run_dir = str(tmp_path_factory.mktemp("a") / "run")
-    code, _, err = finish(start(run_dir))
+    mp = pytest.MonkeyPatch()
+    try:
+        code, _, err = in_process(run_dir, mp)
+    finally:
+        mp.undo()
     assert code == 0, err[-2000:]
     return run_dir
 
 
 @pytest.mark.slow
-def test_sigterm_saves_exits_zero_and_resume_is_bit_exact(uninterrupted, tmp_path):
+def test_sigterm_saves_exits_zero_and_resume_is_bit_exact(uninterrupted, tmp_path, monkeypatch):
     run_dir = str(tmp_path / "run")
-    proc = start(run_dir)
+    proc = launch(run_dir)
     wait_for_step(run_dir, 9, proc)
     proc.send_signal(signal.SIGTERM)
     code, out, err = finish(proc)
@@ -36,7 +57,7 @@ def test_sigterm_saves_exits_zero_and_resume_is_bit_exact(uninterrupted, tmp_pat
     assert stopped < 24
     run_id = json.load(open(os.path.join(run_dir, "checkpoints", f"step_{stopped:06d}", "state.json")))["run_id"]
 
-    code, out, err = finish(start(run_dir))  # the same command resumes (trainer.resume=auto)
+    code, out, err = in_process(run_dir, monkeypatch)  # the same command resumes (trainer.resume=auto)
     assert code == 0, err[-2000:]
     assert f"resumed from {run_dir}/checkpoints/step_{stopped:06d} at step {stopped} (run id {run_id})" in out
     ref, got = losses(uninterrupted), losses(run_dir)
@@ -49,13 +70,13 @@ def test_sigterm_saves_exits_zero_and_resume_is_bit_exact(uninterrupted, tmp_pat
 
 
 @pytest.mark.slow
-def test_sigkill_mid_run_resumes_from_the_last_checkpoint_and_matches(uninterrupted, tmp_path):
+def test_sigkill_mid_run_resumes_from_the_last_checkpoint_and_matches(uninterrupted, tmp_path, monkeypatch):
     run_dir = str(tmp_path / "run")
-    proc = start(run_dir)
+    proc = launch(run_dir)
     wait_for_step(run_dir, 10, proc)
     proc.kill()
     proc.wait()
-    code, out, err = finish(start(run_dir))
+    code, out, err = in_process(run_dir, monkeypatch)
     assert code == 0, err[-2000:]
     assert "resumed from" in out
     ref, got = losses(uninterrupted), losses(run_dir)
@@ -84,13 +105,13 @@ def test_damaged_newest_checkpoint_is_reported_and_the_previous_used(uninterrupt
 @pytest.mark.slow  # reads a real training run's output (a module fixture)
 def test_checkpoint_of_another_shape_or_vocab_is_refused_naming_the_tensor(uninterrupted):
     ckpt = os.path.join(uninterrupted, "checkpoints", "step_000024")
-    wider = build_model(OmegaConf.merge(load_preset("model", "tiny"), {"hidden_size": 64, "num_heads": 2,
-                                                                       "num_kv_heads": 2}), 16, "fp32", "CPU", 0)
+    run_model = OmegaConf.merge(load_preset("model", "tiny"), {"num_layers": 1})
+    wider = build_model(OmegaConf.merge(run_model, {"hidden_size": 64, "num_heads": 2, "num_kv_heads": 2}), 16, "fp32",
+                        "CPU", 0)
     with pytest.raises(checkpoint.CheckpointError, match=r"model.tok_embeddings.embedding_weight has shape "
                                                          r"\(4096, 128\) but this model needs \(4096, 64\)"):
         checkpoint.load_weights(ckpt, wider)
-    other_vocab = build_model(OmegaConf.merge(load_preset("model", "tiny"), {"vocab_size": 8192}), 16, "fp32",
-                              "CPU", 0)
+    other_vocab = build_model(OmegaConf.merge(run_model, {"vocab_size": 8192}), 16, "fp32", "CPU", 0)
     with pytest.raises(checkpoint.CheckpointError, match=r"\(4096, 128\) but this model needs \(8192, 128\)"):
         checkpoint.load_weights(ckpt, other_vocab)
 
@@ -101,11 +122,6 @@ def test_unreadable_checkpoint_file_gives_one_clear_error(tmp_path):
     model = build_model(load_preset("model", "tiny"), 16, "fp32", "CPU", 0)
     with pytest.raises(checkpoint.CheckpointError, match="model.safetensors: cannot be read"):
         checkpoint.load_weights(str(bad), model)
-
-
-def in_process(run_dir, monkeypatch, *overrides):
-    """`start`'s command line as train.py's main in this process: (exit code, stdout, stderr)."""
-    return train_main(os.path.dirname(run_dir), monkeypatch, *COMMON, *overrides, f"hydra.run.dir={run_dir}")
 
 
 @pytest.mark.slow
@@ -234,7 +250,7 @@ def test_prune_keeps_the_newest_and_every_milestone(tmp_path, steps, keep_last, 
 
 FP16 = ["model=tiny", "data.seq_len=64", "trainer.micro_batch_size=4", "trainer.max_steps=8", "trainer.log_every=1",
         "trainer.eval_every=0", "trainer.eval_batches=1", "trainer.save_every=4", "logger.progress_bar=false",
-        "precision=fp16", "precision.init_scale=2097152", "precision.growth_interval=2"]
+        "precision=fp16", "precision.init_scale=2097152", "precision.growth_interval=2", ONE_LAYER]
 
 
 def logged(run_dir, key):

@@ -9,8 +9,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from base.validate import ConfigError, validate
-from conftest import compose_cfg
-from helpers import TINY_REF_DATA, finish, losses, needs_corpora, wait_for_step, weights
+from conftest import compose_cfg, train_main
+from helpers import COMMON, TINY_REF_DATA, losses, needs_corpora, start, wait_for_step, weights
 
 SPECIALS = 'data.tokenizer.user_symbols=["[CLS]","[SEP]","[MASK]"]'
 @pytest.mark.parametrize("overrides,key,message", [
@@ -32,13 +32,9 @@ def test_bad_mlm_configs_are_refused_naming_the_key(overrides, key, message):
     assert err.value.key == key and message in str(err.value)
 
 
-def test_a_tokenizer_file_without_mask_is_refused(tmp_path):
-    from data.cache import prepare
-
-    cfg = compose_cfg("model=bert_tiny", "objective=mlm", "data.sources.0.max_chars=300000")
-    tokenizer = prepare(OmegaConf.merge(cfg.data, {"sources": [cfg.data.sources[0]], "cache_dir": str(tmp_path),
-                                                   "tokenizer": {"vocab_size": 1000}})).dir / "tokenizer.model"
-    cfg = compose_cfg("model=bert_tiny", "objective=mlm", f"data.tokenizer.path={tokenizer}")
+def test_a_tokenizer_file_without_mask_is_refused(tokenizer_file):
+    """A real sentencepiece model trained without data.tokenizer.user_symbols (the suite's Shakespeare one)."""
+    cfg = compose_cfg("model=bert_tiny", "objective=mlm", f"data.tokenizer.path={tokenizer_file}")
     with pytest.raises(ConfigError, match=r"data.tokenizer.path: .*tokenizer.model has no \[CLS\] \[SEP\] \[MASK\] "
                                           r"piece; objective=mlm needs"):
         validate(cfg)
@@ -64,7 +60,8 @@ def test_micro_batches_are_weighted_by_their_loss_tokens(pynative):
     objective = Objective(Config(name="clm"))
 
     def run(micro_batches):
-        model = build_model(load_preset("model", "tiny"), 32, "fp32", "CPU", seed=0)
+        # one layer: the weighting is the loss cell's and the step's, whatever the depth (fewer eager ops)
+        model = build_model(OmegaConf.merge(load_preset("model", "tiny"), {"num_layers": 1}), 32, "fp32", "CPU", seed=0)
         optimizer = build_optimizer(model.trainable_params(), optim_cfg(lr=1e-2, eps=1e-4, schedule="constant"), 10)
         module = LocalModule(model, objective, optimizer, clip_grad_norm=0.0)
         result = module.step(micro_batches, 1.0)
@@ -85,13 +82,20 @@ RUN = ["model=bert_tiny", "objective=mlm", "data=wiki", "data.seq_len=64", "data
        "trainer.save_every=4", "logger.progress_bar=false"]
 
 
+def in_process(run_dir, monkeypatch):
+    """helpers.start's command line with RUN, as train.py's main in this process: (exit code, stdout, stderr)."""
+    return train_main(os.path.dirname(run_dir), monkeypatch, *COMMON, *RUN, f"hydra.run.dir={run_dir}")
+
+
 @pytest.fixture(scope="module")
 def mlm_run(tmp_path_factory):
-    from helpers import start
-
     root = tmp_path_factory.mktemp("mlm")
     run_dir = str(root / "run")
-    code, _, err = finish(start(run_dir, *RUN))  # the data from the shared cache, as test_step_reference.py reads it
+    mp = pytest.MonkeyPatch()
+    try:  # the data from the shared cache, as test_step_reference.py reads it
+        code, _, err = in_process(run_dir, mp)
+    finally:
+        mp.undo()
     assert code == 0, err[-3000:]
     return root, run_dir
 
@@ -114,18 +118,16 @@ def test_mlm_run_learns_and_logs_its_metrics(mlm_run):
 
 @pytest.mark.slow
 @needs_corpora
-def test_mlm_resume_after_sigkill_equals_the_uninterrupted_run(mlm_run):
+def test_mlm_resume_after_sigkill_equals_the_uninterrupted_run(mlm_run, monkeypatch):
     """Masks are a function of (trainer.seed, sample index): the resumed run masks every batch as the
     uninterrupted one did, so losses and final weights are equal bit for bit."""
-    from helpers import start
-
     root, reference = mlm_run
     run_dir = str(root / "killed")
-    proc = start(run_dir, *RUN)
+    proc = start(run_dir, *RUN)  # a process: the kill
     wait_for_step(run_dir, 9, proc)
     proc.send_signal(signal.SIGKILL)
     proc.communicate()
-    code, out, err = finish(start(run_dir, *RUN))
+    code, out, err = in_process(run_dir, monkeypatch)
     assert code == 0, err[-3000:]
     assert "resumed from" in out
     assert losses(run_dir) == losses(reference)

@@ -2,17 +2,16 @@
 import glob
 import json
 import os
-import subprocess
 import sys
 import types
 
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import ROOT, train_main
+from conftest import train_main
 
-SMALL = ["data.seq_len=64", "trainer.micro_batch_size=4", "trainer.eval_batches=1", "trainer.log_every=2",
-         "optim.warmup_steps=1", "logger.progress_bar=false"]
+SMALL = ["model.num_layers=1", "data.seq_len=64", "trainer.micro_batch_size=4", "trainer.eval_batches=1",
+         "trainer.log_every=2", "optim.warmup_steps=1", "logger.progress_bar=false"]
 
 
 class FakeRun:
@@ -89,12 +88,13 @@ def test_online_only_with_an_api_key(fake_wandb, monkeypatch, tmp_path):
     assert fake_wandb["mode"] == "offline"
 
 
-def run(cwd, *args):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
+def run(cwd, monkeypatch, *args):
+    """`python train.py ARGS` from `cwd` without any WANDB_ variable, as train.py's main in this process: stdout."""
+    for key in [k for k in os.environ if k.startswith("WANDB_")]:
+        monkeypatch.delenv(key)
+    code, out, err = train_main(cwd, monkeypatch, *args)
+    assert code == 0, err[-3000:]
+    return out
 
 
 def run_id(job_dir):
@@ -103,25 +103,22 @@ def run_id(job_dir):
 
 
 @pytest.mark.slow
-def test_a_resumed_run_logs_to_the_same_wandb_run(tmp_path):
+def test_a_resumed_run_logs_to_the_same_wandb_run(tmp_path, monkeypatch):
     """(One group per multirun and names from the swept values: tests/test_sweeps.py's real multirun.)"""
     job = str(tmp_path / "run")
-    out = run(tmp_path, "logger=wandb", "trainer.max_steps=4", *SMALL, f"hydra.run.dir={job}").stdout
+    out = run(tmp_path, monkeypatch, "logger=wandb", "trainer.max_steps=4", *SMALL, f"hydra.run.dir={job}")
     first = run_id(job)
     [offline] = glob.glob(os.path.join(job, "wandb", f"offline-run-*-{first}"))
     assert os.path.isfile(os.path.join(offline, f"run-{first}.wandb"))
     assert out.count("[wandb] offline run in") == 1 and f"upload it with: wandb sync {offline}\n" in out
-    run(tmp_path, "logger=wandb", "trainer.max_steps=6", *SMALL, f"hydra.run.dir={job}")  # resumes at step 4
+    run(tmp_path, monkeypatch, "logger=wandb", "trainer.max_steps=6", *SMALL, f"hydra.run.dir={job}")  # resumes at 4
     assert run_id(job) == first
     assert len(glob.glob(os.path.join(job, "wandb", f"offline-run-*-{first}"))) == 2
 
 
 @pytest.mark.slow
 def test_disabled_mode_writes_no_wandb_files(tmp_path, monkeypatch):
-    for key in [k for k in os.environ if k.startswith("WANDB_")]:
-        monkeypatch.delenv(key)
-    code, _, err = train_main(tmp_path, monkeypatch, "logger=wandb", "logger.mode=disabled",
-                              "trainer.max_steps=2", *SMALL, f"hydra.run.dir={tmp_path / 'run'}")
-    assert code == 0, err[-3000:]
+    run(tmp_path, monkeypatch, "logger=wandb", "logger.mode=disabled", "trainer.max_steps=2", *SMALL,
+        f"hydra.run.dir={tmp_path / 'run'}")
     assert not os.path.exists(tmp_path / "run" / "wandb")
     assert os.path.exists(tmp_path / "run" / "metrics.jsonl")
