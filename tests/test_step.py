@@ -24,8 +24,14 @@ ONE = Tensor(1.0, ms.float32)
 ALLOW = Tensor(True)
 
 
+def tiny_model(seed=0):
+    """model=tiny cut to one layer: every kind of weight the step treats apart (matrices, norms, the embedding,
+    the head) is in it, and each eager step runs a quarter of the ops."""
+    return build_model(OmegaConf.merge(load_preset("model", "tiny"), {"num_layers": 1}), 32, "fp32", "CPU", seed=seed)
+
+
 def setup(seed=0, clip=1.0):
-    model = build_model(load_preset("model", "tiny"), 32, "fp32", "CPU", seed=seed)
+    model = tiny_model(seed)
     # eps well above tiny gradients keeps Adam's first step smooth in g (not sign-like), so sums compare
     optimizer = build_optimizer(model.trainable_params(), optim_cfg(lr=1e-2, eps=1e-4, schedule="constant"), 100)
     forward_backward = ForwardBackward(CausalLMLoss(model), optimizer.parameters)
@@ -152,7 +158,7 @@ def test_native_adamw_equals_mindformers_adamw():
 
 
 def test_weight_decay_spares_norms_and_embeddings():
-    model = build_model(load_preset("model", "tiny"), 32, "fp32", "CPU", seed=0)
+    model = tiny_model(0)
     groups = param_groups(model.trainable_params(), optim_cfg(weight_decay=0.1))
     decayed = {p.name for g in groups if g["weight_decay"] > 0 for p in g["params"]}
     assert "model.layers.0.attention.wq.weight" in decayed and "lm_head.weight" in decayed
@@ -166,7 +172,7 @@ CAME = pytest.param("came", marks=pytest.mark.slow)  # MindFormers' CAME runs it
 def test_weight_decay_is_decoupled_and_spares_the_no_decay_group(name):
     """With zero gradients every preset's update is zero, so one step is the decay alone: w * (1 - lr * wd) on
     matrices, norms and embeddings untouched."""
-    model = build_model(load_preset("model", "tiny"), 32, "fp32", "CPU", seed=0)
+    model = tiny_model(0)
     optimizer = build_optimizer(model.trainable_params(), optim_cfg(name, lr=1e-2, weight_decay=0.5,
                                                                     schedule="constant"), 10)
     before = weights(model)
@@ -182,7 +188,7 @@ def test_adamw_first_update_is_bias_corrected_and_adamw_bert_is_not():
     AdamWeightDecay by lr * (1 - beta1) g / (sqrt(1 - beta2) |g| + eps) (~0.447 lr at betas 0.9/0.95)."""
     moved = {}
     for name in ("adamw", "adamw_bert"):
-        model = build_model(load_preset("model", "tiny"), 32, "fp32", "CPU", seed=0)
+        model = tiny_model(0)
         optimizer = build_optimizer(model.trainable_params(), optim_cfg(name, lr=1e-3, weight_decay=0.0,
                                                                         schedule="constant"), 10)
         grads = optimizer.parameters.clone(prefix="grad", init="ones")
@@ -230,13 +236,13 @@ def test_checkpoint_round_trip_restores_weights_and_optimizer_state(tmp_path):
 def test_every_presets_state_round_trips_through_a_checkpoint(tmp_path, name):
     """Moments, CAME's factored statistics and step counters: all of it is what a resumed run continues from."""
     cfg = optim_cfg(name, lr=1e-2, schedule="constant")
-    model = build_model(load_preset("model", "tiny"), 32, "fp32", "CPU", seed=0)
+    model = tiny_model(0)
     optimizer = build_optimizer(model.trainable_params(), cfg, 10)
     fb = ForwardBackward(CausalLMLoss(model), optimizer.parameters)
     fb(ONE, batch(4), batch(4))
     ApplyUpdate(optimizer, fb.grad_buffers, 1.0)(ONE, ALLOW)
     path = checkpoint.save(str(tmp_path), 1, model, optimizer, {}, OmegaConf.create({"a": 1}))
-    fresh = build_model(load_preset("model", "tiny"), 32, "fp32", "CPU", seed=1)
+    fresh = tiny_model(1)
     fresh_optimizer = build_optimizer(fresh.trainable_params(), cfg, 10)
     checkpoint.load(path, fresh, fresh_optimizer)
     state = {k: v.asnumpy() for k, v in optimizer.parameters_dict().items()}
