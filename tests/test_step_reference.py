@@ -9,6 +9,18 @@ from helpers import TINY_REF_DATA, needs_corpora
 pytestmark = pytest.mark.slow  # ~20 s each: a graph compile and 20 steps on each side
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """PyTorch's side on one thread: beside MindSpore's thread pool on a small shared box its second thread mostly
+    waits, at the cost of CPU time (as tests/test_generate.py's reference)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("grad_accum", [1, 2])
 def test_twenty_adamw_steps_equal_pytorch_within_1e5(grad_accum):
     rows = compare([f"trainer.grad_accum={grad_accum}"], FIRST_STEPS)
