@@ -272,9 +272,10 @@ def test_dpo_rm_and_ppo_losses_add_the_routers_auxiliary_loss(moe_and_ids):
     assert loss - plain == pytest.approx(aux_of(model, ids[:, :-1]), rel=1e-4)
 
 
-def test_lora_adapts_the_attention_projections_of_a_moe_model_by_default():
+def test_lora_adapts_the_attention_projections_of_a_moe_model_by_default(pynative):
     """peft=lora's default target_modules on the moe family: the attention projections (the routed experts are
-    stacked Parameters, the router and shared expert are not named); everything else frozen."""
+    stacked Parameters, the router and shared expert are not named); everything else frozen. Eagerly: B's zeros
+    leave the output as it was whether or not a graph is recompiled (test_moe_cli.py trains LoRA's graph)."""
     from adapters.lora import LoraConfig, apply_lora
 
     _, model = built(QWEN)
