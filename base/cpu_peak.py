@@ -75,7 +75,8 @@ def estimated_tflops(info: Dict[str, str], cpus: int, clock: float) -> float:
     return cpus * clock * flops_per_cycle(info) / 1e12
 
 
-def _best_seconds(fn, repeats: int) -> float:
+def best_seconds(fn, repeats: int = 5) -> float:
+    """The fastest of `repeats` calls of fn, after one to warm up."""
     fn()
     best = float("inf")
     for _ in range(repeats):
@@ -129,10 +130,10 @@ def measure_gemm_tflops(n: int = GEMM_N, repeats: int = 5, threads: Optional[int
     threads = threads or len(os.sched_getaffinity(0))
     rng = np.random.default_rng(0)
     a, b, c = rng.random((n, n), np.float32), rng.random((n, n), np.float32), np.zeros((n, n), np.float32)
-    seconds = [_best_seconds(lambda: a @ b, repeats)]
+    seconds = [best_seconds(lambda: a @ b, repeats)]
     sgemm = sgemm_function()
     if sgemm is not None:
-        seconds.append(_best_seconds(lambda: rows_sgemm(sgemm, a, b, c, threads), repeats))
+        seconds.append(best_seconds(lambda: rows_sgemm(sgemm, a, b, c, threads), repeats))
     return 2 * n ** 3 / min(seconds) / 1e12
 
 

@@ -69,8 +69,9 @@ OPTIONAL = {
     "export_mindformers": "export_mindformers(cfg, weights, out_dir, location): convert.py --to mindformers",
     "experts": "experts(m) -> (num_experts, top_k) of a mixture of experts: parallel.ep splits them (validation, "
                "the planner's memory and all-to-all time, the advisor's search)",
-    "after_step": "after_step(model, model_cfg): what the family updates outside the gradient after each applied "
-                  "step (DeepSeek-V3's routing bias, from the step's expert load; trainer/callbacks.py FamilyUpdate)",
+    "after_step": "after_step(model, model_cfg): what the family updates outside the gradient after every step, "
+                  "its update applied or skipped (DeepSeek-V3's routing bias, from the step's expert load; "
+                  "trainer/callbacks.py FamilyUpdate)",
     "step_metrics": "step_metrics(model) -> {name: value} the console and metrics.jsonl show after each step "
                     "(a router's load and dropped tokens)",
 }

@@ -7,8 +7,8 @@ benchmarks/RESULTS.md: the one command that regenerates the whole file.
     scripts/venv.sh python -m benchmarks --list                   # the benchmarks and their two settings
 
 The checkpoints some of them start from are trained first, in --workdir (kept, so a second run reuses them): a
-tiny pretrain (`make train`), a tiny SFT from it on data=instructions, and a model=small pretrain, after the
-instruction and preference sets (builders/). `--smallest` runs each benchmark with the least of everything that
+tiny pretrain (`make train`) and a tiny SFT from it on data=instructions, after the instruction and preference
+sets (builders/). `--smallest` runs each benchmark with the least of everything that
 still runs every part of it (a few steps, the smallest model and shapes), and makes its checkpoints as small: it
 checks that the benchmarks run, not what they measure, so its sections go to `--results` (and its data to
 <workdir>/data), never to the repository's RESULTS.md or the data cache. device_check needs an accelerator: it
@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @dataclass(frozen=True)
 class Benchmark:
     """`python -m benchmarks.<name> <args>` as the docs type it (`args`) and at its smallest setting (`smallest`).
-    {tiny}, {sft}, {small} stand for the checkpoints made first, {work} for a directory of its own."""
+    {tiny}, {sft} stand for the checkpoints made first, {work} for a directory of its own."""
     args: Tuple[str, ...]
     smallest: Tuple[str, ...]
 
@@ -60,12 +60,12 @@ BENCHMARKS: Dict[str, Benchmark] = {
                           ("--base", "{tiny}", "--steps", "2", "model=tiny", "data.seq_len=64", "objective.truncate=true",
                            "optim.warmup_steps=1",
                            "trainer.micro_batch_size=1", "trainer.eval_batches=1", "trainer.log_every=1")),
-    "long_context": Benchmark(("--model", "small", "--base-steps", "600", "--passkey-trials", "3", "--work", "{work}"),
+    "long_context": Benchmark(("--model", "tiny", "--base-steps", "400", "--passkey-trials", "3", "--work", "{work}"),
                               ("--model", "tiny", "--base-len", "64", "--base-steps", "2", "--base-micro-batch", "1",
                                "--factor", "2", "--extend-factors", "2", "--extend-steps", "2",
                                "--extend-tokens", "128", "--eval-batches", "1", "--passkey-trials", "1",
                                "--passkey-depths", "0.5", "--work", "{work}")),
-    "alignment": Benchmark(("--base", "{small}", "--model", "small", "--workdir", "{work}"),
+    "alignment": Benchmark(("--base", "{tiny}", "--model", "tiny", "--workdir", "{work}"),
                            ("--base", "{tiny}", "--model", "tiny", "--sft-steps", "2", "--steps", "2",
                             "--ppo-steps", "4", "--rule-items", "2", "--workdir", "{work}", "trainer.eval_batches=1")),
     "dpo_reference": Benchmark(("--init", "{sft}", "--steps", "150", "--modes", "precomputed,copy"),
@@ -90,9 +90,6 @@ CHECKPOINTS = {
              "trainer.micro_batch_size=8", "logger.progress_bar=false"),
             ("stage=sft", "model=tiny", "data=instructions", "stage.init_from={tiny}", "data.seq_len=64",
              "objective.truncate=true", *TINY_RUN)),
-    "small": (("model=small", "data=corpora_5dom", "trainer.max_steps=300", "trainer.micro_batch_size=8",
-               "trainer.eval_every=0", "trainer.eval_batches=1", "optim.lr=1e-3", "optim.min_lr=1e-4",
-               "optim.warmup_steps=30", "logger.progress_bar=false"), ()),  # () at --smallest: the tiny pretrain's
 }
 NEEDS = {"sft": ("tiny",)}  # a checkpoint made from another
 
@@ -114,7 +111,7 @@ def checkpoint(name: str, smallest: bool, workdir: str, env: dict, made: dict) -
     for need in NEEDS.get(name, ()):
         checkpoint(need, smallest, workdir, env, made)
     full, small = CHECKPOINTS[name]
-    overrides = [o.format(**made) for o in ((small or ("model=tiny", *TINY_RUN)) if smallest else full)]
+    overrides = [o.format(**made) for o in (small if smallest else full)]
     run_dir = os.path.join(workdir, name)
     ckpts = os.path.join(run_dir, "checkpoints")
     if not os.path.isdir(ckpts) or not any(c.startswith("step_") for c in os.listdir(ckpts)):
@@ -150,7 +147,7 @@ def main(argv=None) -> None:
         env["MINDLAB_DATA_DIR"] = os.path.join(workdir, "data")
     names = args.names or list(BENCHMARKS)
     settings = {n: (BENCHMARKS[n].smallest if args.smallest else BENCHMARKS[n].args) for n in names}
-    if any("{sft}" in a or "{small}" in a or name in ("alignment", "dpo_reference")
+    if any("{sft}" in a or name in ("alignment", "dpo_reference")
            for name, s in settings.items() for a in s):  # the instruction and preference sets, as the docs make them
         for builder in ("builders.instructions", "builders.preferences"):
             run([sys.executable, "-m", builder], env)

@@ -26,52 +26,15 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 
 import numpy as np
 
 import mindspore as ms
 from mindspore import Tensor, ops
-from base.cpu_peak import sgemm_function
+from base.cpu_peak import best_seconds, rows_sgemm, sgemm_function
 from benchmarks.results import recorded
 
 SIZES = (1024, 2048, 4096)
-
-
-def best_seconds(fn, repeats: int = 5) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
-def split_sgemm(sgemm, A, B, ta: bool, tb: bool, axis: str, out, scratch) -> None:
-    """out = op(A) op(B), the `axis` dimension (M, N or K) cut in two halves, one per thread (K: the second
-    half's product goes to `scratch` and is added)."""
-    (M, N), K = out.shape, (A.shape[0] if ta else A.shape[1])
-    lda, ldb, fl = A.shape[1], B.shape[1], 4  # row-major leading dimensions; bytes per float
-    ops_ = (b"T" if ta else b"N", b"T" if tb else b"N")
-    size = {"M": M, "N": N, "K": K}[axis]
-
-    def half(p):
-        lo, hi = size * p // 2, size * (p + 1) // 2
-        m, n, k = (hi - lo if axis == d else full for d, full in (("M", M), ("N", N), ("K", K)))
-        a_at = {"M": lo if ta else lo * lda, "K": lo * lda if ta else lo}.get(axis, 0)
-        b_at = {"N": lo * ldb if tb else lo, "K": lo if tb else lo * ldb}.get(axis, 0)
-        c, c_at = (scratch, 0) if axis == "K" and p else (out, {"M": lo * N, "N": lo}.get(axis, 0))
-        sgemm(*ops_, m, n, k, 1.0, A.ctypes.data + a_at * fl, lda, B.ctypes.data + b_at * fl, ldb, 0.0,
-              c.ctypes.data + c_at * fl, N)
-
-    other = threading.Thread(target=half, args=(1,))
-    other.start()
-    half(0)
-    other.join()
-    if axis == "K":
-        np.add(out, scratch, out=out)
 
 
 def matmul_flops(sizes=SIZES, threads: int = 2) -> dict:
@@ -91,7 +54,7 @@ def matmul_flops(sizes=SIZES, threads: int = 2) -> dict:
         out["mindspore"][n] = flops / best_seconds(lambda: ops.matmul(ta, ta).asnumpy())
         out["pytorch"][n] = flops / best_seconds(lambda: torch.mm(tt, tt))
         out["numpy"][n] = flops / best_seconds(lambda: a @ a)
-        out["onednn"][n] = flops / best_seconds(lambda: split_sgemm(sgemm, a, a, False, False, "M", c, None))
+        out["onednn"][n] = flops / best_seconds(lambda: rows_sgemm(sgemm, a, a, c, threads))
     return out
 
 

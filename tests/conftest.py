@@ -1,6 +1,7 @@
 import boot  # noqa: F401  (MindSpore first, as in train.py)
 
 import contextlib
+import copy
 import gzip
 import importlib
 import inspect
@@ -98,12 +99,20 @@ def pytest_runtest_setup(item):
         corpus_path(*mark.args)
 
 
+_COMPOSED = {}
+
+
 def compose_cfg(*overrides, hydra_config: bool = False):
-    """The config train.py would run with these command-line overrides (with Hydra's own node: `hydra_config`)."""
+    """The config train.py would run with these command-line overrides (with Hydra's own node: `hydra_config`).
+    Composed once per distinct call in a test process and handed out as a copy the test may change: a composition
+    takes Hydra a tenth of a second, and the suite asks for the same few hundreds of times."""
     from hydra import compose, initialize_config_dir
 
-    with initialize_config_dir(config_dir=os.path.join(ROOT, "conf"), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra_config)
+    key = (overrides, hydra_config)
+    if key not in _COMPOSED:
+        with initialize_config_dir(config_dir=os.path.join(ROOT, "conf"), version_base="1.3"):
+            _COMPOSED[key] = compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra_config)
+    return copy.deepcopy(_COMPOSED[key])
 
 
 # entry point -> (module, how a user runs it)

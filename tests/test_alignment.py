@@ -98,12 +98,13 @@ def hand_rouge_l(prediction, reference):
 
 
 @pytest.mark.slow
-def test_on_policy_pairs_are_the_best_and_worst_of_the_models_samples(tmp_path, base_checkpoint):
+def test_on_policy_pairs_are_the_best_and_worst_of_the_models_samples(tmp_path, monkeypatch, base_checkpoint):
     """k = 4 samples per prompt from the tiny checkpoint, drawn once here with the command's random streams;
     the corpus answers are then made from them (one verbatim, others mixing two samples' words, one sharing
     nothing), so the ranks are known by hand. The command pairs the best against the worst sample wherever
     their ROUGE-L differ by >= --min-gap, writes the same bytes whatever the batch size, and the pairs load
     as preference data."""
+    import models.pretrained
     from data.cache import prepare
     from builders.preferences import main, sample_responses
     from evaluation.tasks import alpaca_item
@@ -114,7 +115,14 @@ def test_on_policy_pairs_are_the_best_and_worst_of_the_models_samples(tmp_path, 
     splits = {"train": [f"Say {w} {n} times." for w in ("apple", "stone") for n in (2, 3)],
               "val": ["Name a colour.", "Count to four."]}
     model_cfg, path, tokenizer = load(base_checkpoint, str(tmp_path / "unused"))
-    generate_fn = make_generate_fn(generator(model_cfg.family, build(model_cfg, path, "CPU")), tokenizer, batch_size=8)
+    model = build(model_cfg, path, "CPU")
+
+    def built(cfg, at, device, precision="auto"):  # the command's model: this one, read from the same checkpoint,
+        assert (cfg, at, device, precision) == (model_cfg, path, "CPU", "auto")  # its batch-8 graphs compiled here
+        return model
+
+    monkeypatch.setattr(models.pretrained, "build", built)
+    generate_fn = make_generate_fn(generator(model_cfg.family, model), tokenizer, batch_size=8)
     drawn = {}
     for split, instructions in splits.items():
         prompts = [alpaca_item({"instruction": i, "output": ""})["prompt"] for i in instructions]

@@ -16,10 +16,6 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 # needs an accelerator: it runs as `make device-check` on one (tests/test_device_check.py checks it on CPU)
 HARDWARE = {"device_check"}
-# named in the docs, their section not yet measured with the current code: `python -m benchmarks <these>` writes
-# them (hours on 2 cores); each name leaves this set when its section is in RESULTS.md (the test below says so)
-NOT_YET_MEASURED = {"scaling", "long_context",
-                    "alignment"}
 
 
 def documented() -> set:
@@ -38,9 +34,7 @@ def test_python_m_benchmarks_runs_every_benchmark_the_docs_name():
 
 def test_results_md_has_a_section_for_every_benchmark_the_docs_name():
     missing = documented() - HARDWARE - sections(RESULTS)
-    assert missing == NOT_YET_MEASURED, (
-        f"no section in benchmarks/RESULTS.md: {sorted(missing - NOT_YET_MEASURED)} (run `python -m benchmarks "
-        f"NAME`); measured now, leave NOT_YET_MEASURED: {sorted(NOT_YET_MEASURED - missing)}")
+    assert not missing, f"no section in benchmarks/RESULTS.md: {sorted(missing)} (run `python -m benchmarks NAME`)"
 
 
 def test_cpu_matmul_peak_json_is_the_json_alone_and_leaves_results_md_as_it_is():

@@ -24,7 +24,7 @@ from data.documents import Work, clean
 from data.minhash import NUM_PERM, lsh_bands
 from data.parallel import WorkerPool
 from data.sources import read_unit, work_units
-from conftest import write_docs
+from conftest import invoke, write_docs
 from helpers import digests_of, make_docs, source_cfg
 
 REPO = Path(__file__).resolve().parents[1]
@@ -173,18 +173,26 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def run_prepare(cfg, slow="", kill_when=None):
-    """prepare.py in a subprocess on `cfg`'s sources (small units); SIGKILLed once kill_when() holds."""
+def prepare_args(cfg):
+    """prepare.py's command line for `cfg`'s sources (its other keys as data_cfg and many_units set them)."""
     sources = "[" + ", ".join(f"{{name: {s.name}, kind: {s.kind}, paths: ['{s.paths[0]}']}}" for s in cfg.sources) + "]"
-    args = [f"data.sources={sources}", f"data.cache_dir={cfg.cache_dir}", "data.num_workers=0",
-            "data.seq_len=16", "data.shard_rows=500", "data.val_fraction=0.1", "model.vocab_size=300",
+    return [f"data.sources={sources}", f"data.cache_dir={cfg.cache_dir}", "data.num_workers=0", "data.seq_len=16",
+            "data.shard_rows=500", "data.val_fraction=0.1", "model.vocab_size=300",
             "data.tokenizer.sample_chars=100000", "data.cleaning.min_chars=10"]
-    proc = subprocess.Popen([sys.executable, "-c", KILLABLE.format(slow=textwrap.dedent(slow)), *args], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if kill_when is None:
-        out, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err[-3000:]
-        return
+
+
+def prepare_main(cfg):
+    """prepare.py's main on `cfg`'s sources in this process (many_units sets the same small units as KILLABLE): a
+    run that is not killed needs no process of its own."""
+    outcome = invoke("prepare", prepare_args(cfg))
+    assert outcome.code == 0, outcome.err[-3000:]
+
+
+def kill_prepare(cfg, slow, kill_when):
+    """prepare.py in a subprocess on `cfg`'s sources (small units, `slow` patched in), SIGKILLed once kill_when()
+    holds."""
+    proc = subprocess.Popen([sys.executable, "-c", KILLABLE.format(slow=textwrap.dedent(slow)), *prepare_args(cfg)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while not kill_when() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)
@@ -196,7 +204,7 @@ def run_prepare(cfg, slow="", kill_when=None):
 @pytest.mark.slow
 def test_a_killed_prepare_resumes_to_the_bytes_of_an_uninterrupted_one(many_units, tmp_path):
     cfg, _ = many_units
-    run_prepare(cfg)
+    prepare_main(cfg)
     (uninterrupted,) = [p for p in Path(cfg.cache_dir).iterdir() if p.is_dir()]
     expected = digests_of(uninterrupted)
     for stage, slow, done in [  # killed once some units are cleaned, then once some row shards are written
@@ -207,9 +215,9 @@ def test_a_killed_prepare_resumes_to_the_bytes_of_an_uninterrupted_one(many_unit
                      "data.packing._write_shard = lambda *a: (time.sleep(0.2), w(*a))[1]",
              lambda cache: len(list(cache.glob("*/rows-16.partial/*.mindrecord"))) >= 2)]:
         killed = OmegaConf.merge(cfg, {"cache_dir": str(tmp_path / f"killed-{stage}")})
-        run_prepare(killed, slow, kill_when=lambda: done(Path(killed.cache_dir)))
+        kill_prepare(killed, slow, kill_when=lambda: done(Path(killed.cache_dir)))
         finished = {p.name for p in Path(killed.cache_dir).rglob("*") if ".tmp-" not in p.name}
-        run_prepare(killed)
+        prepare_main(killed)  # resumed
         (resumed,) = [p for p in Path(killed.cache_dir).iterdir() if p.is_dir()]
         assert digests_of(resumed) == expected, stage
         assert finished  # something was kept to resume from
@@ -279,13 +287,13 @@ ORPHAN = """
 import os, sys, time
 from data.parallel import WorkerPool
 
-def nap(seconds):
+def nap(seconds, marker):
+    open(marker, "w").close()
     time.sleep(seconds)
 
 if __name__ == "__main__":
     with WorkerPool(2) as pool:
-        print("started", flush=True)
-        for _ in pool.run(nap, [(600,), (600,)], "nap", 1):
+        for _ in pool.run(nap, [(600, sys.argv[1] + "/napping-0"), (600, sys.argv[1] + "/napping-1")], "nap", 1):
             pass
 """
 
@@ -294,15 +302,15 @@ def test_worker_processes_die_with_a_killed_parent(tmp_path):
     script = tmp_path / "orphan.py"
     script.write_text(ORPHAN)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            env=env)
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, env=env)
     parent = psutil.Process(proc.pid)
-    deadline = time.time() + 60
-    while len(parent.children(recursive=True)) < 3 and time.time() < deadline:  # 2 workers + the resource tracker
+    deadline = time.time() + 120
+    while len(list(tmp_path.glob("napping-*"))) < 2:  # both workers in their task (past their start-up)
+        assert proc.poll() is None and time.time() < deadline
         time.sleep(0.1)
     children = parent.children(recursive=True)
-    assert len(children) >= 3, children
-    time.sleep(1)  # the workers are napping
+    assert len(children) >= 3, children  # 2 workers + the resource tracker
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     gone, alive = psutil.wait_procs(children, timeout=10)

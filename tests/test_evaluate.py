@@ -211,9 +211,10 @@ def test_encode_pair_moves_trailing_whitespace_to_the_continuation(tok):
 
 
 @pytest.mark.slow
-def test_generation_tasks_use_greedy_cached_generation(tokenizer_file, pynative):
+def test_generation_tasks_use_greedy_cached_generation(tokenizer_file):
     """The tasks' generate_fn is the family generator's (models/generation.py make_generate_fn): greedy
-    continuations equal the generator's own."""
+    continuations equal the generator's own. In graph mode: both run the generator's one pair of graphs, compiled
+    once (eager decoding steps cost more than the compile)."""
     from models import build_model
     from models.generation import generator
     from objectives.clm import Config, Objective

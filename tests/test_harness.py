@@ -23,9 +23,17 @@ def test_rolling_windows_are_lm_evals_docstring_example():
 
 @pytest.fixture(scope="module")
 def lm(base_checkpoint):
+    """In the checkpoint's runtime (trainer.mode: graph), which MindlabLM sets up as `python -m harness` does."""
+    return H.MindlabLM(base_checkpoint, batch_size=2, max_length=64)
+
+
+def eager_log_probs(model, ids):
+    """log softmax of the model's logits over `ids` [1, S]: a reference forward, eagerly (no graph compiled)."""
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    yield H.MindlabLM(base_checkpoint, batch_size=2, max_length=64)
-    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        return ms.ops.log_softmax(model(Tensor(np.array(ids, np.int32))), -1).asnumpy()[0]
+    finally:
+        ms.set_context(mode=ms.GRAPH_MODE)
 
 
 def request(*args):
@@ -36,7 +44,7 @@ def request(*args):
 def test_rolling_loglikelihood_scores_every_token_once(lm):
     text = "Shall I compare thee to a summer's day? Thou art more lovely and more temperate. " * 3
     ids = [lm.tokenizer.eos_id] + lm.tokenizer.encode(text)
-    logp = ms.ops.log_softmax(lm.model(Tensor(np.array([ids[:-1]], np.int32))), -1).asnumpy()[0]
+    logp = eager_log_probs(lm.model, [ids[:-1]])
     direct = float(sum(logp[j, t] for j, t in enumerate(ids[1:])))  # one window: the whole text as context
     (whole,) = H.MindlabLM(lm.checkpoint, batch_size=2, max_length=256).loglikelihood_rolling([request(text)])
     assert whole == pytest.approx(direct, abs=1e-3)
@@ -48,7 +56,7 @@ def test_rolling_loglikelihood_scores_every_token_once(lm):
 def test_loglikelihood_is_greedy_marks_the_models_own_choice(lm):
     context = lm.tokenizer.encode("To be, or not to be")
     ids = np.array([[lm.tokenizer.eos_id] + context], np.int32)
-    ranked = np.argsort(-lm.model(Tensor(ids)).asnumpy()[0, -1])
+    ranked = np.argsort(-eager_log_probs(lm.model, ids)[-1])
     best, other = int(ranked[0]), int(ranked[1])
     (logp_best, greedy_best), (logp_other, greedy_other) = lm.scorer.score(
         [(list(ids[0]) + [best], 1), (list(ids[0]) + [other], 1)])
@@ -68,7 +76,7 @@ def test_generate_until_cuts_at_the_stop_string(lm):
 
 
 @pytest.mark.slow
-def test_lm_eval_scores_a_mindlab_task_as_evaluate_does(base_checkpoint, tmp_path):
+def test_lm_eval_scores_a_mindlab_task_as_evaluate_does(base_checkpoint, tmp_path, lm):
     """lm-evaluation-harness (requirements.txt pins it) through `python -m harness`'s run() on a mindlab task file:
     exactly the acc and acc_norm of python -m evaluation's scorer on the same checkpoint and items."""
     from evaluation.tasks import load_task, score_multiple_choice
@@ -79,7 +87,6 @@ def test_lm_eval_scores_a_mindlab_task_as_evaluate_does(base_checkpoint, tmp_pat
         {"context": "ROMEO:\n", "choices": ["But soft", "What light", "Arise"], "gold": 1},
         {"context": "Now is the winter of our", "choices": [" discontent", " table"], "gold": 0}]))
     results = H.run(base_checkpoint, [str(path)], None, None, 2, 64)["mindlab_mini_mc"]
-    lm = H.MindlabLM(base_checkpoint, batch_size=2, max_length=64)
     ours = score_multiple_choice(load_task(path).items, lm.scorer)
     assert results["acc,none"] == pytest.approx(ours["acc"]) and results["acc_norm,none"] == pytest.approx(
         ours["acc_norm"])

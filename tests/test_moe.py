@@ -272,9 +272,10 @@ def test_dpo_rm_and_ppo_losses_add_the_routers_auxiliary_loss(moe_and_ids):
     assert loss - plain == pytest.approx(aux_of(model, ids[:, :-1]), rel=1e-4)
 
 
-def test_lora_adapts_the_attention_projections_of_a_moe_model_by_default():
+def test_lora_adapts_the_attention_projections_of_a_moe_model_by_default(pynative):
     """peft=lora's default target_modules on the moe family: the attention projections (the routed experts are
-    stacked Parameters, the router and shared expert are not named); everything else frozen."""
+    stacked Parameters, the router and shared expert are not named); everything else frozen. Eagerly: B's zeros
+    leave the output as it was whether or not a graph is recompiled (test_moe_cli.py trains LoRA's graph)."""
     from adapters.lora import LoraConfig, apply_lora
 
     _, model = built(QWEN)
@@ -677,7 +678,7 @@ def hand_counts(model, rows, biases) -> np.ndarray:
 def test_the_training_forward_counts_the_assignments_and_the_update_moves_each_layers_bias(pynative):
     """The training forward (with_aux) adds each layer's assignments per expert; the plain forward adds none; after
     the step each bias moves by gamma sign(1/E - load), load the expert's share of its layer's assignments
-    (DeepSeek-V3 section 2.1.2), and the counts restart from zero. The counted forward is the compiled graph, as
+    (DeepSeek-V3 section 2.1.2), and the counts restart from zero; an update with nothing counted moves nothing. The counted forward is the compiled graph, as
     training runs it: its layers share one graph (lazy_inline) yet each reads its own bias and adds to its own
     counts."""
     import mindspore as ms
@@ -704,6 +705,10 @@ def test_the_training_forward_counts_the_assignments_and_the_update_moves_each_l
         np.testing.assert_allclose(layer.feed_forward.routing_bias.asnumpy(),
                                    bias + 0.05 * np.sign(1 / cfg.num_experts - share), atol=1e-7)
         assert not layer.feed_forward.expert_load.asnumpy().any()
+    moved = [layer.feed_forward.routing_bias.asnumpy() for layer in model.model.layers]
+    after_step(model, cfg)  # nothing routed since (a step without loss tokens): no layer's bias moves, as MindFormers'
+    for layer, bias in zip(model.model.layers, moved):
+        np.testing.assert_array_equal(layer.feed_forward.routing_bias.asnumpy(), bias)
 
 
 def test_under_accumulation_the_bias_update_reads_every_micro_batch_of_the_step(pynative):
@@ -740,6 +745,47 @@ def test_under_accumulation_the_bias_update_reads_every_micro_batch_of_the_step(
 
     np.testing.assert_allclose(whole, by_hand(ids), atol=1e-7)
     assert (by_hand(ids[2:]) != by_hand(ids)).any()  # what reading the last micro-batch only gave
+
+
+def test_a_skipped_step_still_moves_the_bias_by_its_own_counts_and_leaves_the_weights(pynative):
+    """MindFormers' TopkBiasBalanceCallback updates the bias and zeroes expert_load at every step's end, overflow
+    steps too; so does the loop's FamilyUpdate: a step the spike guard skips (its limit below the loss) and then one
+    whose gradients are not finite (a NaN loss scale, as trainer.inject_nan_steps makes) leave the weights as they
+    were, yet each moves every layer's bias by gamma sign(1/E - load), load from a hand count of that step's own
+    routing (the second step's by the bias the first one moved), and zeroes the counts."""
+    from helpers import optim_cfg
+    from objectives.clm import Config, Objective
+    from trainer.callbacks import FamilyUpdate
+    from trainer.guard import SpikeGuard
+    from trainer.module import LocalModule
+    from trainer.optimizer import build_optimizer
+
+    gamma, e = 0.05, MIXTRAL["num_experts"]
+    cfg, model = built(dict(MIXTRAL, bias_update_rate=gamma), seed=2)
+    optimizer = build_optimizer(model.trainable_params(), optim_cfg(lr=1e-2, schedule="constant"), 10)
+    module = LocalModule(model, Objective(Config(name="clm")), optimizer, clip_grad_norm=0.0)
+    update = FamilyUpdate(family("moe").after_step, model, cfg)
+    spiky = SpikeGuard(factor=2.0, window=1, max_consecutive=5, history=[1e-3])  # any real loss is a spike
+    rows = np.random.default_rng(7).integers(4, MIXTRAL["vocab_size"], (2, 4, 13)).astype(np.int32)
+    for step, (ids, scale, guard) in enumerate(((rows[0], 1.0, spiky), (rows[1], float("nan"), None)), 1):
+        weights = {p.name: p.asnumpy() for p in model.trainable_params()}
+        bias = np.stack([layer.feed_forward.routing_bias.asnumpy() for layer in model.model.layers])
+        counts = hand_counts(model, ids[:, :-1], bias)
+        result = module.step([(ids, ids)], scale, guard)
+        if guard:  # the guard's verdict on a finite step
+            assert result.finite and result.skip.startswith("loss spike")
+        else:
+            assert not result.finite and result.skip is None
+        for layer, want in zip(model.model.layers, counts):
+            np.testing.assert_array_equal(layer.feed_forward.expert_load.asnumpy(), want)
+        update.on_step(step, result)
+        want = bias + gamma * np.sign(1 / e - counts / counts.sum(-1, keepdims=True))
+        assert (want != bias).any()
+        for layer, moved in zip(model.model.layers, want):
+            np.testing.assert_array_equal(layer.feed_forward.routing_bias.asnumpy(), moved)
+            assert not layer.feed_forward.expert_load.asnumpy().any()
+        for p in model.trainable_params():
+            np.testing.assert_array_equal(p.asnumpy(), weights[p.name], err_msg=p.name)
 
 
 def test_the_bias_matches_transformers_deepseek_v3_choice_rule():

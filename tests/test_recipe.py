@@ -392,9 +392,10 @@ def test_a_real_chain_trains_each_stage_from_the_last_and_evaluates_the_result(c
 
 @pytest.mark.slow
 def test_a_recipe_killed_during_sft_resumes_and_ends_as_the_uninterrupted_one(chained, tmp_path):
-    """SIGKILL the recipe process while its SFT stage trains (after its first checkpoint), run it again: the
-    stage resumes from that checkpoint and its metrics equal those of the uninterrupted chain's SFT (which
-    started from the same pretrained checkpoint); the killed stage's process died with the recipe."""
+    """SIGKILL the recipe process while its SFT stage trains (after its first checkpoint), run it again (the
+    runner's call, in this process): the stage resumes from that checkpoint and its metrics equal those of the
+    uninterrupted chain's SFT (which started from the same pretrained checkpoint); the killed stage's process died
+    with the recipe."""
     import signal
     import subprocess
     import sys
@@ -427,7 +428,10 @@ def test_a_recipe_killed_during_sft_resumes_and_ends_as_the_uninterrupted_one(ch
     proc.wait()
     psutil.wait_procs(children, timeout=30)
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
-    assert subprocess.run(command, cwd=REPO_ROOT, capture_output=True).returncode == 0
+    again = runner.run(runner.plan(stages_of(chain, common={"logger": {"progress_bar": False}}), tmp_path / "run"),
+                       tmp_path / "run", "v")
+    assert [r["state"] for r in again] == ["ran"]
+    assert "[checkpoint] resumed from" in (metrics.parent.parent / f"{metrics.parent.name}.log").read_text()
     resumed = [json.loads(line) for line in metrics.read_text().splitlines()]
     reference = [json.loads(line) for line in (root / "02-sft" / "metrics.jsonl").read_text().splitlines()]
     keys = ("step", "loss", "val_loss", "val_mean_token_accuracy")

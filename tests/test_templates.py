@@ -152,9 +152,10 @@ def test_sft_on_an_alpaca_json_list_then_dpo_and_generate_keep_the_articles_temp
     feedback = [{"prompt": f"重复{w}", "response1": w, "response2": w * 3, "preference": 1} for w in "春夏秋冬风花雪月"]
     (tmp_path / "human_feedback.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in feedback),
                                                    encoding="utf-8")
+    # no held-out rows (nor an evaluation graph to compile): what is checked is the template each stage reads
     common = ["model=tiny", "trainer.max_steps=2", "trainer.eval_every=0", "optim.warmup_steps=0",
               "logger.progress_bar=false", f"data.cache_dir={tmp_path / 'cache'}", "data.num_workers=0",
-              "data.seq_len=64", "data.val_fraction=0.2", "trainer.micro_batch_size=2"]
+              "data.seq_len=64", "data.val_fraction=0", "trainer.micro_batch_size=2"]
     code, out, err = train_main(tmp_path, monkeypatch, "stage=sft", f"stage.init_from={base_checkpoint}",
                                 "data.template.name=alpaca_zh", f"hydra.run.dir={tmp_path / 'sft'}",
                                 f"data.sources=[{{name: zh, kind: alpaca, paths: [{tmp_path / 'alpaca_data.json'}]}}]",
@@ -168,7 +169,8 @@ def test_sft_on_an_alpaca_json_list_then_dpo_and_generate_keep_the_articles_temp
     assert "[stage] data.template: the checkpoint's (alpaca_zh)" in out
     dpo = os.path.join(tmp_path, "dpo", "checkpoints", "latest")
     (tmp_path / "prompts.jsonl").write_text(json.dumps({"instruction": "重复春"}, ensure_ascii=False) + "\n")
+    # one new token: the prompt is what is checked, and the first token comes from the prefill graph alone
     result = invoke("generate", [dpo, "--prompts-file", str(tmp_path / "prompts.jsonl"), "--out",
-                                 str(tmp_path / "out.jsonl"), "--max-new-tokens", "2", "--temperature", "0"])
+                                 str(tmp_path / "out.jsonl"), "--max-new-tokens", "1", "--temperature", "0"])
     assert result.code == 0, result.err[-2000:]
     assert json.loads((tmp_path / "out.jsonl").read_text())["prompt"] == "### 指令: 重复春\n### 输出: "

@@ -7,8 +7,8 @@
     on_checkpoint(step)          after Checkpointing has saved
     on_end(step)                 after the last step (or the one a signal stopped at)
 
-    FamilyUpdate   after every applied step, the model family's own update outside the gradient (its
-                   `after_step`: a MoE's routing bias)
+    FamilyUpdate   after every step, its update applied or skipped, the model family's own update outside the
+                   gradient (its `after_step`: a MoE's routing bias)
     SkipLog        a skipped step's reason, data position and loss
     GuardStop      the spike guard's record of each step: it stops the run (after a checkpoint) on too many skips
     TrainMetrics   every trainer.log_every steps: loss, the objective's metrics, loss tokens per step (and
@@ -100,14 +100,16 @@ class Sinks(Callback):
 
 
 class FamilyUpdate(Callback):
-    """The model family's `after_step(model, model_cfg)` after each step whose update was applied."""
+    """The model family's `after_step(model, model_cfg)` after every step the loop runs, whether its update was
+    applied or skipped (the spike guard, a non-finite loss or gradient, an fp16 overflow): what the step's forward
+    recorded is the step's own, as MindFormers' TopkBiasBalanceCallback reads its expert load at every step's end,
+    its overflow steps too."""
 
     def __init__(self, update: Callable, model, model_cfg):
         self.update, self.model, self.model_cfg = update, model, model_cfg
 
     def on_step(self, step: int, result: StepResult) -> None:
-        if result.finite and result.skip is None:
-            self.update(self.model, self.model_cfg)
+        self.update(self.model, self.model_cfg)
 
 
 class SkipLog(Callback):

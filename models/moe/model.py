@@ -129,11 +129,14 @@ def update_routing_bias(model, rate: float) -> None:
     """DeepSeek-V3's bias update after a step, in each layer: b_e += rate x sign(1/E - load_e), load_e the share of
     the step's assignments expert e got (every micro-batch's: the counts `with_aux` added since the last update),
     then the counts restart from zero: an overloaded expert's bias falls, an idle one's rises (MindFormers'
-    TopkBiasBalanceCallback, its balance_via_topk_bias, which sums its router's expert_load the same way)."""
+    TopkBiasBalanceCallback, its balance_via_topk_bias, which sums its router's expert_load the same way and leaves
+    a layer that counted nothing as it is)."""
     for layer in model.model.layers:
         ffn = layer.feed_forward
         counts = ffn.expert_load.asnumpy()
-        load = counts / max(counts.sum(), 1.0)
+        if not counts.any():  # nothing routed since the last update (no loss token in the step): as MindFormers
+            continue
+        load = counts / counts.sum()
         bias = ffn.routing_bias.asnumpy() + rate * np.sign(1.0 / load.size - load)
         ffn.routing_bias.set_data(Tensor(bias.astype(np.float32)))
         ffn.expert_load.set_data(Tensor(np.zeros_like(counts)))
