@@ -100,6 +100,14 @@ def finish(proc, timeout=300):
     return proc.returncode, out, err
 
 
+def run_in_process(run_dir, monkeypatch, *overrides):
+    """`start`'s command line as train.py's main in this process, for the runs that get no signal (a process would
+    only add its imports): (exit code, stdout, stderr)."""
+    from conftest import train_main
+
+    return train_main(os.path.dirname(run_dir), monkeypatch, *COMMON, *overrides, f"hydra.run.dir={run_dir}")
+
+
 def losses(run_dir):
     lines = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
     return {m["step"]: m["loss"] for m in lines if "loss" in m and "skipped" not in m}

@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import load_preset, train_main
-from helpers import COMMON, finish, losses, start, wait_for_step, weights
+from helpers import finish, losses, run_in_process, start, wait_for_step, weights
 from models import build_model
 from base import checkpoint
 
@@ -26,20 +26,15 @@ def launch(run_dir):
 
 
 def in_process(run_dir, monkeypatch, *overrides):
-    """`launch`'s command line as train.py's main in this process: (exit code, stdout, stderr). The runs that need
-    no signal: a process would only add its imports."""
-    return train_main(os.path.dirname(run_dir), monkeypatch, *COMMON, ONE_LAYER, *overrides,
-                      f"hydra.run.dir={run_dir}")
+    """`launch`'s command line as train.py's main in this process: the runs that need no signal."""
+    return run_in_process(run_dir, monkeypatch, ONE_LAYER, *overrides)
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     run_dir = str(tmp_path_factory.mktemp("a") / "run")
-    mp = pytest.MonkeyPatch()
-    try:
+    with pytest.MonkeyPatch.context() as mp:
         code, _, err = in_process(run_dir, mp)
-    finally:
-        mp.undo()
     assert code == 0, err[-2000:]
     return run_dir
 
@@ -264,15 +259,12 @@ def fp16_runs(tmp_path_factory):
     the later ones grow it every 2 clean steps; and the same run resumed from its step-4 checkpoint in a new dir."""
     tmp = tmp_path_factory.mktemp("fp16")
     whole, resumed = str(tmp / "whole"), str(tmp / "resumed")
-    mp = pytest.MonkeyPatch()
-    try:
+    with pytest.MonkeyPatch.context() as mp:
         code, _, err = train_main(tmp, mp, *FP16, f"hydra.run.dir={whole}")
         assert code == 0, err[-2000:]
         code, out, err = train_main(tmp, mp, *FP16, f"trainer.resume={whole}/checkpoints/step_000004",
                                     f"hydra.run.dir={resumed}")
         assert code == 0, err[-2000:]
-    finally:
-        mp.undo()
     return whole, resumed, out
 
 

@@ -9,8 +9,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from base.validate import ConfigError, validate
-from conftest import compose_cfg, train_main
-from helpers import COMMON, TINY_REF_DATA, losses, needs_corpora, start, wait_for_step, weights
+from conftest import compose_cfg
+from helpers import TINY_REF_DATA, losses, needs_corpora, run_in_process, start, wait_for_step, weights
 
 SPECIALS = 'data.tokenizer.user_symbols=["[CLS]","[SEP]","[MASK]"]'
 @pytest.mark.parametrize("overrides,key,message", [
@@ -82,20 +82,12 @@ RUN = ["model=bert_tiny", "objective=mlm", "data=wiki", "data.seq_len=64", "data
        "trainer.save_every=4", "logger.progress_bar=false"]
 
 
-def in_process(run_dir, monkeypatch):
-    """helpers.start's command line with RUN, as train.py's main in this process: (exit code, stdout, stderr)."""
-    return train_main(os.path.dirname(run_dir), monkeypatch, *COMMON, *RUN, f"hydra.run.dir={run_dir}")
-
-
 @pytest.fixture(scope="module")
 def mlm_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("mlm")
     run_dir = str(root / "run")
-    mp = pytest.MonkeyPatch()
-    try:  # the data from the shared cache, as test_step_reference.py reads it
-        code, _, err = in_process(run_dir, mp)
-    finally:
-        mp.undo()
+    with pytest.MonkeyPatch.context() as mp:  # the data from the shared cache, as test_step_reference.py reads it
+        code, _, err = run_in_process(run_dir, mp, *RUN)
     assert code == 0, err[-3000:]
     return root, run_dir
 
@@ -127,7 +119,7 @@ def test_mlm_resume_after_sigkill_equals_the_uninterrupted_run(mlm_run, monkeypa
     wait_for_step(run_dir, 9, proc)
     proc.send_signal(signal.SIGKILL)
     proc.communicate()
-    code, out, err = in_process(run_dir, monkeypatch)
+    code, out, err = run_in_process(run_dir, monkeypatch, *RUN)
     assert code == 0, err[-3000:]
     assert "resumed from" in out
     assert losses(run_dir) == losses(reference)
