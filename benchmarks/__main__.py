@@ -8,11 +8,11 @@ benchmarks/RESULTS.md: the one command that regenerates the whole file.
 
 The checkpoints some of them start from are trained first, in --workdir (kept, so a second run reuses them): a
 tiny pretrain (`make train`) and a tiny SFT from it on data=instructions, after the instruction and preference
-sets (builders/). `--smallest` runs each benchmark with the least of everything that
-still runs every part of it (a few steps, the smallest model and shapes), and makes its checkpoints as small: it
-checks that the benchmarks run, not what they measure, so its sections go to `--results` (and its data to
-<workdir>/data), never to the repository's RESULTS.md or the data cache. device_check needs an accelerator: it
-runs where there is one (`make device-check`) and is left out here.
+sets (builders/). `--smallest` runs each benchmark with the least of everything that still runs every part of it
+(a few steps, the smallest model and shapes), and makes its checkpoints as small: it checks that the benchmarks
+run, not what they measure, so its sections go to `--results` (and its data to <workdir>/data), never to the
+repository's RESULTS.md or the data cache. device_check needs an accelerator: it runs where there is one (`make
+device-check`) and is left out here.
 """
 import argparse
 import os

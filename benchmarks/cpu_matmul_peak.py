@@ -38,8 +38,8 @@ SIZES = (1024, 2048, 4096)
 
 
 def matmul_flops(sizes=SIZES, threads: int = 2) -> dict:
-    """{library: {n: achieved FLOP/s}} for mindspore, pytorch (`threads` threads), numpy and onednn (its rows in
-    two halves, one per thread)."""
+    """{library: {n: achieved FLOP/s}} for mindspore, pytorch (`threads` threads), numpy and onednn (its rows split
+    over `threads` threads, one sgemm each: base/cpu_peak.py rows_sgemm)."""
     import torch
 
     torch.set_num_threads(threads)

@@ -678,9 +678,9 @@ def hand_counts(model, rows, biases) -> np.ndarray:
 def test_the_training_forward_counts_the_assignments_and_the_update_moves_each_layers_bias(pynative):
     """The training forward (with_aux) adds each layer's assignments per expert; the plain forward adds none; after
     the step each bias moves by gamma sign(1/E - load), load the expert's share of its layer's assignments
-    (DeepSeek-V3 section 2.1.2), and the counts restart from zero; an update with nothing counted moves nothing. The counted forward is the compiled graph, as
-    training runs it: its layers share one graph (lazy_inline) yet each reads its own bias and adds to its own
-    counts."""
+    (DeepSeek-V3 section 2.1.2), and the counts restart from zero; an update with nothing counted moves nothing.
+    The counted forward is the compiled graph, as training runs it: its layers share one graph (lazy_inline) yet
+    each reads its own bias and adds to its own counts."""
     import mindspore as ms
 
     from models.moe import after_step
@@ -706,7 +706,7 @@ def test_the_training_forward_counts_the_assignments_and_the_update_moves_each_l
                                    bias + 0.05 * np.sign(1 / cfg.num_experts - share), atol=1e-7)
         assert not layer.feed_forward.expert_load.asnumpy().any()
     moved = [layer.feed_forward.routing_bias.asnumpy() for layer in model.model.layers]
-    after_step(model, cfg)  # nothing routed since (a step without loss tokens): no layer's bias moves, as MindFormers'
+    after_step(model, cfg)  # nothing routed since (a step without loss tokens): no bias moves, as in MindFormers
     for layer, bias in zip(model.model.layers, moved):
         np.testing.assert_array_equal(layer.feed_forward.routing_bias.asnumpy(), bias)
 
