@@ -68,6 +68,9 @@ def test_dp2_matches_one_process_on_the_same_global_batch(tmp_path, monkeypatch)
         log = open(os.path.join(dp2, "workers", worker)).read()
         digests |= set(re.findall(r"weights sha256 ([0-9a-f]{64})", log))
     assert len(digests) == 1  # both replicas hold bit-identical weights after 6 steps
+    # rank 0 alone writes the run's log and status: msrun's scheduler runs train.py too, as no rank
+    assert open(os.path.join(dp2, "train.log")).read().count("run dir:") == 1
+    assert "run dir:" not in open(os.path.join(dp2, "workers", "scheduler.log")).read()
     a, b = weights(single), weights(dp2)
     assert max(float(np.abs(a[k].asnumpy() - b[k].asnumpy()).max()) for k in a) < 1e-4
 
