@@ -2,6 +2,7 @@ import boot  # noqa: F401  (MindSpore first, as in train.py)
 
 import contextlib
 import copy
+import gc
 import gzip
 import importlib
 import inspect
@@ -92,6 +93,15 @@ def pytest_collection_modifyitems(config, items):
     heavy = {name: rank for rank, name in enumerate(HEAVY_FIRST)}
     order = sorted(files, key=lambda name: (heavy.get(name, len(heavy)), -slow[name], -count[name], name))
     items[:] = [item for name in order for item in files[name]]
+
+
+def pytest_collection_finish(session):
+    """The test modules are imported (MindSpore, torch, transformers: millions of objects that live as long as the
+    worker): frozen out of the cyclic garbage collector's passes, and young objects collected less often, so that
+    its full passes stop re-walking them between the tests."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50000, 50, 100)
 
 
 def pytest_runtest_setup(item):
