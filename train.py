@@ -25,7 +25,7 @@ from base.schema import REPO_ROOT, world_size
 from plugins import register
 from base.validate import validate
 from distributed.launch import loopback, told_to_other_nodes
-from trainer.runtime import is_main_process, launched_rank, launched_world_size
+from trainer.runtime import is_scheduler, launched_rank, launched_world_size
 
 register()
 
@@ -112,7 +112,7 @@ def run_job(cfg: DictConfig):
         cfg.logger.group = cfg.logger.group or hydra_cfg.sweep.dir  # one group per `-m` invocation
         cfg.logger.run_name = cfg.logger.run_name or swept_values(hydra_cfg)
     cfg.logger.run_name = cfg.logger.run_name or hydra_cfg.job.override_dirname or os.path.basename(run_dir)
-    main_rank = is_main_process()
+    main_rank = launched_rank() == 0
     status = write_status if main_rank else (lambda *args, **kwargs: None)
     with console_to(os.path.join(run_dir, "train.log")) if main_rank else contextlib.nullcontext():
         return _train(cfg, run_dir, main_rank, status, train)
@@ -164,6 +164,11 @@ def main(argv=None) -> None:
         sys.argv = [sys.argv[0], *argv]
     if any(a in ("--help", "-h") for a in sys.argv[1:]):
         print(usage())
+        return
+    if is_scheduler():  # it needs no config: init() as the scheduler serves the workers until they finish
+        from mindspore.communication import init
+
+        init()
         return
     with told_to_other_nodes(sys.argv[1:]):  # a node that fails before launching ends the others' launches
         try:

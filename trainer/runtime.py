@@ -37,11 +37,11 @@ def launched_rank() -> int:
     return int(os.environ.get("MS_NODE_ID", "0"))
 
 
-def is_main_process() -> bool:
-    """Rank 0 of a launch, or a plain `python train.py`: the one process that writes the run's status.json and
-    train.log. msrun's scheduler runs the same script (MS_ROLE=MS_SCHED, no MS_NODE_ID) only to host the cluster
-    from inside init(): it is no rank, and writing beside rank 0 it would race it for status.json."""
-    return launched_rank() == 0 and os.environ.get("MS_ROLE") != "MS_SCHED"
+def is_scheduler() -> bool:
+    """msrun's scheduler: msrun starts the training script for it too (MS_ROLE=MS_SCHED, no MS_NODE_ID), only to
+    host the cluster from inside init(). It is no rank: read as rank 0 it would write the run's status.json and
+    train.log beside rank 0 (and race it for status.json)."""
+    return os.environ.get("MS_ROLE") == "MS_SCHED"
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
