@@ -2,6 +2,7 @@
 a short train.py run and what it leaves, the project's modules, a synthetic sweep. The shared fixtures live in
 conftest.py."""
 import ast
+import contextlib
 import json
 import os
 import random
@@ -98,6 +99,20 @@ def start(run_dir, *overrides):
 def finish(proc, timeout=300):
     out, err = proc.communicate(timeout=timeout)
     return proc.returncode, out, err
+
+
+@contextlib.contextmanager
+def one_torch_thread():
+    """PyTorch on one thread for a reference computed beside MindSpore's thread pool: on a small shared box its other
+    threads mostly wait, at the cost of CPU time."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def run_in_process(run_dir, monkeypatch, *overrides):

@@ -16,6 +16,7 @@ from adapters.twins import libraries_in
 from base import checkpoint
 from conftest import ROOT, built_kernel, load_preset
 from data.tokenizer import Tokenizer
+from helpers import one_torch_thread
 from models import build_model
 from models.convert import export_hf, main as cli_convert
 from models.common.generation import Generator, Sampler
@@ -131,13 +132,8 @@ def test_greedy_tokens_equal_transformers_generate(ckpt, tmp_path, capsys):
     ids, mask = torch.zeros((4, width), dtype=torch.long), torch.zeros((4, width), dtype=torch.long)
     for i, p in enumerate(prompts):  # left padding, as ours
         ids[i, width - len(p):], mask[i, width - len(p):] = torch.tensor(p), 1
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # beside MindSpore's thread pool on a small shared box, one torch thread is fastest
-    try:
-        with torch.no_grad():
-            theirs = hf.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=64, pad_token_id=0)
-    finally:
-        torch.set_num_threads(threads)
+    with one_torch_thread(), torch.no_grad():
+        theirs = hf.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=64, pad_token_id=0)
     assert theirs.shape == (4, width + 64)
     for i in range(4):
         assert ours.samples[i].tokens == theirs[i, width:].tolist()

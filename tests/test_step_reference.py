@@ -4,21 +4,16 @@ This is the check that would have caught optim=adamw lacking AdamW's bias correc
 import pytest
 
 from parity.step import FIRST_STEPS, compare, verdict
-from helpers import TINY_REF_DATA, needs_corpora
+from helpers import TINY_REF_DATA, needs_corpora, one_torch_thread
 
 pytestmark = pytest.mark.slow  # ~20 s each: a graph compile and 20 steps on each side
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """PyTorch's side on one thread: beside MindSpore's thread pool on a small shared box its second thread mostly
-    waits, at the cost of CPU time (as tests/test_generate.py's reference)."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def torch_on_one_thread():
+    """PyTorch's side of every comparison on one thread (helpers.one_torch_thread)."""
+    with one_torch_thread():
+        yield
 
 
 @pytest.mark.parametrize("grad_accum", [1, 2])
