@@ -1,4 +1,12 @@
-import boot  # noqa: F401  (MindSpore first, as in train.py)
+import sys
+
+# The suite starts dozens of Python processes (train.py runs, launches, recipes) and three test workers, each
+# importing the project's modules: with bytecode writing switched off (PYTHONDONTWRITEBYTECODE, as on the CI box)
+# every one of them would compile those sources again. The workers write the __pycache__ files (gitignored), which
+# every later process reads, whatever its own setting.
+sys.dont_write_bytecode = False
+
+import boot  # noqa: E402,F401  (MindSpore first, as in train.py)
 
 import contextlib
 import copy
@@ -9,7 +17,6 @@ import inspect
 import io
 import json
 import os
-import sys
 import traceback
 from dataclasses import dataclass
 from typing import Optional, Sequence
