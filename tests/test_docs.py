@@ -100,6 +100,7 @@ def check_recipe(args: List[str], tmp_path: Path) -> None:
     from hydra import compose, initialize_config_dir
 
     import recipe.__main__  # noqa: F401  (registers the recipe app's nodes)
+    from conftest import compose_cfg
     from recipe.runner import plan
     from recipe.spec import parse
 
@@ -111,7 +112,7 @@ def check_recipe(args: List[str], tmp_path: Path) -> None:
 
     declared = list((OmegaConf.load(ROOT / "conf" / "recipe" / f"{name}.yaml").get("stages") or {}).keys())
     presets = sorted(p.stem for p in (ROOT / "conf" / "stage").glob("*.yaml"))
-    plan(parse(cfg.recipe, declared, presets), tmp_path)
+    plan(parse(cfg.recipe, declared, presets), tmp_path, compose=lambda stage: compose_cfg(*stage))
 
 
 def help_text(module: str, args: List[str]) -> str:
