@@ -280,14 +280,17 @@ def tokenizer_file():
 
 @pytest.fixture(scope="session")
 def base_checkpoint(tmp_path_factory, tokenizer_file):
-    """A model=tiny checkpoint with the Shakespeare tokenizer, as a pretraining run leaves it."""
+    """A model=tiny checkpoint with the Shakespeare tokenizer, as a pretraining run on that tokenizer's data leaves
+    it: what descends from it is evaluated on the documents cached with the tokenizer (none to tokenize again)."""
     import mindspore as ms
 
     from base import checkpoint
+    from helpers import shakespeare_data
     from models import build_model
 
     tmp = tmp_path_factory.mktemp("base")
     cfg = compose_cfg("model=tiny")
+    cfg.data = shakespeare_data(tokenizer_file)
     model = build_model(cfg.model, 64, "fp32", "CPU", seed=3)
     return checkpoint.save(str(tmp / "ckpt"), 100, model, ms.nn.SGD(model.trainable_params()), {}, cfg,
                            tokenizer_file)
