@@ -1,3 +1,4 @@
+import os
 import sys
 
 # The suite starts dozens of Python processes (train.py runs, launches, recipes) and three test workers, each
@@ -5,6 +6,13 @@ import sys
 # every one of them would compile those sources again. The workers write the __pycache__ files (gitignored), which
 # every later process reads, whatever its own setting.
 sys.dont_write_bytecode = False
+
+# MindSpore passes each eager (PyNative) op through three queue threads, and each of them, like the thread waiting on
+# them, spins on sched_yield while its queue is empty. With three workers on two cores those spinning threads take the
+# CPU the other workers need: an eager MoE training step ran several times slower than its ops compute. Host-blocking
+# runs those stages on the calling thread, in the same order, with the same results; the processes the tests start
+# inherit it. MS_DEV_HOST_BLOCKING_RUN=0 runs the suite on MindSpore's default pipeline.
+os.environ.setdefault("MS_DEV_HOST_BLOCKING_RUN", "1")
 
 import boot  # noqa: E402,F401  (MindSpore first, as in train.py)
 
@@ -16,7 +24,6 @@ import importlib
 import inspect
 import io
 import json
-import os
 import traceback
 from dataclasses import dataclass
 from typing import Optional, Sequence
