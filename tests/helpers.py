@@ -90,9 +90,9 @@ COMMON = ["model=tiny", "data.seq_len=64", "trainer.micro_batch_size=4", "traine
           "logger.progress_bar=false"]
 
 
-def start(run_dir, *overrides):
+def start(run_dir, *overrides, env=None):
     return subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *COMMON, *overrides,
-                             f"hydra.run.dir={run_dir}"], cwd=os.path.dirname(run_dir),
+                             f"hydra.run.dir={run_dir}"], cwd=os.path.dirname(run_dir), env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
